@@ -1,0 +1,90 @@
+// Package cli holds what both binaries share on the command line: flags with
+// ONCEFLOW_* environment fallbacks, and parsing that fails with one clear line
+// naming the bad setting.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// EnvName is the environment variable that backs flag name:
+// "kafka-brokers" -> "ONCEFLOW_KAFKA_BROKERS".
+func EnvName(flagName string) string {
+	return "ONCEFLOW_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// Parse parses args into fs, after first applying ONCEFLOW_* environment
+// variables for every flag not given on the command line (flags win). Errors
+// name the flag or the variable.
+func Parse(fs *flag.FlagSet, args []string) error {
+	fs.Usage = func() {} // errors are reported by the caller in one line
+	fs.SetOutput(discard{})
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		env := EnvName(f.Name)
+		v, ok := os.LookupEnv(env)
+		if !ok {
+			return
+		}
+		if err := f.Value.Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %v", env, v, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// Usage prints the flags of fs with their environment variables.
+func Usage(fs *flag.FlagSet, w interface{ Write([]byte) (int, error) }) {
+	fs.VisitAll(func(f *flag.Flag) {
+		def := f.DefValue
+		if def != "" {
+			def = " (default " + strconv.Quote(def) + ")"
+		}
+		fmt.Fprintf(w, "  -%s  [$%s]%s\n      %s\n", f.Name, EnvName(f.Name), def, f.Usage)
+	})
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// List is a comma-separated list flag.
+type List []string
+
+func (l *List) String() string { return strings.Join(*l, ",") }
+
+// Set replaces the list.
+func (l *List) Set(s string) error {
+	*l = nil
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// PositiveDuration returns an error naming flag when d <= 0.
+func PositiveDuration(flagName string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("-%s (%s) must be positive, got %s", flagName, EnvName(flagName), d)
+	}
+	return nil
+}

@@ -1,0 +1,3 @@
+DROP TABLE IF EXISTS onceflow.relay_lease;
+DROP TABLE IF EXISTS onceflow.outbox;
+DROP TABLE IF EXISTS onceflow.source_seq;

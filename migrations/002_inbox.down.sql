@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS onceflow.consumer_offsets;
+DROP TABLE IF EXISTS onceflow.inbox;

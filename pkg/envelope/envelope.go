@@ -1,0 +1,265 @@
+// Package envelope is onceflow's Kafka topic contract in code: how an event
+// is laid out on a record (key, headers, value) and how a record is checked
+// and decoded back. The relay encodes with it and the consumer decodes with
+// it, so header names and parsing rules exist once. docs/contract.md is the
+// same contract in words for other teams.
+package envelope
+
+import (
+	"encoding/json"
+	"fmt"
+	"mime"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Header names of the envelope.
+const (
+	HeaderEventID     = "event-id"
+	HeaderSource      = "source"
+	HeaderSeq         = "seq"
+	HeaderEventType   = "event-type"
+	HeaderContentType = "content-type"
+	HeaderTraceparent = "traceparent"
+)
+
+// ContentTypeJSON is the default content type of a payload.
+const ContentTypeJSON = "application/json"
+
+// DefaultMaxPayloadBytes bounds a payload unless configured otherwise.
+const DefaultMaxPayloadBytes = 1 << 20
+
+// Limits on the identifying fields. They keep keys index-friendly and make a
+// record with garbage headers fail loudly instead of bloating the inbox.
+const (
+	MaxEventIDBytes   = 512
+	MaxSourceBytes    = 512
+	MaxEventTypeBytes = 256
+	MaxHeaderBytes    = 8 << 10
+)
+
+var reserved = map[string]bool{
+	HeaderEventID: true, HeaderSource: true, HeaderSeq: true,
+	HeaderEventType: true, HeaderContentType: true, HeaderTraceparent: true,
+}
+
+// IsReserved reports whether name is one of the envelope's own headers, which
+// an event's extra headers may not use.
+func IsReserved(name string) bool { return reserved[strings.ToLower(name)] }
+
+// Envelope is one event as it travels on a topic.
+type Envelope struct {
+	EventID     string
+	Source      string
+	Seq         int64
+	EventType   string
+	ContentType string
+	Traceparent string
+	// Key is the record key; empty means the source.
+	Key []byte
+	// Headers are extra application headers (never the reserved names).
+	Headers map[string]string
+	Payload []byte
+	// Timestamp of the record (the time the relay produced it); zero on encode
+	// lets the client set it.
+	Timestamp time.Time
+}
+
+// RecordKey is the key the record carries: Key, or the source when Key is empty.
+func (e *Envelope) RecordKey() []byte {
+	if len(e.Key) > 0 {
+		return e.Key
+	}
+	return []byte(e.Source)
+}
+
+// Validate checks the fields the contract requires. maxPayload <= 0 means
+// DefaultMaxPayloadBytes.
+func (e *Envelope) Validate(maxPayload int) error {
+	if maxPayload <= 0 {
+		maxPayload = DefaultMaxPayloadBytes
+	}
+	if err := checkText(HeaderEventID, e.EventID, MaxEventIDBytes); err != nil {
+		return err
+	}
+	if err := checkText(HeaderSource, e.Source, MaxSourceBytes); err != nil {
+		return err
+	}
+	if err := checkText(HeaderEventType, e.EventType, MaxEventTypeBytes); err != nil {
+		return err
+	}
+	if e.Seq <= 0 {
+		return &FieldError{Field: HeaderSeq, Reason: fmt.Sprintf("must be a positive integer, got %d", e.Seq)}
+	}
+	ct := e.ContentType
+	if ct == "" {
+		ct = ContentTypeJSON
+	}
+	if _, _, err := mime.ParseMediaType(ct); err != nil {
+		return &FieldError{Field: HeaderContentType, Reason: fmt.Sprintf("%q is not a media type: %v", ct, err)}
+	}
+	if len(e.Payload) > maxPayload {
+		return &FieldError{Field: "payload", Reason: fmt.Sprintf("%d bytes is over the limit of %d", len(e.Payload), maxPayload)}
+	}
+	if IsJSON(ct) && !json.Valid(e.Payload) {
+		return &FieldError{Field: "payload", Reason: fmt.Sprintf("content type is %s but the payload is not valid JSON", ct)}
+	}
+	for k, v := range e.Headers {
+		if err := CheckHeader(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckHeader validates one extra header.
+func CheckHeader(name, value string) error {
+	switch {
+	case name == "":
+		return &FieldError{Field: "headers", Reason: "a header name is empty"}
+	case IsReserved(name):
+		return &FieldError{Field: "headers", Reason: fmt.Sprintf("%q is reserved by the envelope", name)}
+	case !utf8.ValidString(name) || !utf8.ValidString(value):
+		return &FieldError{Field: "headers", Reason: fmt.Sprintf("header %q is not valid UTF-8", name)}
+	case len(name)+len(value) > MaxHeaderBytes:
+		return &FieldError{Field: "headers", Reason: fmt.Sprintf("header %q is over %d bytes", name, MaxHeaderBytes)}
+	}
+	return nil
+}
+
+// IsJSON reports whether a content type declares JSON (application/json or a
+// +json suffix type).
+func IsJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == ContentTypeJSON || strings.HasSuffix(mt, "+json")
+}
+
+func checkText(field, v string, limit int) error {
+	switch {
+	case v == "":
+		return &FieldError{Field: field, Reason: "is missing or empty"}
+	case len(v) > limit:
+		return &FieldError{Field: field, Reason: fmt.Sprintf("%d bytes is over the limit of %d", len(v), limit)}
+	case !utf8.ValidString(v):
+		return &FieldError{Field: field, Reason: "is not valid UTF-8"}
+	case strings.ContainsAny(v, "\x00\n\r"):
+		return &FieldError{Field: field, Reason: "contains a control character"}
+	}
+	return nil
+}
+
+// Record lays the envelope out on a Kafka record for topic.
+func (e *Envelope) Record(topic string) *kgo.Record {
+	ct := e.ContentType
+	if ct == "" {
+		ct = ContentTypeJSON
+	}
+	hs := make([]kgo.RecordHeader, 0, 6+len(e.Headers))
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderEventID, Value: []byte(e.EventID)},
+		kgo.RecordHeader{Key: HeaderSource, Value: []byte(e.Source)},
+		kgo.RecordHeader{Key: HeaderSeq, Value: strconv.AppendInt(nil, e.Seq, 10)},
+		kgo.RecordHeader{Key: HeaderEventType, Value: []byte(e.EventType)},
+		kgo.RecordHeader{Key: HeaderContentType, Value: []byte(ct)},
+	)
+	if e.Traceparent != "" {
+		hs = append(hs, kgo.RecordHeader{Key: HeaderTraceparent, Value: []byte(e.Traceparent)})
+	}
+	for _, k := range sortedKeys(e.Headers) {
+		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
+	}
+	return &kgo.Record{
+		Topic:     topic,
+		Key:       e.RecordKey(),
+		Value:     e.Payload,
+		Headers:   hs,
+		Timestamp: e.Timestamp,
+	}
+}
+
+// Decode reads and validates an envelope from a record. A malformed record
+// gives a *MalformedError naming the field; the caller dead-letters it.
+// maxPayload <= 0 means DefaultMaxPayloadBytes.
+func Decode(r *kgo.Record, maxPayload int) (Envelope, error) {
+	e := Envelope{Key: r.Key, Payload: r.Value, Timestamp: r.Timestamp}
+	seen := map[string]bool{}
+	var seqText string
+	for _, h := range r.Headers {
+		name := strings.ToLower(h.Key)
+		if reserved[name] {
+			if seen[name] {
+				return e, malformed(r, name, "appears more than once")
+			}
+			seen[name] = true
+		}
+		switch name {
+		case HeaderEventID:
+			e.EventID = string(h.Value)
+		case HeaderSource:
+			e.Source = string(h.Value)
+		case HeaderSeq:
+			seqText = string(h.Value)
+		case HeaderEventType:
+			e.EventType = string(h.Value)
+		case HeaderContentType:
+			e.ContentType = string(h.Value)
+		case HeaderTraceparent:
+			e.Traceparent = string(h.Value)
+		default:
+			if e.Headers == nil {
+				e.Headers = map[string]string{}
+			}
+			e.Headers[h.Key] = string(h.Value)
+		}
+	}
+	if !seen[HeaderSeq] {
+		return e, malformed(r, HeaderSeq, "is missing or empty")
+	}
+	seq, err := strconv.ParseInt(seqText, 10, 64)
+	if err != nil {
+		return e, malformed(r, HeaderSeq, fmt.Sprintf("%q is not an integer", truncate(seqText, 40)))
+	}
+	e.Seq = seq
+	if e.ContentType == "" {
+		e.ContentType = ContentTypeJSON
+	}
+	if err := e.Validate(maxPayload); err != nil {
+		fe := err.(*FieldError)
+		return e, &MalformedError{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Field: fe.Field, Reason: fe.Reason}
+	}
+	return e, nil
+}
+
+func malformed(r *kgo.Record, field, reason string) error {
+	return &MalformedError{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Field: field, Reason: reason}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func sortedKeys(m map[string]string) []string {
+	if len(m) == 0 {
+		return nil
+	}
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	for i := 1; i < len(ks); i++ { // tiny maps: insertion sort
+		for j := i; j > 0 && ks[j] < ks[j-1]; j-- {
+			ks[j], ks[j-1] = ks[j-1], ks[j]
+		}
+	}
+	return ks
+}

@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# Starts and stops the throwaway PostgreSQL and Apache Kafka that the tests,
+# benchmarks and `make demo --kafka=local` use. Everything runs on loopback and
+# lives outside the work tree.
+#
+#   scripts/services.sh up [pg|kafka|all]   start (or reuse) the services; prints env lines
+#   scripts/services.sh down                stop what this script started
+#   scripts/services.sh env                 print the env lines of running services
+#   scripts/services.sh status              one line per service
+#
+# ONCEFLOW_TEST_DATABASE_URL / ONCEFLOW_TEST_KAFKA_BROKERS, when set, name
+# external services: then nothing is started for that service.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+cache_dir=${ONCEFLOW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/onceflow}
+# PostgreSQL runs as an unprivileged user who may not enter $HOME, so its
+# state lives under /tmp (or $TMPDIR).
+run_dir=${ONCEFLOW_RUN_DIR:-${TMPDIR:-/tmp}/onceflow-$(id -u)}
+pg_dir=$run_dir/pg
+kafka_dir=$run_dir/kafka
+kafka_lib=$cache_dir/kafka-lib-$(sha256sum "$repo/tools/kafka/pom.xml" | cut -c1-12)
+
+die() { echo "services: $*" >&2; exit 1; }
+log() { echo "services: $*" >&2; }
+
+need() { # need TOOL PACKAGE
+  command -v "$1" >/dev/null 2>&1 || die "$1 not found: install the Debian package '$2' (apt-get install -y $2)"
+}
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() { # free_port START
+  local p=$1
+  for _ in $(seq 1 50); do
+    if ! port_busy "$p"; then echo "$p"; return 0; fi
+    p=$((p + 1))
+  done
+  die "no free loopback port near $1"
+}
+
+with_lock() { # serialise concurrent `up` calls (parallel test packages)
+  mkdir -p "$run_dir"
+  exec 9>"$run_dir/lock"
+  flock -w 300 9 || die "timed out waiting for $run_dir/lock"
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+pg_bin() {
+  local d
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+    if [ -x "$d/initdb" ]; then echo "$d"; return 0; fi
+  done
+  command -v initdb >/dev/null 2>&1 && { dirname "$(command -v initdb)"; return 0; }
+  die "initdb not found: install the Debian package 'postgresql' (apt-get install -y postgresql)"
+}
+
+as_pg() { # run a command as the unprivileged PostgreSQL user when we are root
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_url() { echo "postgres://postgres@127.0.0.1:$(cat "$pg_dir/port")/postgres?sslmode=disable"; }
+
+pg_running() {
+  [ -f "$pg_dir/port" ] && [ -d "$pg_dir/data" ] || return 1
+  "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$(cat "$pg_dir/port")" -t 2
+}
+
+pg_up() {
+  if [ -n "${ONCEFLOW_TEST_DATABASE_URL:-}" ]; then echo "ONCEFLOW_TEST_DATABASE_URL=$ONCEFLOW_TEST_DATABASE_URL"; return; fi
+  local bin; bin=$(pg_bin)
+  if pg_running; then
+    log "postgres already running on port $(cat "$pg_dir/port") (log: $pg_dir/postgres.log)"
+    echo "ONCEFLOW_TEST_DATABASE_URL=$(pg_url)"; return
+  fi
+  if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || die "user 'postgres' not found: install the Debian package 'postgresql' (it creates the user) or run as a non-root user"
+  fi
+  mkdir -p "$pg_dir"
+  if [ "$(id -u)" = 0 ]; then chown postgres "$run_dir" "$pg_dir" 2>/dev/null || true; chmod 755 "$run_dir"; fi
+  # A stale cluster (left by a killed run) is stopped and replaced.
+  if [ -f "$pg_dir/data/postmaster.pid" ]; then as_pg "$bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true; fi
+  rm -rf "$pg_dir/data"
+  local port; port=$(free_port "${ONCEFLOW_PG_PORT:-55432}")
+  as_pg "$bin/initdb" -D "$pg_dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$pg_dir/initdb.log" 2>&1 \
+    || die "initdb failed: see $pg_dir/initdb.log"
+  cat >>"$pg_dir/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$pg_dir'
+max_connections = 400
+shared_buffers = 256MB
+max_locks_per_transaction = 256
+log_min_messages = warning
+log_line_prefix = '%m [%p] %d '
+CONF
+  echo "$port" >"$pg_dir/port"
+  as_pg "$bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/postgres.log" -w -t 60 start >/dev/null 9>&- \
+    || die "postgres failed to start: see $pg_dir/postgres.log"
+  for _ in $(seq 1 60); do pg_running && break; sleep 0.5; done
+  pg_running || die "postgres did not answer pg_isready on port $port: see $pg_dir/postgres.log"
+  log "postgres $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port (log: $pg_dir/postgres.log)"
+  echo "ONCEFLOW_TEST_DATABASE_URL=$(pg_url)"
+}
+
+pg_down() {
+  [ -d "$pg_dir/data" ] || return 0
+  as_pg "$(pg_bin)/pg_ctl" -D "$pg_dir/data" -m fast -w -t 30 stop >/dev/null 2>&1 \
+    || as_pg "$(pg_bin)/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$pg_dir"
+  log "postgres stopped"
+}
+
+# ---------------------------------------------------------------- Kafka
+
+kafka_classpath() {
+  if [ ! -f "$kafka_lib/.complete" ]; then
+    need mvn maven
+    log "resolving Apache Kafka jars with mvn into $kafka_lib (first run only)"
+    rm -rf "$kafka_lib"
+    (cd "$repo/tools/kafka" && mvn -B -q dependency:copy-dependencies -DincludeScope=runtime \
+      -DoutputDirectory="$kafka_lib" >"$run_dir/mvn.log" 2>&1) || die "mvn could not resolve the Kafka jars: see $run_dir/mvn.log"
+    touch "$kafka_lib/.complete"
+  fi
+  echo "$kafka_lib/*"
+}
+
+kafka_brokers() { echo "127.0.0.1:$(cat "$kafka_dir/port")"; }
+
+kafka_answers() { # a metadata request through an independent client
+  kcat -b "$1" -L -m 5 >/dev/null 2>&1
+}
+
+kafka_running() {
+  [ -f "$kafka_dir/pid" ] && [ -f "$kafka_dir/port" ] || return 1
+  kill -0 "$(cat "$kafka_dir/pid")" 2>/dev/null || return 1
+  kafka_answers "$(kafka_brokers)"
+}
+
+kafka_up() {
+  if [ -n "${ONCEFLOW_TEST_KAFKA_BROKERS:-}" ]; then echo "ONCEFLOW_TEST_KAFKA_BROKERS=$ONCEFLOW_TEST_KAFKA_BROKERS"; return; fi
+  need java openjdk-17-jre-headless
+  need kcat kcat
+  if kafka_running; then
+    log "kafka already running on $(kafka_brokers) (log: $kafka_dir/server.log)"
+    echo "ONCEFLOW_TEST_KAFKA_BROKERS=$(kafka_brokers)"; return
+  fi
+  [ -f "$kafka_dir/pid" ] && kill -9 "$(cat "$kafka_dir/pid")" 2>/dev/null || true
+  rm -rf "$kafka_dir"; mkdir -p "$kafka_dir"
+  local cp; cp=$(kafka_classpath)
+  local port cport
+  port=$(free_port "${ONCEFLOW_KAFKA_PORT:-59092}")
+  cport=$(free_port $((port + 100)))
+  cat >"$kafka_dir/server.properties" <<CONF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$kafka_dir/data
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=8
+group.initial.rebalance.delay.ms=0
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+log.segment.bytes=67108864
+CONF
+  cat >"$kafka_dir/log4j2.properties" <<CONF
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = $kafka_dir/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = warn
+logger.state.name = state.change.logger
+logger.state.level = warn
+logger.kafkaorg.name = org.apache.kafka
+logger.kafkaorg.level = warn
+CONF
+  local jvm=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
+    -Dlog4j2.configurationFile="$kafka_dir/log4j2.properties" -cp "$cp")
+  local cluster_id; cluster_id=$(java "${jvm[@]}" kafka.tools.StorageTool random-uuid 2>>"$kafka_dir/format.log" | tail -n1)
+  java "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" \
+    >>"$kafka_dir/format.log" 2>&1 || die "kafka storage format failed: see $kafka_dir/format.log"
+  echo "$port" >"$kafka_dir/port"
+  nohup java "${jvm[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 </dev/null 9>&- &
+  echo $! >"$kafka_dir/pid"
+  for _ in $(seq 1 120); do
+    kill -0 "$(cat "$kafka_dir/pid")" 2>/dev/null || die "kafka exited during start: see $kafka_dir/stdout.log and $kafka_dir/server.log"
+    kafka_answers "$(kafka_brokers)" && break
+    sleep 0.5
+  done
+  kafka_answers "$(kafka_brokers)" || die "kafka did not answer a metadata request on $(kafka_brokers): see $kafka_dir/server.log"
+  log "kafka $(basename "$kafka_lib"/kafka_2.13-*.jar .jar | sed 's/kafka_2.13-//') on $(kafka_brokers) (log: $kafka_dir/server.log)"
+  echo "ONCEFLOW_TEST_KAFKA_BROKERS=$(kafka_brokers)"
+}
+
+kafka_down() {
+  [ -f "$kafka_dir/pid" ] || { rm -rf "$kafka_dir"; return 0; }
+  local pid; pid=$(cat "$kafka_dir/pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -rf "$kafka_dir"
+  log "kafka stopped"
+}
+
+# ---------------------------------------------------------------- main
+
+cmd=${1:-}
+what=${2:-all}
+case "$cmd" in
+  up)
+    with_lock
+    case "$what" in
+      pg) pg_up ;;
+      kafka) kafka_up ;;
+      all) pg_up; kafka_up ;;
+      *) die "unknown service '$what' (want pg, kafka or all)" ;;
+    esac ;;
+  down)
+    with_lock
+    kafka_down; pg_down ;;
+  env)
+    if [ -n "${ONCEFLOW_TEST_DATABASE_URL:-}" ]; then echo "ONCEFLOW_TEST_DATABASE_URL=$ONCEFLOW_TEST_DATABASE_URL"
+    elif pg_running; then echo "ONCEFLOW_TEST_DATABASE_URL=$(pg_url)"; fi
+    if [ -n "${ONCEFLOW_TEST_KAFKA_BROKERS:-}" ]; then echo "ONCEFLOW_TEST_KAFKA_BROKERS=$ONCEFLOW_TEST_KAFKA_BROKERS"
+    elif kafka_running; then echo "ONCEFLOW_TEST_KAFKA_BROKERS=$(kafka_brokers)"; fi ;;
+  status)
+    if pg_running; then echo "postgres: running on 127.0.0.1:$(cat "$pg_dir/port")"; else echo "postgres: stopped"; fi
+    if kafka_running; then echo "kafka: running on $(kafka_brokers)"; else echo "kafka: stopped"; fi ;;
+  *) die "usage: services.sh up [pg|kafka|all] | down | env | status" ;;
+esac
