@@ -1,0 +1,43 @@
+package migrate
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/pgconn"
+)
+
+// Command is the `migrate` subcommand shared by both binaries:
+//
+//	relay migrate [-database-url URL] [-to N]
+//
+// It applies the embedded migrations under the advisory lock and prints the
+// version it moved from and to.
+func Command(ctx context.Context, prog string, args []string, stdout io.Writer, log *slog.Logger) error {
+	fs := flag.NewFlagSet(prog+" migrate", flag.ContinueOnError)
+	var db pgconn.Config
+	db.RegisterFlags(fs)
+	to := fs.Int("to", -1, "target version (default: the newest); lower than the current version migrates down")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if err := db.Validate(); err != nil {
+		return err
+	}
+	conn, err := db.Conn(ctx, "onceflow-"+prog+"-migrate")
+	if err != nil {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	from, now, err := To(ctx, conn, int32(*to))
+	if err != nil {
+		return err
+	}
+	log.InfoContext(ctx, "migrated", slog.Int("from_version", int(from)), slog.Int("to_version", int(now)))
+	fmt.Fprintf(stdout, "schema onceflow at version %d (was %d)\n", now, from)
+	return nil
+}
