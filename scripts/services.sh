@@ -20,13 +20,18 @@ cache_dir=${ONCEFLOW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/onceflow}
 run_dir=${ONCEFLOW_RUN_DIR:-${TMPDIR:-/tmp}/onceflow-$(id -u)}
 pg_dir=$run_dir/pg
 kafka_dir=$run_dir/kafka
+# Tool overrides (also used by the tests of this script's error messages).
+java_bin=${ONCEFLOW_JAVA:-java}
+mvn_bin=${ONCEFLOW_MVN:-mvn}
+kcat_bin=${ONCEFLOW_KCAT:-kcat}
+pg_glob=${ONCEFLOW_PG_BINDIR:-/usr/lib/postgresql/*/bin}
 kafka_lib=$cache_dir/kafka-lib-$(sha256sum "$repo/tools/kafka/pom.xml" | cut -c1-12)
 
 die() { echo "services: $*" >&2; exit 1; }
 log() { echo "services: $*" >&2; }
 
-need() { # need TOOL PACKAGE
-  command -v "$1" >/dev/null 2>&1 || die "$1 not found: install the Debian package '$2' (apt-get install -y $2)"
+need() { # need TOOL NAME PACKAGE
+  command -v "$1" >/dev/null 2>&1 || die "$2 not found: install the Debian package '$3' (apt-get install -y $3)"
 }
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -50,10 +55,10 @@ with_lock() { # serialise concurrent `up` calls (parallel test packages)
 
 pg_bin() {
   local d
-  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+  for d in $(ls -d $pg_glob 2>/dev/null | sort -V -r); do
     if [ -x "$d/initdb" ]; then echo "$d"; return 0; fi
   done
-  command -v initdb >/dev/null 2>&1 && { dirname "$(command -v initdb)"; return 0; }
+  [ -z "${ONCEFLOW_PG_BINDIR:-}" ] && command -v initdb >/dev/null 2>&1 && { dirname "$(command -v initdb)"; return 0; }
   die "initdb not found: install the Debian package 'postgresql' (apt-get install -y postgresql)"
 }
 
@@ -107,8 +112,14 @@ CONF
 
 pg_down() {
   [ -d "$pg_dir/data" ] || return 0
+  local pid=""
+  [ -f "$pg_dir/data/postmaster.pid" ] && pid=$(head -n1 "$pg_dir/data/postmaster.pid")
   as_pg "$(pg_bin)/pg_ctl" -D "$pg_dir/data" -m fast -w -t 30 stop >/dev/null 2>&1 \
     || as_pg "$(pg_bin)/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true
+  # pg_ctl returns once the pid file is gone; wait for the process itself.
+  if [ -n "$pid" ]; then
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
   rm -rf "$pg_dir"
   log "postgres stopped"
 }
@@ -117,10 +128,10 @@ pg_down() {
 
 kafka_classpath() {
   if [ ! -f "$kafka_lib/.complete" ]; then
-    need mvn maven
+    need "$mvn_bin" mvn maven
     log "resolving Apache Kafka jars with mvn into $kafka_lib (first run only)"
     rm -rf "$kafka_lib"
-    (cd "$repo/tools/kafka" && mvn -B -q dependency:copy-dependencies -DincludeScope=runtime \
+    (cd "$repo/tools/kafka" && "$mvn_bin" -B -q dependency:copy-dependencies -DincludeScope=runtime \
       -DoutputDirectory="$kafka_lib" >"$run_dir/mvn.log" 2>&1) || die "mvn could not resolve the Kafka jars: see $run_dir/mvn.log"
     touch "$kafka_lib/.complete"
   fi
@@ -130,7 +141,7 @@ kafka_classpath() {
 kafka_brokers() { echo "127.0.0.1:$(cat "$kafka_dir/port")"; }
 
 kafka_answers() { # a metadata request through an independent client
-  kcat -b "$1" -L -m 5 >/dev/null 2>&1
+  "$kcat_bin" -b "$1" -L -m 5 >/dev/null 2>&1
 }
 
 kafka_running() {
@@ -141,8 +152,8 @@ kafka_running() {
 
 kafka_up() {
   if [ -n "${ONCEFLOW_TEST_KAFKA_BROKERS:-}" ]; then echo "ONCEFLOW_TEST_KAFKA_BROKERS=$ONCEFLOW_TEST_KAFKA_BROKERS"; return; fi
-  need java openjdk-17-jre-headless
-  need kcat kcat
+  need "$java_bin" java openjdk-17-jre-headless
+  need "$kcat_bin" kcat kcat
   if kafka_running; then
     log "kafka already running on $(kafka_brokers) (log: $kafka_dir/server.log)"
     echo "ONCEFLOW_TEST_KAFKA_BROKERS=$(kafka_brokers)"; return
@@ -193,11 +204,11 @@ logger.kafkaorg.level = warn
 CONF
   local jvm=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
     -Dlog4j2.configurationFile="$kafka_dir/log4j2.properties" -cp "$cp")
-  local cluster_id; cluster_id=$(java "${jvm[@]}" kafka.tools.StorageTool random-uuid 2>>"$kafka_dir/format.log" | tail -n1)
-  java "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" \
+  local cluster_id; cluster_id=$("$java_bin" "${jvm[@]}" kafka.tools.StorageTool random-uuid 2>>"$kafka_dir/format.log" | tail -n1)
+  "$java_bin" "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" \
     >>"$kafka_dir/format.log" 2>&1 || die "kafka storage format failed: see $kafka_dir/format.log"
   echo "$port" >"$kafka_dir/port"
-  nohup java "${jvm[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 </dev/null 9>&- &
+  nohup "$java_bin" "${jvm[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 </dev/null 9>&- &
   echo $! >"$kafka_dir/pid"
   for _ in $(seq 1 120); do
     kill -0 "$(cat "$kafka_dir/pid")" 2>/dev/null || die "kafka exited during start: see $kafka_dir/stdout.log and $kafka_dir/server.log"

@@ -1,0 +1,57 @@
+# onceflow — run `make help` for the targets.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+GO        ?= go
+PKGS      ?= ./...
+TEST_TIMEOUT ?= 14m
+# Services are started by scripts/services.sh unless these name existing ones.
+SERVICES  := scripts/services.sh
+WITH_SERVICES = set -a; eval "$$($(SERVICES) up)"; set +a;
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build the relay and consumer binaries into ./bin.
+	$(GO) build -o bin/ ./cmd/...
+
+.PHONY: test
+test: ## Run all tests (unit, integration, fault) with -race against real PostgreSQL and Kafka.
+	@$(WITH_SERVICES) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+.PHONY: test-short
+test-short: ## Run only the unit tests that need no services.
+	$(GO) test -race -count=1 -short $(PKGS)
+
+.PHONY: lint
+lint: ## gofmt check, go vet and staticcheck.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
+
+.PHONY: bench
+bench: ## Run the benchmarks against real services; prints figures beside same-run ceilings.
+	@$(WITH_SERVICES) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./bench/
+
+.PHONY: demo
+demo: ## Run onceflow end to end on embedded defaults and print what happened.
+	@$(WITH_SERVICES) $(GO) run ./cmd/demo
+
+.PHONY: services-up
+services-up: ## Start (or reuse) the local PostgreSQL and Kafka; prints their env.
+	@$(SERVICES) up
+
+.PHONY: services-down
+services-down: ## Stop the local PostgreSQL and Kafka started by services-up.
+	@$(SERVICES) down
+
+.PHONY: services-status
+services-status: ## Show whether the local services run.
+	@$(SERVICES) status
+
+.PHONY: clean
+clean: ## Remove build output.
+	rm -rf bin/
