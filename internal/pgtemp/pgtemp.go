@@ -1,0 +1,138 @@
+// Package pgtemp runs a throwaway PostgreSQL cluster from the machine's
+// server binaries: initdb into a temporary directory, pg_ctl start on a free
+// loopback port, and removal of everything on Stop. `make demo` uses it so
+// that a new user needs no database of their own.
+//
+// PostgreSQL refuses to run as root; when the process is root the server runs
+// as the `postgres` system user (through runuser).
+package pgtemp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Cluster is a running throwaway cluster.
+type Cluster struct {
+	// URL connects to database "postgres" as superuser "postgres".
+	URL  string
+	dir  string
+	bin  string
+	asPG bool
+}
+
+// BinDir finds the directory holding initdb and pg_ctl: the newest
+// /usr/lib/postgresql/*/bin, else the one on PATH.
+func BinDir() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", errors.New("initdb not found: install the Debian package 'postgresql' (apt-get install -y postgresql)")
+}
+
+func version(dir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+	return v
+}
+
+// Start creates and starts a cluster. Stop removes it.
+func Start(ctx context.Context) (*Cluster, error) {
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{bin: bin, asPG: os.Geteuid() == 0}
+	if c.asPG {
+		if _, err := user.Lookup("postgres"); err != nil {
+			return nil, errors.New("running as root but user 'postgres' does not exist: install the Debian package 'postgresql' or run as a normal user")
+		}
+	}
+	c.dir, err = os.MkdirTemp("", "onceflow-demo-pg-")
+	if err != nil {
+		return nil, err
+	}
+	if c.asPG {
+		if err := os.Chmod(c.dir, 0o755); err != nil {
+			return nil, err
+		}
+		if out, err := exec.CommandContext(ctx, "chown", "postgres", c.dir).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("chown %s: %v: %s", c.dir, err, out)
+		}
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(c.dir, "data")
+	if out, err := c.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"); err != nil {
+		_ = os.RemoveAll(c.dir)
+		return nil, fmt.Errorf("initdb: %v: %s", err, lastLines(out, 5))
+	}
+	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -c port=%d -c unix_socket_directories=%s -c max_connections=200", port, c.dir)
+	if out, err := c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(c.dir, "postgres.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
+		_ = os.RemoveAll(c.dir)
+		return nil, fmt.Errorf("pg_ctl start: %v: %s", err, lastLines(out, 5))
+	}
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	return c, nil
+}
+
+// Dir is where data and the server log live.
+func (c *Cluster) Dir() string { return c.dir }
+
+// Stop shuts the server down and removes its files.
+func (c *Cluster) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "fast", "-w", "stop")
+	if err != nil {
+		_, _ = c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "immediate", "stop")
+	}
+	return errors.Join(err, os.RemoveAll(c.dir))
+}
+
+func (c *Cluster) run(ctx context.Context, tool string, args ...string) (string, error) {
+	path := filepath.Join(c.bin, tool)
+	var cmd *exec.Cmd
+	if c.asPG {
+		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, path, args...)
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
