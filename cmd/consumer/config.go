@@ -1,0 +1,133 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/kafkaconn"
+	"github.com/onceflow/onceflow/internal/obs"
+	"github.com/onceflow/onceflow/internal/pgconn"
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/inbox"
+)
+
+// logConfig is shared by every command.
+type logConfig struct {
+	Format string
+	Level  string
+}
+
+func (c *logConfig) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Format, "log-format", "json", "log format: json or text")
+	fs.StringVar(&c.Level, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+func (c *logConfig) logger(w io.Writer) (*slog.Logger, error) {
+	l, err := obs.NewLogger(w, c.Format, c.Level)
+	if err != nil {
+		return nil, fmt.Errorf("-log-format/-log-level (ONCEFLOW_LOG_FORMAT/ONCEFLOW_LOG_LEVEL): %v", err)
+	}
+	return l, nil
+}
+
+// runConfig is the configuration of `consumer run`.
+type runConfig struct {
+	DB    pgconn.Config
+	Kafka kafkaconn.Config
+	Log   logConfig
+
+	BatchMaxRecords      int
+	ConsumerName         string
+	DLQTopic             string
+	Group                string
+	HandlersFile         string
+	HTTPAddr             string
+	MaxPayloadBytes      int
+	RetryInitialInterval time.Duration
+	RetryMaxAttempts     int
+	RetryMaxElapsed      time.Duration
+	RetryMaxInterval     time.Duration
+	Topics               cli.List
+}
+
+// RegisterFlags registers every flag of `consumer run`.
+func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
+	c.DB.RegisterFlags(fs)
+	c.Kafka.RegisterFlags(fs, "onceflow-consumer")
+	c.Log.RegisterFlags(fs)
+	fs.IntVar(&c.BatchMaxRecords, "batch-max-records", 500, "most records of one partition applied in one transaction")
+	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
+	fs.StringVar(&c.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
+	fs.StringVar(&c.Group, "group", "", "Kafka consumer group (required)")
+	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the sql/log handlers per event type (required)")
+	fs.StringVar(&c.HTTPAddr, "http-addr", ":9464", "address for /metrics, /healthz and /readyz (empty disables)")
+	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", envelope.DefaultMaxPayloadBytes, "largest payload accepted; bigger records are dead-lettered")
+	fs.DurationVar(&c.RetryInitialInterval, "retry-initial-interval", 100*time.Millisecond, "first backoff after a handler error")
+	fs.IntVar(&c.RetryMaxAttempts, "retry-max-attempts", 5, "tries of a failing event before it is dead-lettered")
+	fs.DurationVar(&c.RetryMaxElapsed, "retry-max-elapsed", 30*time.Second, "longest time spent retrying one event")
+	fs.DurationVar(&c.RetryMaxInterval, "retry-max-interval", 5*time.Second, "longest backoff between tries")
+	fs.Var(&c.Topics, "topics", "comma-separated topics to consume (required)")
+}
+
+func (c *runConfig) validate() error {
+	errs := []error{c.DB.Validate(), c.Kafka.Validate()}
+	if c.Group == "" {
+		errs = append(errs, errors.New("-group (ONCEFLOW_GROUP) is required"))
+	}
+	if len(c.Topics) == 0 {
+		errs = append(errs, errors.New("-topics (ONCEFLOW_TOPICS) is required"))
+	}
+	if c.ConsumerName == "" {
+		errs = append(errs, errors.New("-consumer-name (ONCEFLOW_CONSUMER_NAME) must not be empty"))
+	}
+	if c.HandlersFile == "" {
+		errs = append(errs, errors.New("-handlers-file (ONCEFLOW_HANDLERS_FILE) is required"))
+	}
+	if c.BatchMaxRecords < 1 {
+		errs = append(errs, fmt.Errorf("-batch-max-records (ONCEFLOW_BATCH_MAX_RECORDS) must be at least 1, got %d", c.BatchMaxRecords))
+	}
+	if c.MaxPayloadBytes < 1 {
+		errs = append(errs, fmt.Errorf("-max-payload-bytes (ONCEFLOW_MAX_PAYLOAD_BYTES) must be at least 1, got %d", c.MaxPayloadBytes))
+	}
+	if c.RetryMaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("-retry-max-attempts (ONCEFLOW_RETRY_MAX_ATTEMPTS) must be at least 1, got %d", c.RetryMaxAttempts))
+	}
+	errs = append(errs,
+		cli.PositiveDuration("retry-initial-interval", c.RetryInitialInterval),
+		cli.PositiveDuration("retry-max-interval", c.RetryMaxInterval),
+		cli.PositiveDuration("retry-max-elapsed", c.RetryMaxElapsed),
+	)
+	for _, err := range errs {
+		if err != nil {
+			return err // one clear line: the first bad setting
+		}
+	}
+	return nil
+}
+
+// dlqConfig is the configuration of `consumer dlq …`.
+type dlqConfig struct {
+	DB           pgconn.Config
+	Log          logConfig
+	ConsumerName string
+	HandlersFile string
+	Limit        int
+}
+
+// RegisterFlags registers the flags of the dlq commands; replay needs the
+// handlers file too.
+func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
+	c.DB.RegisterFlags(fs)
+	c.Log.RegisterFlags(fs)
+	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
+	if replay {
+		fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the handlers (required)")
+	} else {
+		fs.IntVar(&c.Limit, "limit", 100, "most rows to list")
+	}
+}

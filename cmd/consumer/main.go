@@ -1,0 +1,83 @@
+// Command consumer applies events from Kafka topics to PostgreSQL exactly
+// once through the onceflow inbox.
+//
+//	consumer run      consume with the handlers of -handlers-file
+//	consumer migrate  apply the database migrations
+//	consumer dlq list             list dead-lettered and held events
+//	consumer dlq replay EVENT-ID  re-drive one through the handlers, once
+//
+// Every flag has an ONCEFLOW_* environment fallback (see -help of each
+// command and docs/consumer.md). Invalid configuration exits with status 2.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "consumer:", err)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}
+
+// usageError is invalid configuration or usage: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usage(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
+
+const help = `usage: consumer <command> [flags]
+
+commands:
+  run                     consume and apply events
+  migrate                 apply database migrations
+  dlq list                list dead-lettered and held events
+  dlq replay EVENT-ID     re-drive one event through the handlers
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, help)
+		return usage("a command is required")
+	}
+	switch args[0] {
+	case "run":
+		return runConsumer(ctx, args[1:], stderr)
+	case "migrate":
+		return runMigrate(ctx, args[1:], stdout, stderr)
+	case "dlq":
+		if len(args) < 2 {
+			return usage("dlq: want list or replay")
+		}
+		switch args[1] {
+		case "list":
+			return runDLQList(ctx, args[2:], stdout, stderr)
+		case "replay":
+			return runDLQReplay(ctx, args[2:], stdout, stderr)
+		}
+		return usage("dlq: unknown command %q (want list or replay)", args[1])
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, help)
+		return nil
+	}
+	fmt.Fprint(stderr, help)
+	return usage("unknown command %q", args[0])
+}

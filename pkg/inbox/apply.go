@@ -1,0 +1,445 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/failpoint"
+	"github.com/onceflow/onceflow/pkg/envelope"
+)
+
+// Failpoints a fault test can arm through ONCEFLOW_FAILPOINTS.
+const (
+	// fpAfterHandler: the handlers' writes are done, the Postgres commit
+	// has not happened.
+	fpAfterHandler = "consumer-after-handler"
+	// fpAfterPGCommit: Postgres has committed, Kafka's offset not yet.
+	fpAfterPGCommit = "consumer-after-pg-commit"
+)
+
+// malformedKeyPrefix starts the inbox key of a record that has no valid
+// envelope: "malformed:<topic>:<partition>:<offset>". The record's position
+// is stable across redeliveries, so a malformed record is dead-lettered once.
+const malformedKeyPrefix = "malformed:"
+
+// item is one record of a batch, decoded or not.
+type item struct {
+	rec *kgo.Record
+	ev  Event
+	// bad is why the record is malformed (nil when it decoded).
+	bad error
+	key string
+}
+
+func decodeItem(r *kgo.Record, maxPayload int) item {
+	env, err := envelope.Decode(r, maxPayload)
+	if err != nil {
+		return item{rec: r, bad: err, key: fmt.Sprintf("%s%s:%d:%d", malformedKeyPrefix, r.Topic, r.Partition, r.Offset)}
+	}
+	return item{rec: r, ev: eventFromEnvelope(env, r.Topic, r.Partition, r.Offset), key: env.EventID}
+}
+
+// outcome counts what a committed transaction did.
+type outcome struct {
+	processed, duplicates, dead, malformed int
+	// deadItems are the items dead-lettered, for the optional DLQ copy.
+	deadItems []deadLetter
+}
+
+func (o *outcome) add(p outcome) {
+	o.processed += p.processed
+	o.duplicates += p.duplicates
+	o.dead += p.dead
+	o.malformed += p.malformed
+	o.deadItems = append(o.deadItems, p.deadItems...)
+}
+
+type deadLetter struct {
+	rec    *kgo.Record
+	reason string
+}
+
+// applier runs the inbox transaction. It has no Kafka in it, so the
+// transaction logic is testable against Postgres alone.
+type applier struct {
+	cfg     *Config
+	handler BatchHandler
+}
+
+// errStopped means the worker was told to stop while waiting to retry.
+var errStopped = errors.New("inbox: worker stopped")
+
+// applyTx applies items (all of one partition, in offset order) in one
+// transaction: inbox insert, malformed dead letters, the guard, the handler,
+// the next offset; then commit. A *HandlerError means the handler failed
+// and the transaction was rolled back; any other error is infrastructure
+// trouble.
+func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err error) {
+	if len(items) == 0 {
+		return out, nil
+	}
+	first := items[0].rec
+	tx, err := a.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return out, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+
+	// 1. Inbox rows of the valid events: one statement for the batch.
+	isNew, err := a.insertValid(ctx, tx, items)
+	if err != nil {
+		return out, err
+	}
+	// 2. Malformed records become dead letters with the reason.
+	for i := range items {
+		it := &items[i]
+		if it.bad == nil {
+			continue
+		}
+		inserted, err := a.insertDead(ctx, tx, it, 0, it.bad.Error())
+		if err != nil {
+			return out, err
+		}
+		if inserted {
+			out.dead++
+			out.malformed++
+			out.deadItems = append(out.deadItems, deadLetter{rec: it.rec, reason: it.bad.Error()})
+		} else {
+			out.duplicates++
+		}
+	}
+	// 3. The sequence guard decides, per new event, in offset order.
+	var apply []Event
+	for i := range items {
+		it := &items[i]
+		if it.bad != nil {
+			continue
+		}
+		if !isNew[i] {
+			out.duplicates++
+			continue
+		}
+		v, err := a.cfg.guard.Admit(ctx, tx, a.cfg.ConsumerName, it.ev)
+		if err != nil {
+			return out, fmt.Errorf("sequence guard: %w", err)
+		}
+		switch v.Action {
+		case actApply:
+			apply = append(apply, it.ev)
+		case actApplyLate:
+			ev := it.ev
+			ev.Late = true
+			if _, err := tx.Exec(ctx, qMarkLate, a.cfg.ConsumerName, ev.EventID); err != nil {
+				return out, fmt.Errorf("mark late: %w", err)
+			}
+			apply = append(apply, ev)
+		case actPark, actHold:
+			status := "parked"
+			if v.Action == actHold {
+				status = "held"
+			}
+			if _, err := tx.Exec(ctx, qKeep, a.cfg.ConsumerName, it.ev.EventID, status, recordHeaders(it.rec), it.rec.Value); err != nil {
+				return out, fmt.Errorf("keep %s event: %w", status, err)
+			}
+		default:
+			return out, fmt.Errorf("sequence guard: unknown action %d", v.Action)
+		}
+		for _, ev := range v.Then {
+			if _, err := tx.Exec(ctx, qMarkApplied, a.cfg.ConsumerName, ev.EventID, ev.Late); err != nil {
+				return out, fmt.Errorf("mark released event applied: %w", err)
+			}
+			apply = append(apply, ev)
+		}
+	}
+	// 4. The handler, in the same transaction.
+	if len(apply) > 0 {
+		if err := a.runHandler(ctx, tx, apply); err != nil {
+			return out, err
+		}
+	}
+	out.processed = len(apply)
+	// 5. The partition's next offset.
+	last := items[len(items)-1].rec
+	if _, err := tx.Exec(ctx, qStoreOffset, a.cfg.Group, first.Topic, first.Partition, last.Offset+1); err != nil {
+		return out, fmt.Errorf("store next offset: %w", err)
+	}
+	failpoint.Hit(fpAfterHandler)
+	if err := tx.Commit(ctx); err != nil {
+		return out, fmt.Errorf("commit: %w", err)
+	}
+	return out, nil
+}
+
+// insertValid inserts the valid items' rows and reports, per item index,
+// whether it was new. Of two copies of one key in the batch, only the first
+// is new.
+func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item) ([]bool, error) {
+	n := 0
+	for i := range items {
+		if items[i].bad == nil {
+			n++
+		}
+	}
+	isNew := make([]bool, len(items))
+	if n == 0 {
+		return isNew, nil
+	}
+	ids := make([]string, 0, n)
+	sources := make([]string, 0, n)
+	seqs := make([]int64, 0, n)
+	types := make([]string, 0, n)
+	offsets := make([]int64, 0, n)
+	for i := range items {
+		if items[i].bad != nil {
+			continue
+		}
+		ev := &items[i].ev
+		ids = append(ids, ev.EventID)
+		sources = append(sources, ev.Source)
+		seqs = append(seqs, ev.Seq)
+		types = append(types, ev.EventType)
+		offsets = append(offsets, ev.Offset)
+	}
+	first := items[0].rec
+	rows, err := tx.Query(ctx, qInsertBatch, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets)
+	if err != nil {
+		return nil, fmt.Errorf("insert inbox rows: %w", err)
+	}
+	inserted := make(map[string]bool, n)
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("insert inbox rows: %w", err)
+		}
+		inserted[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("insert inbox rows: %w", err)
+	}
+	for i := range items {
+		if items[i].bad == nil && inserted[items[i].key] {
+			isNew[i] = true
+			delete(inserted, items[i].key) // a later copy is a duplicate
+		}
+	}
+	return isNew, nil
+}
+
+func (a *applier) insertDead(ctx context.Context, tx pgx.Tx, it *item, attempts int, reason string) (bool, error) {
+	r := it.rec
+	source, eventType := it.ev.Source, it.ev.EventType
+	var seq *int64
+	if it.bad == nil {
+		seq = &it.ev.Seq
+	} else {
+		// Best effort identification from the raw headers, for operators.
+		for _, h := range r.Headers {
+			switch strings.ToLower(h.Key) {
+			case envelope.HeaderSource:
+				source = cleanText(h.Value, envelope.MaxSourceBytes)
+			case envelope.HeaderEventType:
+				eventType = cleanText(h.Value, envelope.MaxEventTypeBytes)
+			case envelope.HeaderSeq:
+				if v, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+					seq = &v
+				}
+			}
+		}
+	}
+	var id string
+	err := tx.QueryRow(ctx, qInsertDead, a.cfg.ConsumerName, it.key, source, seq, eventType,
+		r.Topic, r.Partition, r.Offset, attempts, safeText(reason), recordHeaders(r), r.Value).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("insert dead letter: %w", err)
+	}
+	return true, nil
+}
+
+// runHandler calls the handler, turning a panic or any handler failure into
+// a *HandlerError, unless the connection itself is gone (infrastructure).
+func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+		if err == nil {
+			return
+		}
+		if tx.Conn().IsClosed() || isRetryableDB(err) || ctx.Err() != nil {
+			err = fmt.Errorf("handler: %w", err)
+			return
+		}
+		var he *HandlerError
+		if !errors.As(err, &he) {
+			id := evs[0].EventID
+			if len(evs) > 1 {
+				id = fmt.Sprintf("%s (batch of %d)", id, len(evs))
+			}
+			err = &HandlerError{EventID: id, Err: err}
+		}
+	}()
+	return a.handler.HandleBatch(ctx, tx, evs)
+}
+
+// applyIsolated applies items one transaction each, retrying a failing event
+// with exponential backoff and dead-lettering it when the retries are
+// exhausted. stop aborts a backoff wait (the event is left for the next
+// owner of the partition). A non-handler error is returned as is.
+func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan struct{}, onHandlerErr func(error)) (outcome, error) {
+	var total outcome
+	for i := range items {
+		it := items[i : i+1]
+		b := backoff.NewExponentialBackOff(
+			backoff.WithInitialInterval(a.cfg.RetryInitialInterval),
+			backoff.WithMaxInterval(a.cfg.RetryMaxInterval),
+			backoff.WithMaxElapsedTime(a.cfg.RetryMaxElapsed),
+		)
+		for attempt := 1; ; attempt++ {
+			out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return a.applyTx(ctx, it) })
+			if err == nil {
+				total.add(out)
+				break
+			}
+			var he *HandlerError
+			if !errors.As(err, &he) {
+				return total, err
+			}
+			onHandlerErr(err)
+			wait := b.NextBackOff()
+			if attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop {
+				out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) {
+					return a.deadLetterTx(ctx, &items[i], attempt, he.Err.Error())
+				})
+				if err != nil {
+					return total, err
+				}
+				a.cfg.Logger.ErrorContext(ctx, "event dead-lettered",
+					"event_id", items[i].key, "topic", items[i].rec.Topic, "partition", items[i].rec.Partition,
+					"offset", items[i].rec.Offset, "attempts", attempt, "error", he.Err.Error())
+				total.add(out)
+				break
+			}
+			a.cfg.Logger.WarnContext(ctx, "handler failed, will retry",
+				"event_id", items[i].key, "attempt", attempt, "retry_in", wait, "error", he.Err.Error())
+			if err := sleep(wait, stop); err != nil {
+				return total, err
+			}
+		}
+	}
+	return total, nil
+}
+
+// deadLetterTx records a failing event as dead, with its partition's next
+// offset, in one transaction.
+func (a *applier) deadLetterTx(ctx context.Context, it *item, attempts int, reason string) (out outcome, err error) {
+	tx, err := a.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return out, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	inserted, err := a.insertDead(ctx, tx, it, attempts, reason)
+	if err != nil {
+		return out, err
+	}
+	if _, err := tx.Exec(ctx, qStoreOffset, a.cfg.Group, it.rec.Topic, it.rec.Partition, it.rec.Offset+1); err != nil {
+		return out, fmt.Errorf("store next offset: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return out, fmt.Errorf("commit: %w", err)
+	}
+	if inserted {
+		out.dead = 1
+		out.deadItems = []deadLetter{{rec: it.rec, reason: reason}}
+	} else {
+		out.duplicates = 1 // someone else applied or dead-lettered it meanwhile
+	}
+	return out, nil
+}
+
+func (a *applier) withTimeout(ctx context.Context, f func(context.Context) (outcome, error)) (outcome, error) {
+	if a.cfg.BatchTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.cfg.BatchTimeout)
+		defer cancel()
+	}
+	return f(ctx)
+}
+
+func sleep(d time.Duration, stop <-chan struct{}) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-stop:
+		return errStopped
+	}
+}
+
+// recordHeaders is the JSON object of a record's headers, kept with dead,
+// parked and held rows so that the event can be decoded again for replay.
+// Invalid UTF-8 is replaced (such a record is malformed anyway).
+func recordHeaders(r *kgo.Record) []byte {
+	m := make(map[string]string, len(r.Headers))
+	for _, h := range r.Headers {
+		m[safeText(h.Key)] = safeText(string(h.Value))
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// recordFromRow rebuilds the record a kept inbox row came from, so that it
+// can be decoded with envelope.Decode again. The key is not kept: the
+// rebuilt record's key is the source.
+func recordFromRow(topic string, partition int32, offset int64, headers []byte, payload []byte) (*kgo.Record, error) {
+	var m map[string]string
+	if len(headers) > 0 {
+		if err := json.Unmarshal(headers, &m); err != nil {
+			return nil, fmt.Errorf("decode kept headers: %w", err)
+		}
+	}
+	r := &kgo.Record{Topic: topic, Partition: partition, Offset: offset, Value: payload}
+	for k, v := range m {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	}
+	return r, nil
+}
+
+// safeText makes s storable in a Postgres text or jsonb value: valid UTF-8
+// and no NUL.
+func safeText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+func cleanText(b []byte, limit int) string {
+	s := safeText(string(b))
+	if len(s) > limit {
+		s = s[:limit]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}

@@ -1,0 +1,145 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/envelope"
+)
+
+// DeadLetter is an inbox row that needs an operator: status "dead" (handler
+// kept failing, or the record was malformed) or "held".
+type DeadLetter struct {
+	EventID   string
+	Status    string
+	Source    string
+	Seq       *int64
+	EventType string
+	Topic     string
+	Partition int32
+	Offset    int64
+	Attempts  int
+	LastError string
+	Received  time.Time
+}
+
+// ListDeadLetters returns up to limit dead and held rows of consumer, oldest
+// first.
+func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, consumer string, limit int) ([]DeadLetter, error) {
+	if consumer == "" {
+		consumer = DefaultConsumerName
+	}
+	rows, err := pool.Query(ctx, qListAttention, consumer, []string{"dead", "held"}, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
+		var d DeadLetter
+		err := r.Scan(&d.EventID, &d.Status, &d.Source, &d.Seq, &d.EventType, &d.Topic, &d.Partition,
+			&d.Offset, &d.Attempts, &d.LastError, &d.Received)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// ReplayResult says what Replay did.
+type ReplayResult string
+
+// Replay results.
+const (
+	// Replayed: the handler ran and the row is now processed.
+	Replayed ReplayResult = "replayed"
+	// AlreadyProcessed: the event had been applied; nothing was done.
+	AlreadyProcessed ReplayResult = "already processed"
+)
+
+// Replay re-drives one dead (or held) event through the same inbox path as
+// live consumption: in one transaction it locks the inbox row, runs h and
+// marks the row processed. Replaying an event that is already processed is a
+// no-op, and two concurrent replays of one event apply it once (the second
+// waits for the first's lock and then finds it processed). When h fails, the
+// row stays dead with attempts incremented and last_error updated, and the
+// error is returned.
+//
+// A malformed record is decoded again from its kept headers and payload; if
+// it is still malformed, Replay fails without calling h.
+func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHandler, eventID string) (ReplayResult, error) {
+	if consumer == "" {
+		consumer = DefaultConsumerName
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	var (
+		status, source, eventType, topic string
+		seq                              *int64
+		partition                        int32
+		offset                           int64
+		attempts                         int
+		headers, payload                 []byte
+		received                         time.Time
+	)
+	err = tx.QueryRow(ctx, qLockForReplay, consumer, eventID).Scan(&status, &source, &seq, &eventType,
+		&topic, &partition, &offset, &attempts, &headers, &payload, &received)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("%w: %s (consumer %s)", ErrNotFound, eventID, consumer)
+	}
+	if err != nil {
+		return "", fmt.Errorf("lock inbox row: %w", err)
+	}
+	switch status {
+	case "processed":
+		return AlreadyProcessed, nil
+	case "dead", "held":
+	default:
+		return "", fmt.Errorf("event %s is %s: the sequence guard owns it", eventID, status)
+	}
+	rec, err := recordFromRow(topic, partition, offset, headers, payload)
+	if err != nil {
+		return "", err
+	}
+	env, err := envelope.Decode(rec, len(payload)+1)
+	if err != nil {
+		return "", fmt.Errorf("event %s is still malformed: %w", eventID, err)
+	}
+	ev := eventFromEnvelope(env, topic, partition, offset)
+	ev.Key = []byte(ev.Source)
+
+	herr := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		return h.HandleBatch(ctx, tx, []Event{ev})
+	}()
+	if herr != nil {
+		_ = tx.Rollback(ctx)
+		if _, err := pool.Exec(ctx, qReplayFailed, consumer, eventID, safeText(herr.Error())); err != nil {
+			return "", errors.Join(&HandlerError{EventID: eventID, Err: herr}, fmt.Errorf("record failed replay: %w", err))
+		}
+		return "", &HandlerError{EventID: eventID, Err: herr}
+	}
+	if _, err := tx.Exec(ctx, qMarkApplied, consumer, eventID, false); err != nil {
+		return "", fmt.Errorf("mark replayed event processed: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("commit: %w", err)
+	}
+	return Replayed, nil
+}
+
+// AsBatchHandler returns h as a BatchHandler (h itself when it already is
+// one), for Replay.
+func AsBatchHandler(h Handler) BatchHandler { return asBatch(h) }

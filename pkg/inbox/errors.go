@@ -1,0 +1,46 @@
+package inbox
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrNotFound is returned by Replay when the inbox has no row for the event.
+var ErrNotFound = errors.New("inbox: event not found")
+
+// ErrRunning is returned by Run when the consumer is already running.
+var ErrRunning = errors.New("inbox: consumer already running")
+
+// ConfigError names the Config field that is invalid.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return fmt.Sprintf("inbox config: %s %s", e.Field, e.Reason) }
+
+// HandlerError is a failure of a handler for one event (including a panic).
+// It is what gets retried and finally dead-lettered.
+type HandlerError struct {
+	EventID string
+	Err     error
+}
+
+func (e *HandlerError) Error() string { return fmt.Sprintf("handler for event %s: %v", e.EventID, e.Err) }
+
+func (e *HandlerError) Unwrap() error { return e.Err }
+
+// isRetryableDB reports SQLSTATEs worth retrying as infrastructure trouble
+// (deadlock, serialization failure) rather than blaming the event.
+func isRetryableDB(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "40001", "40P01":
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,101 @@
+package inbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/envelope"
+)
+
+// Event is one decoded event as a handler sees it: the envelope fields plus
+// where the record was read from.
+type Event struct {
+	EventID     string
+	Source      string
+	Seq         int64
+	EventType   string
+	ContentType string
+	Traceparent string
+	// Key is the record key.
+	Key []byte
+	// Headers are the event's extra application headers.
+	Headers map[string]string
+	Payload []byte
+	// Timestamp is the record's timestamp.
+	Timestamp time.Time
+
+	Topic     string
+	Partition int32
+	Offset    int64
+
+	// Late is set when the sequence guard delivers an event that arrived
+	// after its gap was given up. The arrival-order guard never sets it.
+	Late bool
+}
+
+func eventFromEnvelope(e envelope.Envelope, topic string, partition int32, offset int64) Event {
+	return Event{
+		EventID:     e.EventID,
+		Source:      e.Source,
+		Seq:         e.Seq,
+		EventType:   e.EventType,
+		ContentType: e.ContentType,
+		Traceparent: e.Traceparent,
+		Key:         e.Key,
+		Headers:     e.Headers,
+		Payload:     e.Payload,
+		Timestamp:   e.Timestamp,
+		Topic:       topic,
+		Partition:   partition,
+		Offset:      offset,
+	}
+}
+
+// Handler applies one event. It runs inside the inbox transaction: every
+// write it makes through tx commits together with the event's inbox row and
+// the partition's next offset, or not at all. A returned error (or a panic)
+// rolls the transaction back; the event is retried and finally dead-lettered.
+//
+// A handler must not commit or roll back tx, and must not keep it after
+// returning. Side effects outside tx (HTTP calls, e-mails) are not covered by
+// the transaction: fence them with an idempotency key derived from
+// ev.EventID.
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, ev Event) error
+}
+
+// BatchHandler applies several events of one partition at once, in the order
+// given (offset order after the sequence guard). It lets a handler pipeline
+// its statements with a pgx.Batch. When it fails, the consumer retries the
+// events one at a time (a slice of one) to isolate the failing event.
+type BatchHandler interface {
+	HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev Event) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, ev Event) error { return f(ctx, tx, ev) }
+
+// perEvent adapts a Handler to BatchHandler.
+type perEvent struct{ h Handler }
+
+func (p perEvent) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
+	for i := range evs {
+		if err := p.h.Handle(ctx, tx, evs[i]); err != nil {
+			return &HandlerError{EventID: evs[i].EventID, Err: err}
+		}
+	}
+	return nil
+}
+
+// asBatch returns h as a BatchHandler, preferring its own batch form.
+func asBatch(h Handler) BatchHandler {
+	if b, ok := h.(BatchHandler); ok {
+		return b
+	}
+	return perEvent{h}
+}

@@ -1,0 +1,341 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// HandlerFile is the configuration of the built-in handlers, read from a
+// JSON file so that the consumer binary needs no Go code:
+//
+//	{
+//	  "handlers": [
+//	    {"event_type": "order.placed", "kind": "sql",
+//	     "sql": "INSERT INTO shop.orders (id, total, seq) VALUES (:payload.order.id, :payload.total, :seq) ON CONFLICT (id) DO UPDATE SET total = EXCLUDED.total, seq = EXCLUDED.seq WHERE shop.orders.seq < EXCLUDED.seq"},
+//	    {"event_type": "*", "kind": "log"}
+//	  ]
+//	}
+//
+// Kinds:
+//   - "sql": one SQL statement run in the inbox transaction. Named
+//     parameters (see below) are compiled once to positional $n parameters.
+//   - "log": nothing beyond the inbox row (ledger mode).
+//
+// "event_type": "*" matches every type without its own entry. An event whose
+// type matches nothing fails as a handler error and is dead-lettered.
+//
+// Parameters: :event_id, :source, :seq, :event_type, :content_type, :topic,
+// :partition, :offset, :late, :payload (the payload as text, e.g.
+// :payload::jsonb), :payload.a.b.0.c (a JSON path into the payload: object
+// members and array indexes; a string is passed unquoted, a number, boolean,
+// object or array as its JSON text, null or a missing path as NULL) and
+// :header.name (an extra header, NULL when absent). Values are sent as text
+// and Postgres converts them to the column's type. "::" is a cast, not a
+// parameter; quoted strings, quoted identifiers and comments are left alone.
+type HandlerFile struct {
+	Handlers []HandlerSpec `json:"handlers"`
+}
+
+// HandlerSpec configures the handler of one event type.
+type HandlerSpec struct {
+	EventType string `json:"event_type"`
+	Kind      string `json:"kind"`
+	SQL       string `json:"sql,omitempty"`
+}
+
+// LoadHandlerFile reads a HandlerFile from path and compiles it.
+func LoadHandlerFile(path string) (BatchHandler, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read handler file: %w", err)
+	}
+	h, err := ParseHandlerFile(b)
+	if err != nil {
+		return nil, fmt.Errorf("handler file %s: %w", path, err)
+	}
+	return h, nil
+}
+
+// ParseHandlerFile compiles a JSON HandlerFile.
+func ParseHandlerFile(data []byte) (BatchHandler, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var f HandlerFile
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	return f.Compile()
+}
+
+// Compile checks the file and builds its handler.
+func (f HandlerFile) Compile() (BatchHandler, error) {
+	if len(f.Handlers) == 0 {
+		return nil, fmt.Errorf("handlers: at least one is required")
+	}
+	h := &configured{byType: map[string]*compiled{}}
+	for i, s := range f.Handlers {
+		where := fmt.Sprintf("handlers[%d]", i)
+		if s.EventType == "" {
+			return nil, fmt.Errorf("%s.event_type is required (use \"*\" for every type)", where)
+		}
+		if h.byType[s.EventType] != nil {
+			return nil, fmt.Errorf("%s.event_type %q is configured twice", where, s.EventType)
+		}
+		c := &compiled{kind: s.Kind}
+		switch s.Kind {
+		case "log":
+			if s.SQL != "" {
+				return nil, fmt.Errorf("%s: kind log takes no sql", where)
+			}
+		case "sql":
+			st, err := compileSQL(s.SQL)
+			if err != nil {
+				return nil, fmt.Errorf("%s.sql: %w", where, err)
+			}
+			c.stmt = st
+		default:
+			return nil, fmt.Errorf("%s.kind %q: want sql or log", where, s.Kind)
+		}
+		h.byType[s.EventType] = c
+	}
+	return h, nil
+}
+
+type configured struct {
+	byType map[string]*compiled
+}
+
+type compiled struct {
+	kind string
+	stmt *sqlStatement
+}
+
+func (h *configured) lookup(eventType string) *compiled {
+	if c := h.byType[eventType]; c != nil {
+		return c
+	}
+	return h.byType["*"]
+}
+
+// HandleBatch pipelines the events' statements in one round trip.
+func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
+	var b pgx.Batch
+	var queued []string
+	for i := range evs {
+		c := h.lookup(evs[i].EventType)
+		if c == nil {
+			return &HandlerError{EventID: evs[i].EventID, Err: fmt.Errorf("no handler configured for event type %q", evs[i].EventType)}
+		}
+		if c.kind == "log" {
+			continue
+		}
+		args, err := c.stmt.args(&evs[i])
+		if err != nil {
+			return &HandlerError{EventID: evs[i].EventID, Err: err}
+		}
+		b.Queue(c.stmt.sql, args...)
+		queued = append(queued, evs[i].EventID)
+	}
+	if len(queued) == 0 {
+		return nil
+	}
+	br := tx.SendBatch(ctx, &b)
+	for _, id := range queued {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return &HandlerError{EventID: id, Err: err}
+		}
+	}
+	return br.Close()
+}
+
+// sqlStatement is a statement with named parameters compiled to $n.
+type sqlStatement struct {
+	sql    string
+	params []param
+}
+
+type param struct {
+	name string
+	path []string // for payload.* and header.*
+}
+
+func compileSQL(src string) (*sqlStatement, error) {
+	if strings.TrimSpace(src) == "" {
+		return nil, fmt.Errorf("is empty")
+	}
+	var out strings.Builder
+	st := &sqlStatement{}
+	index := map[string]int{}
+	for i := 0; i < len(src); {
+		ch := src[i]
+		switch {
+		case ch == '\'' || ch == '"':
+			j := i + 1
+			for j < len(src) {
+				if src[j] == ch {
+					if j+1 < len(src) && src[j+1] == ch { // doubled quote
+						j += 2
+						continue
+					}
+					break
+				}
+				j++
+			}
+			if j >= len(src) {
+				return nil, fmt.Errorf("unterminated %c quote", ch)
+			}
+			out.WriteString(src[i : j+1])
+			i = j + 1
+		case ch == '-' && i+1 < len(src) && src[i+1] == '-':
+			j := strings.IndexByte(src[i:], '\n')
+			if j < 0 {
+				j = len(src) - i
+			}
+			out.WriteString(src[i : i+j])
+			i += j
+		case ch == '$' && i+1 < len(src) && (src[i+1] == '$' || isIdentStart(src[i+1])):
+			return nil, fmt.Errorf("dollar quoting and positional parameters are not supported; use named parameters")
+		case ch == ':' && i+1 < len(src) && src[i+1] == ':':
+			out.WriteString("::")
+			i += 2
+		case ch == ':' && i+1 < len(src) && isIdentStart(src[i+1]):
+			j := i + 1
+			for j < len(src) && (isIdentChar(src[j]) || (src[j] == '.' && j+1 < len(src) && isIdentChar(src[j+1]))) {
+				j++
+			}
+			name := src[i+1 : j]
+			p, err := parseParam(name)
+			if err != nil {
+				return nil, err
+			}
+			n, ok := index[name]
+			if !ok {
+				st.params = append(st.params, p)
+				n = len(st.params)
+				index[name] = n
+			}
+			out.WriteString("$" + strconv.Itoa(n))
+			i = j
+		default:
+			out.WriteByte(ch)
+			i++
+		}
+	}
+	st.sql = out.String()
+	return st, nil
+}
+
+func isIdentStart(c byte) bool {
+	return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+}
+
+func isIdentChar(c byte) bool { return isIdentStart(c) || (c >= '0' && c <= '9') }
+
+func parseParam(name string) (param, error) {
+	switch name {
+	case "event_id", "source", "seq", "event_type", "content_type", "topic", "partition", "offset", "late", "payload":
+		return param{name: name}, nil
+	}
+	if rest, ok := strings.CutPrefix(name, "payload."); ok {
+		return param{name: "payload.", path: strings.Split(rest, ".")}, nil
+	}
+	if rest, ok := strings.CutPrefix(name, "header."); ok {
+		return param{name: "header.", path: []string{rest}}, nil
+	}
+	return param{}, fmt.Errorf("unknown parameter :%s (want event_id, source, seq, event_type, content_type, topic, partition, offset, late, payload, payload.<path> or header.<name>)", name)
+}
+
+func (s *sqlStatement) args(ev *Event) ([]any, error) {
+	args := make([]any, len(s.params))
+	var doc any
+	parsed := false
+	for i, p := range s.params {
+		switch p.name {
+		case "event_id":
+			args[i] = ev.EventID
+		case "source":
+			args[i] = ev.Source
+		case "seq":
+			args[i] = ev.Seq
+		case "event_type":
+			args[i] = ev.EventType
+		case "content_type":
+			args[i] = ev.ContentType
+		case "topic":
+			args[i] = ev.Topic
+		case "partition":
+			args[i] = ev.Partition
+		case "offset":
+			args[i] = ev.Offset
+		case "late":
+			args[i] = ev.Late
+		case "payload":
+			args[i] = string(ev.Payload)
+		case "header.":
+			if v, ok := ev.Headers[p.path[0]]; ok {
+				args[i] = v
+			}
+		case "payload.":
+			if !parsed {
+				dec := json.NewDecoder(bytes.NewReader(ev.Payload))
+				dec.UseNumber()
+				if err := dec.Decode(&doc); err != nil {
+					return nil, fmt.Errorf("payload is not JSON: %w", err)
+				}
+				parsed = true
+			}
+			v, err := jsonPathText(doc, p.path)
+			if err != nil {
+				return nil, err
+			}
+			args[i] = v
+		}
+	}
+	return args, nil
+}
+
+// jsonPathText follows path through doc and returns the value as text (nil
+// for null or a missing member).
+func jsonPathText(doc any, path []string) (any, error) {
+	cur := doc
+	for _, seg := range path {
+		switch v := cur.(type) {
+		case map[string]any:
+			cur = v[seg]
+		case []any:
+			n, err := strconv.Atoi(seg)
+			if err != nil || n < 0 || n >= len(v) {
+				cur = nil
+			} else {
+				cur = v[n]
+			}
+		default:
+			cur = nil
+		}
+		if cur == nil {
+			return nil, nil
+		}
+	}
+	switch v := cur.(type) {
+	case string:
+		return v, nil
+	case json.Number:
+		return v.String(), nil
+	case bool:
+		return strconv.FormatBool(v), nil
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		return string(b), nil
+	}
+}

@@ -1,0 +1,77 @@
+package inbox
+
+// Every statement the inbox runs, in one place. All tables are
+// schema-qualified.
+
+// qInsertBatch inserts the inbox rows of a batch's valid events in offset
+// order; RETURNING names the ones that were new. A key repeated inside the
+// batch conflicts with its own first copy and is not returned twice.
+const qInsertBatch = `
+INSERT INTO onceflow.inbox
+    (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
+SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now()
+FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[])
+    AS e(event_id, source, seq, event_type, kafka_offset)
+ON CONFLICT (consumer, event_id) DO NOTHING
+RETURNING event_id`
+
+// qInsertDead records a dead letter (a malformed record, or an event whose
+// handler kept failing), keeping headers and payload for replay.
+const qInsertDead = `
+INSERT INTO onceflow.inbox
+    (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset,
+     status, attempts, last_error, headers, payload)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'dead', $9, $10, $11, $12)
+ON CONFLICT (consumer, event_id) DO NOTHING
+RETURNING event_id`
+
+// qKeep turns a just-inserted row into a parked or held one.
+const qKeep = `
+UPDATE onceflow.inbox
+SET status = $3, processed_at = NULL, headers = $4, payload = $5
+WHERE consumer = $1 AND event_id = $2`
+
+// qMarkLate flags a row applied late.
+const qMarkLate = `UPDATE onceflow.inbox SET late = true WHERE consumer = $1 AND event_id = $2`
+
+// qMarkApplied marks a released parked (or replayed) row processed and drops
+// what was kept for it.
+const qMarkApplied = `
+UPDATE onceflow.inbox
+SET status = 'processed', processed_at = now(), late = $3, last_error = NULL, headers = NULL, payload = NULL
+WHERE consumer = $1 AND event_id = $2`
+
+// qStoreOffset records the partition's next offset in the batch transaction.
+const qStoreOffset = `
+INSERT INTO onceflow.consumer_offsets (group_id, topic, kafka_partition, next_offset, updated_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (group_id, topic, kafka_partition)
+DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()`
+
+// qLoadOffsets reads the stored next offsets of a group's topics.
+const qLoadOffsets = `
+SELECT topic, kafka_partition, next_offset
+FROM onceflow.consumer_offsets
+WHERE group_id = $1 AND topic = ANY($2::text[])`
+
+// qLockForReplay locks one row for a replay.
+const qLockForReplay = `
+SELECT status, source, seq, event_type, topic, kafka_partition, kafka_offset, attempts,
+       coalesce(headers, '{}'::jsonb), coalesce(payload, ''::bytea), received_at
+FROM onceflow.inbox
+WHERE consumer = $1 AND event_id = $2
+FOR UPDATE`
+
+// qReplayFailed records a failed replay attempt.
+const qReplayFailed = `
+UPDATE onceflow.inbox SET attempts = attempts + 1, last_error = $3
+WHERE consumer = $1 AND event_id = $2`
+
+// qListAttention lists dead and held rows, oldest first.
+const qListAttention = `
+SELECT event_id, status, source, seq, event_type, topic, kafka_partition, kafka_offset,
+       attempts, coalesce(last_error, ''), received_at
+FROM onceflow.inbox
+WHERE consumer = $1 AND status = ANY($2::text[])
+ORDER BY received_at, event_id
+LIMIT $3`
