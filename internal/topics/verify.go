@@ -1,0 +1,222 @@
+package topics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+// Kind classifies a drift.
+type Kind string
+
+// Kinds of drift.
+const (
+	// KindMissing: a named topic does not exist.
+	KindMissing Kind = "missing"
+	// KindPartitions: the partition count differs from the spec (fewer
+	// breaks the key scheme's spread; more means sources were moved).
+	KindPartitions Kind = "partitions"
+	// KindReplicationFactor: some partition has another replica count.
+	KindReplicationFactor Kind = "replication_factor"
+	// KindConfig: a topic config value differs.
+	KindConfig Kind = "config"
+)
+
+// Drift is one difference between a topic and its spec entry.
+type Drift struct {
+	// Topic is the topic's name.
+	Topic string
+	// Kind classifies the drift.
+	Kind Kind
+	// Field is what differs: "topic", "partitions", "replication_factor"
+	// or a config name such as "cleanup.policy".
+	Field string
+	// Want is the spec's value; Got the cluster's ("" when missing).
+	Want, Got string
+}
+
+func (d Drift) String() string {
+	if d.Kind == KindMissing {
+		return fmt.Sprintf("topic %q: missing", d.Topic)
+	}
+	return fmt.Sprintf("topic %q: %s is %s, want %s", d.Topic, d.Field, strconv.Quote(d.Got), strconv.Quote(d.Want))
+}
+
+// Verify compares the cluster with spec and returns every drift, sorted by
+// topic and field: named topics that are missing, and for each named topic
+// and each existing topic matching a pattern entry, its partition count,
+// replication factor and the effective value of every config the entry
+// fixes (whatever its source: topic override, broker default or Kafka
+// default). The error is for failing to ask, never for drift.
+func Verify(ctx context.Context, adm *kadm.Client, spec *Spec) ([]Drift, error) {
+	targets, err := resolve(ctx, adm, spec)
+	if err != nil {
+		return nil, err
+	}
+	var drifts []Drift
+	var present []string
+	for _, tg := range targets {
+		if !tg.exists {
+			drifts = append(drifts, Drift{Topic: tg.name, Kind: KindMissing, Field: "topic", Want: "present"})
+			continue
+		}
+		present = append(present, tg.name)
+		drifts = append(drifts, shapeDrift(tg)...)
+	}
+	if len(present) > 0 {
+		rcs, err := adm.DescribeTopicConfigs(ctx, present...)
+		if err != nil {
+			return nil, fmt.Errorf("describe topic configs: %w", err)
+		}
+		for _, tg := range targets {
+			if !tg.exists {
+				continue
+			}
+			rc, err := rcs.On(tg.name, nil)
+			if err == nil {
+				err = rc.Err
+			}
+			if err != nil {
+				return nil, fmt.Errorf("describe configs of topic %q: %w", tg.name, err)
+			}
+			got := make(map[string]string, len(rc.Configs))
+			for _, c := range rc.Configs {
+				got[c.Key] = c.MaybeValue()
+			}
+			drifts = append(drifts, configDrift(tg.name, tg.spec.WantConfigs(), got)...)
+		}
+	}
+	slices.SortStableFunc(drifts, func(a, b Drift) int {
+		if a.Topic != b.Topic {
+			if a.Topic < b.Topic {
+				return -1
+			}
+			return 1
+		}
+		switch {
+		case a.Field < b.Field:
+			return -1
+		case a.Field > b.Field:
+			return 1
+		}
+		return 0
+	})
+	return drifts, nil
+}
+
+// Check is the start-up check: Verify, and a *DriftError (errors.Is
+// ErrDrift) listing every drift when there is any.
+func Check(ctx context.Context, adm *kadm.Client, spec *Spec) error {
+	drifts, err := Verify(ctx, adm, spec)
+	if err != nil {
+		return fmt.Errorf("verify topics: %w", err)
+	}
+	if len(drifts) > 0 {
+		return &DriftError{Drifts: drifts}
+	}
+	return nil
+}
+
+type target struct {
+	name   string
+	spec   TopicSpec
+	exists bool
+	detail kadm.TopicDetail
+}
+
+// resolve lists the topics the spec governs: every named entry (present or
+// not) and every existing topic a pattern entry claims.
+func resolve(ctx context.Context, adm *kadm.Client, spec *Spec) ([]target, error) {
+	hasPattern := slices.ContainsFunc(spec.Topics, func(t TopicSpec) bool { return t.Pattern != "" })
+	var names []string
+	for _, t := range spec.Topics {
+		if t.Name != "" {
+			names = append(names, t.Name)
+		}
+	}
+	var all kadm.TopicDetails
+	var err error
+	if hasPattern {
+		all, err = adm.ListTopics(ctx) // every (non-internal) topic
+	} else {
+		all, err = adm.ListTopics(ctx, names...)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	var out []target
+	for _, n := range names {
+		ts, _ := spec.Lookup(n)
+		d, ok := all[n]
+		switch {
+		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+			out = append(out, target{name: n, spec: ts})
+		case d.Err != nil:
+			return nil, fmt.Errorf("describe topic %q: %w", n, d.Err)
+		default:
+			out = append(out, target{name: n, spec: ts, exists: true, detail: d})
+		}
+	}
+	if hasPattern {
+		for _, n := range all.Names() {
+			d := all[n]
+			if d.Err != nil || slices.Contains(names, n) {
+				continue
+			}
+			if ts, ok := spec.Lookup(n); ok {
+				out = append(out, target{name: n, spec: ts, exists: true, detail: d})
+			}
+		}
+	}
+	return out, nil
+}
+
+func shapeDrift(tg target) []Drift {
+	var out []Drift
+	if got := int32(len(tg.detail.Partitions)); got != tg.spec.Partitions {
+		out = append(out, Drift{Topic: tg.name, Kind: KindPartitions, Field: "partitions",
+			Want: strconv.Itoa(int(tg.spec.Partitions)), Got: strconv.Itoa(int(got))})
+	}
+	lo, hi := -1, -1
+	for _, p := range tg.detail.Partitions {
+		n := len(p.Replicas)
+		if lo < 0 || n < lo {
+			lo = n
+		}
+		if n > hi {
+			hi = n
+		}
+	}
+	want := int(tg.spec.ReplicationFactor)
+	if lo >= 0 && (lo != want || hi != want) {
+		got := strconv.Itoa(lo)
+		if lo != hi {
+			got = fmt.Sprintf("%d..%d", lo, hi)
+		}
+		out = append(out, Drift{Topic: tg.name, Kind: KindReplicationFactor, Field: "replication_factor",
+			Want: strconv.Itoa(want), Got: got})
+	}
+	return out
+}
+
+func configDrift(topic string, want, got map[string]string) []Drift {
+	var out []Drift
+	for k, w := range want {
+		g, ok := got[k]
+		if k == ConfigCleanupPolicy {
+			g = normalizePolicy(g)
+		}
+		if !ok {
+			g = "(not reported by the broker)"
+		}
+		if g != w {
+			out = append(out, Drift{Topic: topic, Kind: KindConfig, Field: k, Want: w, Got: g})
+		}
+	}
+	return out
+}
