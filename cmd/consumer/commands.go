@@ -68,6 +68,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		ConsumerName:         cfg.ConsumerName,
 		DLQTopic:             cfg.DLQTopic,
 		Group:                cfg.Group,
+		InstanceID:           cfg.InstanceID,
 		KafkaOpts:            cfg.Kafka.Opts(log),
 		Logger:               log,
 		MaxPayloadBytes:      cfg.MaxPayloadBytes,

@@ -47,6 +47,7 @@ type runConfig struct {
 	Group                string
 	HandlersFile         string
 	HTTPAddr             string
+	InstanceID           string
 	MaxPayloadBytes      int
 	RetryInitialInterval time.Duration
 	RetryMaxAttempts     int
@@ -66,6 +67,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Group, "group", "", "Kafka consumer group (required)")
 	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the sql/log handlers per event type (required)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":9464", "address for /metrics, /healthz and /readyz (empty disables)")
+	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id, stable per replica (e.g. the pod name); empty: dynamic")
 	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", envelope.DefaultMaxPayloadBytes, "largest payload accepted; bigger records are dead-lettered")
 	fs.DurationVar(&c.RetryInitialInterval, "retry-initial-interval", 100*time.Millisecond, "first backoff after a handler error")
 	fs.IntVar(&c.RetryMaxAttempts, "retry-max-attempts", 5, "tries of a failing event before it is dead-lettered")

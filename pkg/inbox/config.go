@@ -51,6 +51,13 @@ type Config struct {
 	// required.
 	Handler Handler
 
+	// InstanceID, when set, makes this member a static group member
+	// (KIP-345): a restarted process with the same id takes its partitions
+	// back at once instead of waiting for the session timeout, and a clean
+	// shutdown does not leave the group (default: dynamic membership). Give
+	// each replica its own stable id, e.g. the StatefulSet pod name.
+	InstanceID string
+
 	// KafkaOpts are the client options for connecting (seed brokers, TLS,
 	// SASL, logger) (required: at least kgo.SeedBrokers). The consumer adds
 	// the group, topics, balancer, isolation level and callbacks itself.

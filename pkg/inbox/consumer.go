@@ -113,6 +113,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.OnPartitionsLost(c.onLost),
 		kgo.AdjustFetchOffsetsFn(c.adjustOffsets),
 	)
+	if c.cfg.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(c.cfg.InstanceID))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
@@ -153,7 +156,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// its in-flight batch and commits before the partition is given up.
 	c.log.InfoContext(c.baseCtx, "consumer draining")
 	cl.Close()
-	c.stopWorkers(nil, false)
+	c.stopWorkers(nil)
 	c.log.InfoContext(c.baseCtx, "consumer stopped")
 	return nil
 }
@@ -180,18 +183,18 @@ func (c *Consumer) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 	if len(revoked) == 0 {
 		return
 	}
-	c.stopWorkers(revoked, false)
+	c.stopWorkers(revoked)
 	c.log.Info("partitions revoked", "partitions", fmtParts(revoked))
 }
 
 func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	c.stopWorkers(lost, true)
+	c.stopWorkers(lost)
 	c.log.Warn("partitions lost", "partitions", fmtParts(lost))
 }
 
 // stopWorkers stops the workers of parts (all when parts is nil) and waits
 // for each to finish its in-flight batch.
-func (c *Consumer) stopWorkers(parts map[string][]int32, lost bool) {
+func (c *Consumer) stopWorkers(parts map[string][]int32) {
 	c.mu.Lock()
 	var ws []*worker
 	if parts == nil {
@@ -218,7 +221,6 @@ func (c *Consumer) stopWorkers(parts map[string][]int32, lost bool) {
 		<-w.done
 		c.m.dropLag(w.tp.topic, w.tp.partition)
 	}
-	_ = lost
 }
 
 // adjustOffsets seeks each newly assigned partition to the next offset

@@ -28,7 +28,9 @@ type HandlerError struct {
 	Err     error
 }
 
-func (e *HandlerError) Error() string { return fmt.Sprintf("handler for event %s: %v", e.EventID, e.Err) }
+func (e *HandlerError) Error() string {
+	return fmt.Sprintf("handler for event %s: %v", e.EventID, e.Err)
+}
 
 func (e *HandlerError) Unwrap() error { return e.Err }
 
