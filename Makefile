@@ -36,9 +36,11 @@ lint: ## gofmt check, go vet and staticcheck.
 bench: ## Run the benchmarks against real services; prints figures beside same-run ceilings.
 	@$(WITH_SERVICES) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./bench/
 
+DEMO_ARGS ?=
 .PHONY: demo
-demo: ## Run onceflow end to end on embedded defaults and print what happened.
-	@$(WITH_SERVICES) $(GO) run ./cmd/demo
+demo: build ## Run onceflow end to end on embedded defaults, with chaos; KAFKA=local uses the real broker. DEMO_ARGS="-duration 60s -rate 500".
+	@if [ "$(KAFKA)" = local ]; then set -a; eval "$$($(SERVICES) up kafka)"; set +a; fi; \
+	$(GO) run ./cmd/demo -bin-dir bin $(if $(filter local,$(KAFKA)),-kafka local,) $(DEMO_ARGS)
 
 .PHONY: services-up
 services-up: ## Start (or reuse) the local PostgreSQL and Kafka; prints their env.

@@ -1,0 +1,142 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// verify checks the invariants against the database.
+func (r *run) verify(ctx context.Context) (*Summary, error) {
+	s := &Summary{Written: r.written.Load(), RolledBack: r.rolledBack.Load(),
+		DuplicatesInjected: r.dupsIn.Load(), Restarts: int(r.restarts.Load())}
+	if err := r.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL),
+		(SELECT count(*) FROM public.demo_effects)`).Scan(&s.Published, &s.Applied); err != nil {
+		return nil, fmt.Errorf("read totals: %w", err)
+	}
+
+	// Effects once: every written event applied exactly once, nothing else.
+	applied := map[string]int{}
+	rows, err := r.pool.Query(ctx, `SELECT event_id, count(*) FROM public.demo_effects GROUP BY event_id`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
+		}
+		applied[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var lost, doubled, unknown []string
+	r.writtenIDs.Range(func(k, _ any) bool {
+		id := k.(string)
+		switch n := applied[id]; {
+		case n == 0:
+			lost = append(lost, id)
+		case n > 1:
+			doubled = append(doubled, fmt.Sprintf("%s×%d", id, n))
+		}
+		return true
+	})
+	for id := range applied {
+		if _, ok := r.writtenIDs.Load(id); !ok {
+			unknown = append(unknown, id)
+		}
+	}
+	add := func(name string, ids []string) {
+		if len(ids) > 0 {
+			sort.Strings(ids)
+			s.Violations = append(s.Violations, fmt.Sprintf("%s: %d events, e.g. %s", name, len(ids), strings.Join(first(ids, 5), ", ")))
+		}
+	}
+	add("C1 effects once: lost", lost)
+	add("C1 effects once: applied more than once", doubled)
+	add("C1 effects once: applied but never committed (rolled back?)", unknown)
+
+	// Duplicates suppressed: each injected copy's event still has one effect.
+	r.dupIDs.Range(func(k, _ any) bool {
+		if applied[k.(string)] == 1 {
+			s.DuplicatesSuppressed++
+		}
+		return true
+	})
+
+	// Per-source order: in apply order, seqs increase (late events excepted).
+	rows, err = r.pool.Query(ctx, `SELECT source, seq FROM public.demo_effects WHERE NOT late ORDER BY n`)
+	if err != nil {
+		return nil, err
+	}
+	last := map[string]int64{}
+	var disorder []string
+	for rows.Next() {
+		var src string
+		var seq int64
+		if err := rows.Scan(&src, &seq); err != nil {
+			return nil, err
+		}
+		if prev, ok := last[src]; ok && seq <= prev {
+			disorder = append(disorder, fmt.Sprintf("%s: %d after %d", src, seq, prev))
+		}
+		last[src] = seq
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	add("C3 ordered per source: out of order", disorder)
+
+	// The never-filled gap must have been given up, loudly.
+	gaps, err := r.pool.Query(ctx, `SELECT source, from_seq, to_seq FROM onceflow.seq_gaps WHERE state = 'given_up' ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	for gaps.Next() {
+		var src string
+		var from, to int64
+		if err := gaps.Scan(&src, &from, &to); err != nil {
+			return nil, err
+		}
+		s.GivenUpGaps = append(s.GivenUpGaps, fmt.Sprintf("%s seq %d–%d", src, from, to))
+	}
+	if err := gaps.Err(); err != nil {
+		return nil, err
+	}
+	if r.cfg.Chaos && len(s.GivenUpGaps) == 0 {
+		s.Violations = append(s.Violations, "C4 gaps are loud: the never-filled gap of "+gapSource+" was not given up")
+	}
+	return s, nil
+}
+
+func first(ids []string, n int) []string {
+	if len(ids) > n {
+		return ids[:n]
+	}
+	return ids
+}
+
+func (r *run) report(s *Summary) {
+	r.printf("\n== summary\n")
+	r.printf("  events written (committed)       %d\n", s.Written)
+	r.printf("  events rolled back (never sent)  %d\n", s.RolledBack)
+	r.printf("  published by the relay           %d\n", s.Published)
+	r.printf("  side effects executed            %d\n", s.Applied)
+	r.printf("  duplicates delivered / suppressed %d / %d\n", s.DuplicatesInjected, s.DuplicatesSuppressed)
+	r.printf("  relays and consumers SIGKILLed   %d (all restarted)\n", s.Restarts)
+	for _, g := range s.GivenUpGaps {
+		r.printf("  gap given up (on-call alerted)   %s\n", g)
+	}
+	if s.OK() {
+		r.printf("\nOK: side effects executed == distinct events (%d), no duplicate applied, every source in seq order.\n", s.Applied)
+		return
+	}
+	r.printf("\nFAILED:\n")
+	for _, v := range s.Violations {
+		r.printf("  - %s\n", v)
+	}
+}
