@@ -1,0 +1,638 @@
+package seqguard_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/seqguard"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func at(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
+
+const consumer = "test"
+
+type bundle struct {
+	db    *testkit.DB
+	store *seqguard.PGStore
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	return &bundle{db: testkit.NewDB(t), store: &seqguard.PGStore{Consumer: consumer}}
+}
+
+func event(source string, seq int64) seqguard.Event {
+	return seqguard.Event{
+		EventID:   fmt.Sprintf("%s-%d", source, seq),
+		Source:    source,
+		Seq:       seq,
+		EventType: "order.updated",
+		Topic:     "orders",
+		Partition: 3,
+		Offset:    100 + seq,
+		Headers:   json.RawMessage(fmt.Sprintf(`{"n": "%d"}`, seq)),
+		Payload:   []byte(fmt.Sprintf("payload %d", seq)),
+	}
+}
+
+// deliver does what the consumer does for a batch: in one transaction it
+// inserts the inbox rows (as processed, no payload), locks the sources and
+// runs the guard for each event. It returns the handler runs owed.
+func (b *bundle) deliver(t *testing.T, pool *pgxpool.Pool, now time.Time, p seqguard.Policy, evs ...seqguard.Event) []seqguard.Outcome {
+	t.Helper()
+	ctx := context.Background()
+	var outs []seqguard.Outcome
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var srcs []string
+		for _, ev := range evs {
+			if _, err := tx.Exec(ctx, `
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', $9)`,
+				consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset, now); err != nil {
+				return err
+			}
+			srcs = append(srcs, ev.Source)
+		}
+		l, err := b.store.Lock(ctx, tx, srcs, now)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			out, err := l.Receive(ctx, ev, now, p)
+			if err != nil {
+				return err
+			}
+			outs = append(outs, out)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("deliver: %v", err)
+	}
+	return outs
+}
+
+func (b *bundle) giveUp(t *testing.T, pool *pgxpool.Pool, now time.Time) []seqguard.Outcome {
+	t.Helper()
+	var outs []seqguard.Outcome
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		var err error
+		outs, err = b.store.GiveUpExpired(context.Background(), tx, now, 0)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("GiveUpExpired: %v", err)
+	}
+	return outs
+}
+
+// applied renders the handler runs: "4", "5p" (parked), "7L" (late).
+func applied(outs ...seqguard.Outcome) []string {
+	var s []string
+	for _, o := range outs {
+		for _, a := range o.Apply {
+			r := fmt.Sprint(a.Event.Seq)
+			if !a.Current {
+				r += "p"
+			}
+			if a.Late {
+				r += "L"
+			}
+			s = append(s, r)
+		}
+	}
+	return s
+}
+
+func givenUp(outs ...seqguard.Outcome) []string {
+	var s []string
+	for _, o := range outs {
+		for _, g := range o.GivenUp() {
+			s = append(s, fmt.Sprintf("%s %v %s", o.Source, g.Gap, g.Reason))
+		}
+	}
+	return s
+}
+
+func inboxRow(t *testing.T, q seqguard.Querier, eventID string) (status string, late bool, payload []byte) {
+	t.Helper()
+	if err := q.QueryRow(context.Background(),
+		`SELECT status, late, payload FROM onceflow.inbox WHERE consumer = $1 AND event_id = $2`, consumer, eventID).
+		Scan(&status, &late, &payload); err != nil {
+		t.Fatalf("inbox row %s: %v", eventID, err)
+	}
+	return status, late, payload
+}
+
+func gapRows(t *testing.T, q seqguard.Querier, source string) []string {
+	t.Helper()
+	rows, err := q.Query(context.Background(), `
+SELECT from_seq, to_seq, state, coalesce(give_up_reason, ''), opened_at, deadline FROM onceflow.seq_gaps
+WHERE consumer = $1 AND source = $2 ORDER BY from_seq, id`, consumer, source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	var from, to int64
+	var state, reason string
+	var opened, deadline time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&from, &to, &state, &reason, &opened, &deadline}, func() error {
+		out = append(out, fmt.Sprintf("%d-%d %s%s opened+%s deadline+%s", from, to, state, reason,
+			opened.Sub(t0), deadline.Sub(t0)))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func seqs(evs ...int64) []seqguard.Event {
+	var out []seqguard.Event
+	for _, s := range evs {
+		out = append(out, event("acct-1", s))
+	}
+	return out
+}
+
+var def = seqguard.Policy{}
+
+// 5 before 4: 5 is parked durably, then 4 and 5 apply in order and nothing
+// is given up.
+func TestPGStoreOutOfOrderParksThenApplies(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := b.db.Pool
+	b.deliver(t, pool, at(0), def, seqs(1, 2, 3)...)
+	outs := b.deliver(t, pool, at(1), def, seqs(5)...)
+	if got := applied(outs...); len(got) != 0 {
+		t.Fatalf("5 applied early: %v", got)
+	}
+	if status, _, payload := inboxRow(t, pool, "acct-1-5"); status != "parked" || string(payload) != "payload 5" {
+		t.Fatalf("5: status %s payload %q, want parked with payload", status, payload)
+	}
+	outs = b.deliver(t, pool, at(2), def, seqs(4)...)
+	if got, want := applied(outs...), []string{"4", "5p"}; !slices.Equal(got, want) {
+		t.Fatalf("applied %v, want %v", got, want)
+	}
+	five := outs[0].Apply[1].Event
+	if want := event("acct-1", 5); five.EventID != want.EventID || string(five.Payload) != "payload 5" ||
+		five.Topic != "orders" || five.Partition != 3 || five.Offset != 105 || five.EventType != want.EventType {
+		t.Errorf("parked event returned as %+v", five)
+	}
+	var hdr map[string]string
+	if err := json.Unmarshal(five.Headers, &hdr); err != nil || hdr["n"] != "5" {
+		t.Errorf("parked headers %s: %v", five.Headers, err)
+	}
+	if status, _, payload := inboxRow(t, pool, "acct-1-5"); status != "processed" || payload != nil {
+		t.Errorf("5 after apply: status %s payload %q, want processed without payload", status, payload)
+	}
+	if got, want := gapRows(t, pool, "acct-1"), []string{"4-4 filled opened+1s deadline+31s"}; !slices.Equal(got, want) {
+		t.Errorf("gaps %v, want %v", got, want)
+	}
+	if outs := b.giveUp(t, pool, at(1000)); len(outs) != 0 {
+		t.Errorf("timer after the fill: %v", givenUp(outs...))
+	}
+}
+
+// Seq 7 never arrives: after the timeout the gap is given up once and 8-10
+// apply in order; 7 arriving afterwards follows the late policy.
+func TestPGStoreGapTimeoutAndLate(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		late       seqguard.Late
+		wantApply  []string
+		wantStatus string
+		wantHeld   int64
+	}{
+		{seqguard.DeliverLate, []string{"7L"}, "processed", 0},
+		{seqguard.Hold, nil, "held", 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.late.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			pool := b.db.Pool
+			p := seqguard.Policy{Late: tc.late, GapTimeout: 10 * time.Second}
+			b.deliver(t, pool, at(0), p, seqs(1, 2, 3, 4, 5, 6)...)
+			b.deliver(t, pool, at(1), p, seqs(8, 9)...)
+			b.deliver(t, pool, at(2), p, seqs(10)...)
+			if outs := b.giveUp(t, pool, at(10)); len(outs) != 0 {
+				t.Fatalf("given up before the deadline: %v", givenUp(outs...))
+			}
+			outs := b.giveUp(t, pool, at(11))
+			if got, want := givenUp(outs...), []string{"acct-1 7-7 timeout"}; !slices.Equal(got, want) {
+				t.Fatalf("given up %v, want %v", got, want)
+			}
+			if got, want := applied(outs...), []string{"8p", "9p", "10p"}; !slices.Equal(got, want) {
+				t.Fatalf("applied %v, want %v", got, want)
+			}
+			if outs := b.giveUp(t, pool, at(100)); len(outs) != 0 {
+				t.Fatalf("given up twice: %v", givenUp(outs...))
+			}
+			if got, want := gapRows(t, pool, "acct-1"), []string{"7-7 given_uptimeout opened+1s deadline+11s"}; !slices.Equal(got, want) {
+				t.Errorf("gaps %v, want %v", got, want)
+			}
+			outs = b.deliver(t, pool, at(200), p, seqs(7)...)
+			if got := applied(outs...); !slices.Equal(got, tc.wantApply) {
+				t.Errorf("late 7 applied %v, want %v", got, tc.wantApply)
+			}
+			status, late, payload := inboxRow(t, pool, "acct-1-7")
+			if status != tc.wantStatus || !late {
+				t.Errorf("late 7: status %s late %v, want %s late", status, late, tc.wantStatus)
+			}
+			if tc.late == seqguard.Hold && string(payload) != "payload 7" {
+				t.Errorf("held 7 lost its payload: %q", payload)
+			}
+			st, err := b.store.Stats(context.Background(), pool, at(300))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (seqguard.Stats{Held: tc.wantHeld}); st != want {
+				t.Errorf("stats %+v, want %+v", st, want)
+			}
+		})
+	}
+}
+
+// A fill inside a gap splits its row; both pieces keep opened_at and deadline.
+func TestPGStoreGapSplit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := b.db.Pool
+	b.deliver(t, pool, at(0), def, seqs(8)...)
+	b.deliver(t, pool, at(5), def, seqs(5)...)
+	want := []string{"1-4 open opened+0s deadline+30s", "6-7 open opened+0s deadline+30s"}
+	if got := gapRows(t, pool, "acct-1"); !slices.Equal(got, want) {
+		t.Fatalf("gaps %v, want %v", got, want)
+	}
+	outs := b.deliver(t, pool, at(6), def, seqs(1, 2, 3, 4, 6, 7)...)
+	if got, want := applied(outs...), []string{"1", "2", "3", "4", "5p", "6", "7", "8p"}; !slices.Equal(got, want) {
+		t.Fatalf("applied %v, want %v", got, want)
+	}
+	// Rows narrow as seqs arrive; a filled row keeps the last seq it waited for.
+	want = []string{"4-4 filled opened+0s deadline+30s", "7-7 filled opened+0s deadline+30s"}
+	if got := gapRows(t, pool, "acct-1"); !slices.Equal(got, want) {
+		t.Fatalf("gaps %v, want %v", got, want)
+	}
+}
+
+// Two timers (two pools, several goroutines) racing for one expired gap:
+// exactly one gives it up.
+func TestPGStoreConcurrentTimersGiveUpOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.deliver(t, b.db.Pool, at(0), def, seqs(1, 3, 4)...)
+	other, err := pgxpool.New(ctx, b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Close)
+
+	// First, deterministically: while one timer's transaction holds the
+	// source, another skips it; after the commit, the other finds nothing.
+	txA, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outsA, err := b.store.GiveUpExpired(ctx, txA, at(30), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outsB := b.giveUp(t, other, at(30)); len(outsB) != 0 {
+		t.Fatalf("second timer gave up %v while the first held the source", givenUp(outsB...))
+	}
+	if err := txA.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := givenUp(outsA...), []string{"acct-1 2-2 timeout"}; !slices.Equal(got, want) {
+		t.Fatalf("first timer gave up %v, want %v", got, want)
+	}
+	if outsB := b.giveUp(t, other, at(31)); len(outsB) != 0 {
+		t.Fatalf("second timer gave up %v after the first committed", givenUp(outsB...))
+	}
+
+	// Then a free-for-all over several sources.
+	var evs []seqguard.Event
+	for i := range 10 {
+		e := event(fmt.Sprintf("src-%02d", i), 2)
+		evs = append(evs, e)
+	}
+	b.deliver(t, b.db.Pool, at(100), def, evs...)
+	var (
+		mu    sync.Mutex
+		all   []string
+		start = make(chan struct{})
+		wg    sync.WaitGroup
+	)
+	for i := range 8 {
+		pool := b.db.Pool
+		if i%2 == 1 {
+			pool = other
+		}
+		wg.Go(func() {
+			<-start
+			for range 3 {
+				var outs []seqguard.Outcome
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var err error
+					outs, err = b.store.GiveUpExpired(ctx, tx, at(200), 3)
+					return err
+				})
+				if err != nil {
+					t.Errorf("timer: %v", err)
+					return
+				}
+				mu.Lock()
+				all = append(all, givenUp(outs...)...)
+				mu.Unlock()
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	// Whatever the race left, a last run finishes it.
+	all = append(all, givenUp(b.giveUp(t, b.db.Pool, at(200))...)...)
+	slices.Sort(all)
+	var want []string
+	for i := range 10 {
+		want = append(want, fmt.Sprintf("src-%02d 1-1 timeout", i))
+	}
+	if !slices.Equal(all, want) {
+		t.Fatalf("given up %v, want each once: %v", all, want)
+	}
+	var n int
+	if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.seq_gaps WHERE state = 'given_up'`).Scan(&n); err != nil || n != 11 {
+		t.Fatalf("given_up rows %d (%v), want 11", n, err)
+	}
+}
+
+// State lives in Postgres only: a new pool (a restarted consumer) finds the
+// parked events and open gap, and the timer still gives it up once.
+func TestPGStoreSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	first, err := pgxpool.New(ctx, b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.deliver(t, first, at(0), def, seqs(1, 2, 4, 5)...)
+	first.Close() // "SIGKILL"
+
+	again := &bundle{db: b.db, store: &seqguard.PGStore{Consumer: consumer}}
+	second, err := pgxpool.New(ctx, b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Close)
+	err = pgx.BeginFunc(ctx, second, func(tx pgx.Tx) error {
+		l, err := again.store.Lock(ctx, tx, []string{"acct-1"}, at(1))
+		if err != nil {
+			return err
+		}
+		st, _ := l.State("acct-1")
+		if st.LastApplied != 2 || !slices.Equal(st.Parked, []int64{4, 5}) || len(st.Gaps) != 1 || st.Gaps[0].From != 3 ||
+			!st.Gaps[0].Deadline.Equal(at(30)) {
+			t.Errorf("state after restart %+v", st)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := again.giveUp(t, second, at(30))
+	if got, want := applied(outs...), []string{"4p", "5p"}; !slices.Equal(got, want) {
+		t.Fatalf("applied %v, want %v", got, want)
+	}
+	if got := givenUp(again.giveUp(t, second, at(60))...); len(got) != 0 {
+		t.Fatalf("given up again: %v", got)
+	}
+}
+
+// Batches locking the same sources in opposite orders do not deadlock; the
+// sources of a key change spread over two partitions stay in seq order.
+func TestPGStoreLockOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	order := map[string][]string{}
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 10 {
+				seq := int64(w*10 + i + 1)
+				srcs := []string{"a", "b", "c"}
+				if w%2 == 1 {
+					slices.Reverse(srcs)
+				}
+				var evs []seqguard.Event
+				for _, s := range srcs {
+					e := event(s, seq)
+					evs = append(evs, e)
+				}
+				var outs []seqguard.Outcome
+				err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+					outs = nil
+					for _, ev := range evs {
+						if _, err := tx.Exec(ctx, `
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status)
+VALUES ($1, $2, $3, $4, 't', 'x', $5, 0, 'processed')`, consumer, ev.EventID, ev.Source, ev.Seq, w); err != nil {
+							return err
+						}
+					}
+					l, err := b.store.Lock(ctx, tx, srcs, at(0))
+					if err != nil {
+						return err
+					}
+					for _, ev := range evs {
+						out, err := l.Receive(ctx, ev, at(0), seqguard.Policy{MaxParked: 100})
+						if err != nil {
+							return err
+						}
+						outs = append(outs, out)
+					}
+					return nil
+				})
+				if err != nil {
+					t.Errorf("worker %d: %v", w, err)
+					return
+				}
+				mu.Lock()
+				for _, o := range outs {
+					order[o.Source] = append(order[o.Source], applied(o)...)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, s := range []string{"a", "b", "c"} {
+		var want []string
+		for i := range 40 {
+			want = append(want, fmt.Sprint(i+1))
+		}
+		got := slices.Clone(order[s])
+		for i := range got { // strip the parked marker: order is what matters
+			got[i] = trimP(got[i])
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("source %s applied %v", s, order[s])
+		}
+	}
+}
+
+func trimP(s string) string {
+	if len(s) > 0 && s[len(s)-1] == 'p' {
+		return s[:len(s)-1]
+	}
+	return s
+}
+
+// A parked bound gives the lowest gap up early, inside the batch.
+func TestPGStoreMaxParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := seqguard.Policy{MaxParked: 2}
+	b.deliver(t, b.db.Pool, at(0), p, seqs(3, 4)...)
+	outs := b.deliver(t, b.db.Pool, at(1), p, seqs(6)...)
+	if got, want := givenUp(outs...), []string{"acct-1 1-2 max_parked"}; !slices.Equal(got, want) {
+		t.Fatalf("given up %v, want %v", got, want)
+	}
+	if got, want := applied(outs...), []string{"3p", "4p"}; !slices.Equal(got, want) {
+		t.Fatalf("applied %v, want %v", got, want)
+	}
+	if got, want := gapRows(t, b.db.Pool, "acct-1"), []string{
+		"1-2 given_upmax_parked opened+0s deadline+30s", "5-5 open opened+1s deadline+31s"}; !slices.Equal(got, want) {
+		t.Errorf("gaps %v, want %v", got, want)
+	}
+}
+
+func TestPGStoreFirstSeenPolicies(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		first seqguard.FirstSeen
+		want  []string
+	}{
+		{seqguard.ExpectFirstSeq1, nil},
+		{seqguard.AcceptFirstSeen, []string{"5"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.first.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			outs := b.deliver(t, b.db.Pool, at(0), seqguard.Policy{FirstSeen: tc.first}, seqs(5)...)
+			if got := applied(outs...); !slices.Equal(got, tc.want) {
+				t.Errorf("applied %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A source locked but never received for stays "not started", so the start
+// policy still applies to its first event.
+func TestPGStoreLockWithoutReceive(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := b.store.Lock(ctx, tx, []string{"acct-1"}, at(0))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	outs := b.deliver(t, b.db.Pool, at(1), seqguard.Policy{FirstSeen: seqguard.AcceptFirstSeen}, seqs(9)...)
+	if got := applied(outs...); !slices.Equal(got, []string{"9"}) {
+		t.Errorf("applied %v, want [9]", got)
+	}
+}
+
+func TestPGStoreReceiveErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		l, err := b.store.Lock(ctx, tx, []string{"acct-1"}, at(0))
+		if err != nil {
+			return err
+		}
+		if _, err := l.Receive(ctx, event("other", 1), at(0), def); !errors.Is(err, seqguard.ErrNotLocked) {
+			t.Errorf("unlocked source: %v, want ErrNotLocked", err)
+		}
+		// No inbox row for the event: parking must fail loudly.
+		if _, err := l.Receive(ctx, event("acct-1", 3), at(0), def); err == nil {
+			t.Error("parking an event without its inbox row succeeded")
+		}
+		return errors.New("rollback")
+	})
+	if err == nil || err.Error() != "rollback" {
+		t.Fatal(err)
+	}
+}
+
+func TestPGStoreOperatorFunctions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool := b.db.Pool
+	b.deliver(t, pool, at(0), def, seqs(3)...)                             // gap 1-2
+	b.deliver(t, pool, at(0), def, event("acct-2", 2), event("acct-2", 5)) // gaps 1-1, 3-4
+	b.giveUp(t, pool, at(30))
+	b.deliver(t, pool, at(40), def, event("acct-2", 8)) // gap 6-7, opened at 40
+
+	st, err := b.store.Stats(ctx, pool, at(50))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (seqguard.Stats{OpenGaps: 1, OldestOpenGapAge: 10 * time.Second, Parked: 1}); st != want {
+		t.Errorf("stats %+v, want %+v", st, want)
+	}
+	list := func(include bool, since time.Time) []string {
+		t.Helper()
+		gaps, err := b.store.ListGaps(ctx, pool, include, since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, g := range gaps {
+			out = append(out, fmt.Sprintf("%s %d-%d %s%s%s", g.Source, g.From, g.To, g.State, g.Reason, g.ResolvedNote))
+		}
+		return out
+	}
+	if got, want := list(false, time.Time{}), []string{"acct-2 6-7 open"}; !slices.Equal(got, want) {
+		t.Errorf("open gaps %v, want %v", got, want)
+	}
+	all := []string{"acct-2 6-7 open", "acct-1 1-2 given_uptimeout", "acct-2 1-1 given_uptimeout", "acct-2 3-4 given_uptimeout"}
+	if got := list(true, at(0)); !slices.Equal(got, all) {
+		t.Errorf("gaps %v, want %v", got, all)
+	}
+	if n, err := b.store.ResolveGap(ctx, pool, "acct-2", 1, 4, "replayed from the ledger", at(60)); err != nil || n != 2 {
+		t.Fatalf("resolve: %d, %v", n, err)
+	}
+	if _, err := b.store.ResolveGap(ctx, pool, "acct-2", 1, 4, "again", at(61)); !errors.Is(err, seqguard.ErrGapNotFound) {
+		t.Errorf("resolve twice: %v, want ErrGapNotFound", err)
+	}
+	if _, err := b.store.ResolveGap(ctx, pool, "acct-1", 1, 2, "", at(61)); err == nil {
+		t.Error("resolve without a note succeeded")
+	}
+	// Resolved gaps given up before since drop out of the list.
+	if got, want := list(true, at(35)), []string{"acct-2 6-7 open", "acct-1 1-2 given_uptimeout"}; !slices.Equal(got, want) {
+		t.Errorf("gaps %v, want %v", got, want)
+	}
+	if got, want := list(true, at(0))[2:], []string{"acct-2 1-1 given_uptimeoutreplayed from the ledger", "acct-2 3-4 given_uptimeoutreplayed from the ledger"}; !slices.Equal(got, want) {
+		t.Errorf("resolved gaps %v, want %v", got, want)
+	}
+}

@@ -1,0 +1,110 @@
+package seqguard
+
+// The SQL of the Postgres store, in one place. Every table is
+// schema-qualified.
+
+const (
+	// Create the seq_state rows a batch is about to lock (NULL last_applied:
+	// not started), in source order.
+	sqlEnsureState = `
+INSERT INTO onceflow.seq_state (consumer, source, last_applied, updated_at)
+SELECT $1::text, s, NULL::bigint, $3::timestamptz FROM unnest($2::text[]) AS s ORDER BY s
+ON CONFLICT (consumer, source) DO NOTHING`
+
+	// Lock the seq_state rows in source order (LockRows runs above the sort).
+	sqlLockState = `
+SELECT source, last_applied FROM onceflow.seq_state
+WHERE consumer = $1 AND source = ANY($2::text[])
+ORDER BY source
+FOR UPDATE`
+
+	// The timer's lock: one source, never waiting.
+	sqlLockStateSkipLocked = `
+SELECT source, last_applied FROM onceflow.seq_state
+WHERE consumer = $1 AND source = $2
+FOR UPDATE SKIP LOCKED`
+
+	sqlLoadParked = `
+SELECT source, seq FROM onceflow.inbox
+WHERE consumer = $1 AND source = ANY($2::text[]) AND status = 'parked'
+ORDER BY source, seq`
+
+	sqlLoadGaps = `
+SELECT source, from_seq, to_seq, opened_at, deadline FROM onceflow.seq_gaps
+WHERE consumer = $1 AND source = ANY($2::text[]) AND state = 'open'
+ORDER BY source, from_seq`
+
+	sqlSaveState = `
+UPDATE onceflow.seq_state SET last_applied = $3, updated_at = $4
+WHERE consumer = $1 AND source = $2`
+
+	// The received event's inbox row (inserted by the consumer) becomes
+	// parked or held, keeping what is needed to apply it later.
+	sqlPark = `
+UPDATE onceflow.inbox
+SET status = $3, late = $4, headers = $5, payload = $6, processed_at = NULL
+WHERE consumer = $1 AND event_id = $2`
+
+	sqlMarkLate = `
+UPDATE onceflow.inbox SET late = true WHERE consumer = $1 AND event_id = $2`
+
+	// Un-park: the rows become processed and drop their payload; the old
+	// values are returned for the handler.
+	sqlUnpark = `
+WITH old AS (
+    SELECT event_id, seq, event_type, topic, kafka_partition, kafka_offset, headers, payload
+    FROM onceflow.inbox
+    WHERE consumer = $1 AND source = $2 AND status = 'parked' AND seq = ANY($3::bigint[])
+    FOR UPDATE
+)
+UPDATE onceflow.inbox i
+SET status = 'processed', processed_at = $4, headers = NULL, payload = NULL
+FROM old
+WHERE i.consumer = $1 AND i.event_id = old.event_id
+RETURNING old.event_id, old.seq, old.event_type, old.topic, old.kafka_partition, old.kafka_offset, old.headers, old.payload`
+
+	sqlGapOpen = `
+INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline)
+VALUES ($1, $2, $3, $4, $5, $6)`
+
+	sqlGapNarrow = `
+UPDATE onceflow.seq_gaps SET from_seq = $5, to_seq = $6
+WHERE consumer = $1 AND source = $2 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
+
+	sqlGapFill = `
+UPDATE onceflow.seq_gaps SET state = 'filled', closed_at = $5
+WHERE consumer = $1 AND source = $2 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
+
+	sqlGapGiveUp = `
+UPDATE onceflow.seq_gaps SET state = 'given_up', give_up_reason = $5, closed_at = $6
+WHERE consumer = $1 AND source = $2 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
+
+	// Sources with an expired open gap: candidates for the timer, read
+	// without locks; each is then locked (SKIP LOCKED) and re-read.
+	sqlExpiredSources = `
+SELECT DISTINCT source FROM onceflow.seq_gaps
+WHERE consumer = $1 AND state = 'open' AND deadline <= $2
+ORDER BY source
+LIMIT $3`
+
+	sqlStats = `
+SELECT
+    (SELECT count(*) FROM onceflow.seq_gaps WHERE consumer = $1 AND state = 'open'),
+    (SELECT min(opened_at) FROM onceflow.seq_gaps WHERE consumer = $1 AND state = 'open'),
+    (SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND status = 'parked'),
+    (SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND status = 'held')`
+
+	sqlListGaps = `
+SELECT id, source, from_seq, to_seq, opened_at, deadline, state,
+       coalesce(give_up_reason, ''), closed_at, resolved_at, coalesce(resolved_note, '')
+FROM onceflow.seq_gaps
+WHERE consumer = $1 AND (
+    state = 'open'
+    OR ($2 AND state = 'given_up' AND (resolved_at IS NULL OR closed_at >= $3)))
+ORDER BY state = 'open' DESC, source, from_seq, id`
+
+	sqlResolveGaps = `
+UPDATE onceflow.seq_gaps SET resolved_at = $6, resolved_note = $5
+WHERE consumer = $1 AND source = $2 AND state = 'given_up' AND resolved_at IS NULL
+  AND from_seq >= $3 AND to_seq <= $4`
+)
