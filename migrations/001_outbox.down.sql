@@ -1,3 +1,5 @@
+DROP FUNCTION IF EXISTS onceflow.enqueue(text, text, text, jsonb, text, jsonb, text);
+DROP TYPE IF EXISTS onceflow.enqueued;
 DROP TABLE IF EXISTS onceflow.relay_lease;
 DROP TABLE IF EXISTS onceflow.outbox;
 DROP TABLE IF EXISTS onceflow.source_seq;

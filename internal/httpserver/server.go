@@ -23,6 +23,9 @@ type Config struct {
 	// nil Ready is always ready. Liveness (/healthz) is answered while the
 	// process serves HTTP at all.
 	Ready func() error
+	// Detail, when set, is appended to the /readyz body (e.g. the relay's
+	// role, "leader" or "standby"), so an operator can see it with curl.
+	Detail func() string
 	// Logger for server errors.
 	Logger *slog.Logger
 }
@@ -42,11 +45,19 @@ func Serve(ctx context.Context, cfg Config, bound func(net.Addr)) error {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if cfg.Ready != nil {
 			if err := cfg.Ready(); err != nil {
-				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				msg := "not ready: " + err.Error()
+				if cfg.Detail != nil {
+					msg += " (" + cfg.Detail() + ")"
+				}
+				http.Error(w, msg, http.StatusServiceUnavailable)
 				return
 			}
 		}
-		_, _ = w.Write([]byte("ready\n"))
+		body := "ready"
+		if cfg.Detail != nil {
+			body += " " + cfg.Detail()
+		}
+		_, _ = w.Write([]byte(body + "\n"))
 	})
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

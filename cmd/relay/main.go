@@ -1,0 +1,248 @@
+// Command relay publishes onceflow's PostgreSQL outbox to Kafka.
+//
+//	relay run      [flags]   publish (one leader per shard, the others stand by)
+//	relay migrate  [flags]   apply the schema migrations
+//
+// Every flag has an ONCEFLOW_* environment fallback (-database-url is
+// ONCEFLOW_DATABASE_URL); flags win. See docs/relay.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/httpserver"
+	"github.com/onceflow/onceflow/internal/kafkaconn"
+	"github.com/onceflow/onceflow/internal/migrate"
+	"github.com/onceflow/onceflow/internal/obs"
+	"github.com/onceflow/onceflow/internal/pgconn"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+// exitUsage is the exit code of invalid configuration.
+const exitUsage = 2
+
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func main() {
+	err := run(os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		os.Exit(exitUsage)
+	default:
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: relay run [flags] | relay migrate [flags] | relay help
+`
+
+func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return usageError{errors.New("a subcommand is required")}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	switch args[0] {
+	case "run":
+		return runRelay(ctx, args[1:], stderr)
+	case "migrate":
+		log, err := obs.NewLogger(stderr, os.Getenv(cli.EnvName("log-format")), os.Getenv(cli.EnvName("log-level")))
+		if err != nil {
+			return usageError{err}
+		}
+		if err := migrate.Command(ctx, "relay", args[1:], stdout, log); err != nil {
+			return usageError{err}
+		}
+		return nil
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage+"\nrelay run flags:\n")
+		var c config
+		fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
+		c.RegisterFlags(fs)
+		cli.Usage(fs, stdout)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return usageError{fmt.Errorf("unknown subcommand %q", args[0])}
+	}
+}
+
+// config is everything `relay run` is configured with.
+type config struct {
+	db        pgconn.Config
+	kafka     kafkaconn.Config
+	httpAddr  string
+	logFormat string
+	logLevel  string
+
+	batchMaxBytes   int
+	batchMaxRows    int
+	checkpointTopic string
+	holderID        string
+	leaseRenew      time.Duration
+	leaseTTL        time.Duration
+	pollInterval    time.Duration
+	pruneBatchRows  int
+	pruneInterval   time.Duration
+	retention       time.Duration
+	shard           string
+	standbyInterval time.Duration
+	txnIDPrefix     string
+	txnTimeout      time.Duration
+}
+
+// RegisterFlags registers the flags of `relay run`.
+func (c *config) RegisterFlags(fs *flag.FlagSet) {
+	c.db.RegisterFlags(fs)
+	c.kafka.RegisterFlags(fs, "onceflow-relay")
+	fs.StringVar(&c.httpAddr, "http-addr", ":9090", "address of /metrics, /healthz and /readyz (empty disables)")
+	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.IntVar(&c.batchMaxBytes, "batch-max-bytes", 4<<20, "maximum payload bytes per Kafka transaction")
+	fs.IntVar(&c.batchMaxRows, "batch-max-rows", 1000, "maximum rows per Kafka transaction")
+	fs.StringVar(&c.checkpointTopic, "checkpoint-topic", "onceflow.relay.checkpoints", "compacted topic for the relay's checkpoints (created if missing)")
+	fs.StringVar(&c.holderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
+	fs.DurationVar(&c.leaseRenew, "lease-renew-interval", time.Second, "how often the leader renews its lease")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", 3*time.Second, "lease lifetime without renewal (takeover time after a leader dies)")
+	fs.DurationVar(&c.pollInterval, "poll-interval", 20*time.Millisecond, "wait between polls of an empty outbox")
+	fs.IntVar(&c.pruneBatchRows, "prune-batch-rows", 1000, "published rows deleted per prune statement")
+	fs.DurationVar(&c.pruneInterval, "prune-interval", time.Second, "how often published rows are pruned")
+	fs.DurationVar(&c.retention, "retention", time.Hour, "how long published rows are kept (negative: delete at the next prune)")
+	fs.StringVar(&c.shard, "shard", "default", "relay shard: lease row, transactional.id suffix, checkpoint key")
+	fs.DurationVar(&c.standbyInterval, "standby-interval", 500*time.Millisecond, "how often a standby tries to take the lease")
+	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "onceflow-relay-", "Kafka transactional.id prefix (the shard is appended)")
+	fs.DurationVar(&c.txnTimeout, "transaction-timeout", 10*time.Second, "Kafka transaction timeout")
+}
+
+func (c *config) validate() error {
+	if err := c.db.Validate(); err != nil {
+		return err
+	}
+	if err := c.kafka.Validate(); err != nil {
+		return err
+	}
+	for name, d := range map[string]time.Duration{
+		"lease-renew-interval": c.leaseRenew, "lease-ttl": c.leaseTTL, "poll-interval": c.pollInterval,
+		"prune-interval": c.pruneInterval, "standby-interval": c.standbyInterval, "transaction-timeout": c.txnTimeout,
+	} {
+		if err := cli.PositiveDuration(name, d); err != nil {
+			return err
+		}
+	}
+	positive := func(name string, v int) error {
+		if v < 1 {
+			return fmt.Errorf("-%s (%s) must be at least 1, got %d", name, cli.EnvName(name), v)
+		}
+		return nil
+	}
+	if err := errors.Join(positive("batch-max-rows", c.batchMaxRows), positive("batch-max-bytes", c.batchMaxBytes),
+		positive("prune-batch-rows", c.pruneBatchRows)); err != nil {
+		return err
+	}
+	if c.leaseRenew*2 > c.leaseTTL {
+		return fmt.Errorf("-lease-renew-interval (%s) must be at most half of -lease-ttl (%s)", c.leaseRenew, c.leaseTTL)
+	}
+	if c.txnTimeout < time.Second {
+		return fmt.Errorf("-transaction-timeout (%s) must be at least 1s, got %s", cli.EnvName("transaction-timeout"), c.txnTimeout)
+	}
+	if c.checkpointTopic == "" {
+		return fmt.Errorf("-checkpoint-topic (%s) must not be empty", cli.EnvName("checkpoint-topic"))
+	}
+	if c.shard == "" {
+		return fmt.Errorf("-shard (%s) must not be empty", cli.EnvName("shard"))
+	}
+	return nil
+}
+
+func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
+	var c config
+	fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return usageError{err}
+	}
+	if err := c.validate(); err != nil {
+		return usageError{err}
+	}
+	log, err := obs.NewLogger(stderr, c.logFormat, c.logLevel)
+	if err != nil {
+		return usageError{fmt.Errorf("-log-format/-log-level: %v", err)}
+	}
+	pool, err := c.db.Pool(ctx, "onceflow-relay")
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	relay, err := outbox.New(outbox.Config{
+		BatchMaxBytes:         c.batchMaxBytes,
+		BatchMaxRows:          c.batchMaxRows,
+		CheckpointTopic:       c.checkpointTopic,
+		DB:                    pool,
+		HolderID:              c.holderID,
+		KafkaOpts:             c.kafka.Opts(log),
+		LeaseRenewInterval:    c.leaseRenew,
+		LeaseTTL:              c.leaseTTL,
+		Logger:                log,
+		PollInterval:          c.pollInterval,
+		PruneBatchRows:        c.pruneBatchRows,
+		PruneInterval:         c.pruneInterval,
+		Registerer:            reg,
+		Retention:             c.retention,
+		Shard:                 c.shard,
+		StandbyInterval:       c.standbyInterval,
+		TransactionTimeout:    c.txnTimeout,
+		TransactionalIDPrefix: c.txnIDPrefix,
+	})
+	if err != nil {
+		return usageError{err}
+	}
+	log.InfoContext(ctx, "relay starting", slog.String("shard", c.shard), slog.String("http_addr", c.httpAddr))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := relay.Run(gctx); err != nil {
+			return fmt.Errorf("relay: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		err := httpserver.Serve(gctx, httpserver.Config{
+			Addr: c.httpAddr, Gatherer: reg, Ready: relay.Ready, Detail: relay.Role, Logger: log,
+		}, func(a net.Addr) {
+			log.InfoContext(gctx, "http listening", slog.String("addr", a.String()))
+		})
+		if err != nil {
+			return fmt.Errorf("http server: %w", err)
+		}
+		return nil
+	})
+	err = g.Wait()
+	log.InfoContext(context.WithoutCancel(ctx), "relay exiting", slog.Any("error", err))
+	return err
+}

@@ -1,0 +1,221 @@
+package testkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pkg/envelope"
+)
+
+// Report is what the outbox invariant checker found: the committed outbox
+// rows of a topic against what a read_committed reader sees on it.
+type Report struct {
+	Committed  int // committed outbox rows for the topic
+	Seen       int // envelopes read from the topic
+	Lost       []string
+	Duplicated []string // event ids seen more than once
+	OutOfOrder []string // "source: seq a after seq b"
+	Unexpected []string // event ids on the topic with no committed row (e.g. rolled back)
+}
+
+// Err summarises the violations, or is nil.
+func (r Report) Err() error {
+	if len(r.Lost)+len(r.Duplicated)+len(r.OutOfOrder)+len(r.Unexpected) == 0 {
+		return nil
+	}
+	show := func(s []string) string {
+		if len(s) > 5 {
+			return strings.Join(s[:5], ", ") + fmt.Sprintf(" … (%d more)", len(s)-5)
+		}
+		return strings.Join(s, ", ")
+	}
+	return fmt.Errorf("outbox invariants broken (committed %d, seen %d): lost %d [%s], duplicated %d [%s], out of order %d [%s], unexpected %d [%s]",
+		r.Committed, r.Seen, len(r.Lost), show(r.Lost), len(r.Duplicated), show(r.Duplicated),
+		len(r.OutOfOrder), show(r.OutOfOrder), len(r.Unexpected), show(r.Unexpected))
+}
+
+func (r Report) String() string {
+	return fmt.Sprintf("committed=%d seen=%d lost=%d duplicated=%d out_of_order=%d unexpected=%d",
+		r.Committed, r.Seen, len(r.Lost), len(r.Duplicated), len(r.OutOfOrder), len(r.Unexpected))
+}
+
+// Checker reads a topic with read_committed and compares it with the outbox
+// table: every committed row exactly once (R1, R3), each source in seq order
+// (R2), nothing that was not committed. Reusable by any test that publishes
+// through the outbox (relay tests, consumer tests).
+type Checker struct {
+	pool  *pgxpool.Pool
+	topic string
+	cl    *kgo.Client
+	adm   *kadm.Client
+
+	count   map[string]int
+	lastSeq map[string]int64
+	last    map[int32]int64 // partition -> last offset read (control records included)
+	report  Report
+}
+
+// NewChecker starts reading topic from its beginning.
+func NewChecker(t testing.TB, pool *pgxpool.Pool, topic string) *Checker {
+	t.Helper()
+	cl := Client(t,
+		kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+	)
+	return &Checker{
+		pool: pool, topic: topic, cl: cl, adm: kadm.NewClient(Client(t)),
+		count: map[string]int{}, lastSeq: map[string]int64{}, last: map[int32]int64{},
+	}
+}
+
+// WaitDrained waits until the topic has no unpublished outbox rows.
+func WaitDrained(ctx context.Context, pool *pgxpool.Pool, topic string) error {
+	for {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE topic = $1 AND published_at IS NULL`, topic).Scan(&n)
+		if err == nil && n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("outbox not drained (%d unpublished rows, last error %v): %w", n, err, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Check waits until the outbox is drained for the topic, reads the topic up
+// to its last stable offset, and reports. It can be called more than once;
+// reading continues where it stopped.
+func (c *Checker) Check(ctx context.Context) (Report, error) {
+	if err := WaitDrained(ctx, c.pool, c.topic); err != nil {
+		return c.report, err
+	}
+	committed := map[string]bool{}
+	rows, err := c.pool.Query(ctx, `SELECT event_id FROM onceflow.outbox WHERE topic = $1`, c.topic)
+	if err != nil {
+		return c.report, err
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return c.report, err
+		}
+		committed[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return c.report, err
+	}
+	// Commit markers are written just after EndTransaction returns, so the
+	// last stable offset may trail the outbox marks for a moment: read to
+	// it, and read again while committed rows are still missing.
+	for {
+		if err := c.readToStable(ctx); err != nil {
+			return c.report, err
+		}
+		missing := 0
+		for id := range committed {
+			if c.count[id] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	r := c.report
+	r.Committed = len(committed)
+	r.Lost, r.Duplicated = nil, nil
+	r.Unexpected = append([]string(nil), c.report.Unexpected...)
+	for id := range committed {
+		if c.count[id] == 0 {
+			r.Lost = append(r.Lost, id)
+		}
+	}
+	for id, n := range c.count {
+		if n > 1 {
+			r.Duplicated = append(r.Duplicated, id)
+		}
+		if !committed[id] {
+			r.Unexpected = append(r.Unexpected, id)
+		}
+	}
+	sort.Strings(r.Lost)
+	sort.Strings(r.Duplicated)
+	sort.Strings(r.Unexpected)
+	return r, nil
+}
+
+// Count is how many times event id was read so far.
+func (c *Checker) Count(eventID string) int { return c.count[eventID] }
+
+func (c *Checker) readToStable(ctx context.Context) error {
+	lso, err := c.adm.ListCommittedOffsets(ctx, c.topic)
+	if err != nil {
+		return err
+	}
+	if err := lso.Error(); err != nil {
+		return err
+	}
+	done := func() bool {
+		ok := true
+		lso.Each(func(o kadm.ListedOffset) {
+			if o.Offset > 0 {
+				if last, seen := c.last[o.Partition]; !seen || last < o.Offset-1 {
+					ok = false
+				}
+			}
+		})
+		return ok
+	}
+	for !done() {
+		fs := c.cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("read %s to its last stable offset: %w", c.topic, err)
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return ferr
+		}
+		fs.EachRecord(func(rec *kgo.Record) {
+			c.last[rec.Partition] = rec.Offset
+			if rec.Attrs.IsControl() {
+				return
+			}
+			c.report.Seen++
+			env, err := envelope.Decode(rec, 0)
+			if err != nil {
+				c.report.Unexpected = append(c.report.Unexpected, err.Error())
+				return
+			}
+			c.count[env.EventID]++
+			if prev, ok := c.lastSeq[env.Source]; ok && env.Seq <= prev && c.count[env.EventID] == 1 {
+				c.report.OutOfOrder = append(c.report.OutOfOrder, fmt.Sprintf("%s: seq %d after seq %d", env.Source, env.Seq, prev))
+			}
+			if env.Seq > c.lastSeq[env.Source] {
+				c.lastSeq[env.Source] = env.Seq
+			}
+		})
+	}
+	return nil
+}

@@ -1,0 +1,172 @@
+package outbox
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Config configures a Relay. Fields are alphabetized; each says its default.
+// Call WithDefaults to fill the zero fields.
+type Config struct {
+	// BackoffMax caps the exponential backoff (with jitter) between retries
+	// of Kafka and PostgreSQL errors. Default 5s.
+	BackoffMax time.Duration
+	// BatchMaxBytes bounds the payload bytes of one Kafka transaction (a
+	// single larger row is still published alone). Default 4 MiB.
+	BatchMaxBytes int
+	// BatchMaxRows bounds the rows of one Kafka transaction. Default 1000.
+	BatchMaxRows int
+	// CheckpointTopic is the compacted topic that receives one checkpoint
+	// record per transaction (key = shard, value = the batch's outbox ids).
+	// It is created (1 partition, cleanup.policy=compact) when missing.
+	// Default "onceflow.relay.checkpoints".
+	CheckpointTopic string
+	// DB is the pool the relay reads and marks the outbox with (required).
+	DB *pgxpool.Pool
+	// HolderID identifies this process in onceflow.relay_lease. A process
+	// restarted under the same HolderID (e.g. a pod name) takes its own lease
+	// back at once; two live processes must never share one. Default
+	// hostname-pid-random.
+	HolderID string
+	// KafkaOpts are the client options for brokers, TLS, SASL and logging
+	// (required: at least kgo.SeedBrokers). The relay adds the transactional
+	// settings itself.
+	KafkaOpts []kgo.Opt
+	// LeaseRenewInterval is how often a leader renews its lease. Default 1s;
+	// must be under LeaseTTL/2.
+	LeaseRenewInterval time.Duration
+	// LeaseTTL is how long a lease lives without renewal; a standby takes
+	// over this long after the leader's last renewal. Default 3s.
+	LeaseTTL time.Duration
+	// Logger receives the relay's logs. Default: discarded.
+	Logger *slog.Logger
+	// PollInterval is the wait between polls when the outbox had nothing to
+	// publish (a full batch polls again at once). Default 20ms.
+	PollInterval time.Duration
+	// PruneBatchRows is how many published rows one prune statement deletes.
+	// Default 1000.
+	PruneBatchRows int
+	// PruneInterval is how often the leader prunes published rows. Default 1s.
+	PruneInterval time.Duration
+	// Registerer receives the relay's metrics. Default: none registered.
+	Registerer prometheus.Registerer
+	// Retention keeps published rows this long before pruning them; 0 uses
+	// the default, a negative value deletes them at the next prune. Default 1h.
+	Retention time.Duration
+	// Shard names this relay's share of the outbox: its lease row, its
+	// transactional.id suffix and its checkpoint key. Default "default".
+	Shard string
+	// StandbyInterval is how often a standby tries to take the lease.
+	// Default 500ms.
+	StandbyInterval time.Duration
+	// StatsInterval is how often the leader refreshes the pending-rows and
+	// oldest-age gauges. Default 2s.
+	StatsInterval time.Duration
+	// TransactionTimeout is the Kafka transaction.timeout.ms. Default 10s.
+	TransactionTimeout time.Duration
+	// TransactionalIDPrefix + Shard is the producer's transactional.id,
+	// stable across restarts so that a new leader fences the old one.
+	// Default "onceflow-relay-".
+	TransactionalIDPrefix string
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.BackoffMax == 0 {
+		c.BackoffMax = 5 * time.Second
+	}
+	if c.BatchMaxBytes == 0 {
+		c.BatchMaxBytes = 4 << 20
+	}
+	if c.BatchMaxRows == 0 {
+		c.BatchMaxRows = 1000
+	}
+	if c.CheckpointTopic == "" {
+		c.CheckpointTopic = "onceflow.relay.checkpoints"
+	}
+	if c.HolderID == "" {
+		host, _ := os.Hostname()
+		c.HolderID = host + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e6, 36)
+	}
+	if c.LeaseRenewInterval == 0 {
+		c.LeaseRenewInterval = time.Second
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 3 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 20 * time.Millisecond
+	}
+	if c.PruneBatchRows == 0 {
+		c.PruneBatchRows = 1000
+	}
+	if c.PruneInterval == 0 {
+		c.PruneInterval = time.Second
+	}
+	if c.Retention == 0 {
+		c.Retention = time.Hour
+	}
+	if c.Shard == "" {
+		c.Shard = "default"
+	}
+	if c.StandbyInterval == 0 {
+		c.StandbyInterval = 500 * time.Millisecond
+	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = 2 * time.Second
+	}
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = 10 * time.Second
+	}
+	if c.TransactionalIDPrefix == "" {
+		c.TransactionalIDPrefix = "onceflow-relay-"
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(field, format string, a ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, a...)}
+	}
+	positive := map[string]time.Duration{
+		"BackoffMax": c.BackoffMax, "LeaseRenewInterval": c.LeaseRenewInterval, "LeaseTTL": c.LeaseTTL,
+		"PollInterval": c.PollInterval, "PruneInterval": c.PruneInterval, "StandbyInterval": c.StandbyInterval,
+		"StatsInterval": c.StatsInterval, "TransactionTimeout": c.TransactionTimeout,
+	}
+	for _, f := range []string{"BackoffMax", "LeaseRenewInterval", "LeaseTTL", "PollInterval", "PruneInterval", "StandbyInterval", "StatsInterval", "TransactionTimeout"} {
+		if positive[f] <= 0 {
+			return bad(f, "must be positive, got %s", positive[f])
+		}
+	}
+	switch {
+	case c.DB == nil:
+		return bad("DB", "is required")
+	case len(c.KafkaOpts) == 0:
+		return bad("KafkaOpts", "is required (at least kgo.SeedBrokers)")
+	case c.BatchMaxRows < 1:
+		return bad("BatchMaxRows", "must be at least 1, got %d", c.BatchMaxRows)
+	case c.BatchMaxBytes < 1:
+		return bad("BatchMaxBytes", "must be at least 1, got %d", c.BatchMaxBytes)
+	case c.PruneBatchRows < 1:
+		return bad("PruneBatchRows", "must be at least 1, got %d", c.PruneBatchRows)
+	case c.LeaseRenewInterval*2 > c.LeaseTTL:
+		return bad("LeaseRenewInterval", "(%s) must be at most half of LeaseTTL (%s)", c.LeaseRenewInterval, c.LeaseTTL)
+	case c.TransactionTimeout < time.Second:
+		return bad("TransactionTimeout", "must be at least 1s, got %s", c.TransactionTimeout)
+	case c.CheckpointTopic == "":
+		return bad("CheckpointTopic", "is required")
+	case len(c.TransactionalIDPrefix+c.Shard) > 200:
+		return bad("Shard", "with TransactionalIDPrefix is over 200 bytes")
+	}
+	return nil
+}

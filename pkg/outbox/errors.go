@@ -1,0 +1,89 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/onceflow/onceflow/pkg/envelope"
+)
+
+// ErrDuplicateEventID is matched (errors.Is) by a *DuplicateEventError.
+var ErrDuplicateEventID = errors.New("event id already exists")
+
+// ErrLeadershipLost is returned inside the engine when the lease could not be
+// renewed in time; the relay stops publishing and goes back to standby.
+var ErrLeadershipLost = errors.New("relay leadership lost")
+
+// DuplicateEventError is returned by Enqueue when the given EventID is already
+// in the outbox. The statement failed with a unique violation, so the
+// caller's transaction is aborted: roll it back (the event was enqueued
+// before, by an earlier attempt that committed).
+type DuplicateEventError struct {
+	EventID string
+}
+
+func (e *DuplicateEventError) Error() string {
+	return fmt.Sprintf("enqueue: event_id %q already exists in the outbox", e.EventID)
+}
+
+// Is makes errors.Is(err, ErrDuplicateEventID) true.
+func (e *DuplicateEventError) Is(target error) bool { return target == ErrDuplicateEventID }
+
+// FieldError is an invalid Message field, refused before anything is written.
+// It is the envelope's error type: the field names are the contract's.
+type FieldError = envelope.FieldError
+
+// TopicError is a publish that failed because of one topic, e.g. a topic that
+// does not exist. The relay keeps retrying the row (it never skips it) and
+// counts the error under kind "topic".
+type TopicError struct {
+	Topic string
+	Err   error
+}
+
+func (e *TopicError) Error() string { return fmt.Sprintf("topic %q: %v", e.Topic, e.Err) }
+
+func (e *TopicError) Unwrap() error { return e.Err }
+
+// ConfigError names the Config field that is invalid.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return fmt.Sprintf("outbox config: %s %s", e.Field, e.Reason) }
+
+// SQLSTATEs the package interprets.
+const (
+	sqlstateUniqueViolation = "23505"
+	sqlstateDeadlock        = "40P01"
+	sqlstateSerialization   = "40001"
+)
+
+// IsRetryable reports whether an Enqueue error means "run the whole
+// transaction again": a deadlock (40P01) between producers locking the same
+// sources in different orders, or a serialization failure (40001).
+func IsRetryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == sqlstateDeadlock || pe.Code == sqlstateSerialization
+	}
+	return false
+}
+
+// interpretEnqueueError translates driver errors at the boundary.
+func interpretEnqueueError(err error, eventID string) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == sqlstateUniqueViolation && pe.ConstraintName == "outbox_event_id_key" {
+		return &DuplicateEventError{EventID: eventID}
+	}
+	return fmt.Errorf("enqueue: %w", err)
+}
+
+// isTopicMissing reports whether a produce error means the topic is absent.
+func isTopicMissing(err error) bool {
+	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
+}
