@@ -20,8 +20,11 @@ type Querier interface {
 }
 
 // Event is an event as the guard needs it. For the event passed to Receive
-// only EventID, Source and Seq are required, plus Headers and Payload if it
-// may be parked or held; events returned from parking are complete.
+// EventID, Source and Seq are required; Headers and Payload are written to
+// its inbox row if it is parked or held (nil leaves what the row holds, for
+// a caller that writes them itself). Events returned from parking carry
+// everything the inbox kept: with Topic, Partition, Offset, Headers and
+// Payload the caller can rebuild and decode the original record.
 type Event struct {
 	EventID   string
 	Source    string

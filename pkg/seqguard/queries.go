@@ -39,10 +39,11 @@ UPDATE onceflow.seq_state SET last_applied = $3, updated_at = $4
 WHERE consumer = $1 AND source = $2`
 
 	// The received event's inbox row (inserted by the consumer) becomes
-	// parked or held, keeping what is needed to apply it later.
+	// parked or held, keeping what is needed to apply it later. NULL headers
+	// or payload leave the row's own (the caller may have written them).
 	sqlPark = `
 UPDATE onceflow.inbox
-SET status = $3, late = $4, headers = $5, payload = $6, processed_at = NULL
+SET status = $3, late = $4, headers = coalesce($5, headers), payload = coalesce($6, payload), processed_at = NULL
 WHERE consumer = $1 AND event_id = $2`
 
 	sqlMarkLate = `
