@@ -7,6 +7,7 @@
 #   scripts/services.sh down                stop what this script started
 #   scripts/services.sh env                 print the env lines of running services
 #   scripts/services.sh status              one line per service
+#   scripts/services.sh classpath           resolve (first run only) and print the Kafka jars' classpath
 #
 # ONCEFLOW_TEST_DATABASE_URL / ONCEFLOW_TEST_KAFKA_BROKERS, when set, name
 # external services: then nothing is started for that service.
@@ -256,5 +257,10 @@ case "$cmd" in
   status)
     if pg_running; then echo "postgres: running on 127.0.0.1:$(cat "$pg_dir/port")"; else echo "postgres: stopped"; fi
     if kafka_running; then echo "kafka: running on $(kafka_brokers)"; else echo "kafka: stopped"; fi ;;
-  *) die "usage: services.sh up [pg|kafka|all] | down | env | status" ;;
+  classpath)
+    # For tests that start their own private broker (internal/testkit/securekafka.go).
+    # The lock is only needed while the jars are resolved.
+    [ -f "$kafka_lib/.complete" ] || with_lock
+    kafka_classpath ;;
+  *) die "usage: services.sh up [pg|kafka|all] | down | env | status | classpath" ;;
 esac
