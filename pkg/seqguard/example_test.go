@@ -44,9 +44,9 @@ func ExampleOverwrite() {
 		Key:   []seqguard.Column{{Name: "id", Value: "acct-1"}},
 		Set:   []seqguard.Column{{Name: "balance", Value: 40}},
 	}
+	// In a handler: wrote, err := o.Update(ctx, tx, ev.Seq)
 	fmt.Println(o.UpdateSQL())
 	fmt.Println(o.UpsertSQL())
-	// In a handler: wrote, err := o.Update(ctx, tx, ev.Seq)
 	// Output:
 	// UPDATE "app"."accounts" SET "balance" = $2, "seq" = $3 WHERE "id" = $1 AND "seq" < $3
 	// INSERT INTO "app"."accounts" AS t ("id", "balance", "seq") VALUES ($1, $2, $3) ON CONFLICT ("id") DO UPDATE SET "balance" = EXCLUDED."balance", "seq" = EXCLUDED."seq" WHERE t."seq" < EXCLUDED."seq"
