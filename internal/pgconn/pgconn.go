@@ -1,4 +1,14 @@
 // Package pgconn builds the binaries' PostgreSQL pools.
+//
+// TLS: put it in the URL. `sslmode=verify-full&sslrootcert=/path/ca.pem`
+// makes pgx check both the server's certificate chain against that CA and its
+// name against the URL's host; `sslcert=`/`sslkey=` add a client
+// certificate. See docs/security.md.
+//
+// Secrets: a password in -database-url is visible in `ps`; set the URL through
+// ONCEFLOW_DATABASE_URL, or keep the password out of it with
+// -database-password-file (or libpq's PGPASSWORD / PGPASSFILE, which pgx
+// honours). Config's String and LogValue redact the password.
 package pgconn
 
 import (
@@ -6,6 +16,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,12 +32,17 @@ type Config struct {
 	URL string
 	// MaxConns bounds the pool (default 10).
 	MaxConns int
+	// PasswordFile is a file whose content (one trailing newline trimmed)
+	// is the password, overriding any in URL (default empty).
+	PasswordFile string
 }
 
-// RegisterFlags registers -database-url and -database-max-conns.
+// RegisterFlags registers -database-url, -database-max-conns and
+// -database-password-file.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.URL, "database-url", "", "PostgreSQL connection URL (required)")
+	fs.StringVar(&c.URL, "database-url", "", "PostgreSQL connection URL (required); for TLS add sslmode=verify-full&sslrootcert=/path/ca.pem")
 	fs.IntVar(&c.MaxConns, "database-max-conns", 10, "maximum connections in the pool")
+	fs.StringVar(&c.PasswordFile, "database-password-file", "", "file holding the database password (overrides one in the URL)")
 }
 
 // Validate names the bad setting.
@@ -36,7 +56,26 @@ func (c *Config) Validate() error {
 	if c.MaxConns < 1 {
 		return fmt.Errorf("-database-max-conns (ONCEFLOW_DATABASE_MAX_CONNS) must be at least 1, got %d", c.MaxConns)
 	}
+	if _, err := c.password(); err != nil {
+		return err
+	}
 	return nil
+}
+
+func (c *Config) password() (string, error) {
+	if c.PasswordFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(c.PasswordFile)
+	if err != nil {
+		// *PathError names the file and the reason, never the content.
+		return "", fmt.Errorf("-database-password-file (ONCEFLOW_DATABASE_PASSWORD_FILE): %v", err)
+	}
+	pw := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if pw == "" {
+		return "", fmt.Errorf("-database-password-file (ONCEFLOW_DATABASE_PASSWORD_FILE): %s is empty", c.PasswordFile)
+	}
+	return pw, nil
 }
 
 // Pool opens a pool named appName (shown in pg_stat_activity).
@@ -52,6 +91,9 @@ func (c *Config) Pool(ctx context.Context, appName string) (*pgxpool.Pool, error
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pc.ConnConfig.RuntimeParams["application_name"] = appName
 	}
+	if err := c.applyPassword(pc.ConnConfig); err != nil {
+		return nil, err
+	}
 	return pgxpool.NewWithConfig(ctx, pc)
 }
 
@@ -62,7 +104,59 @@ func (c *Config) Conn(ctx context.Context, appName string) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("parse database url: %v", err)
 	}
 	cc.RuntimeParams["application_name"] = appName
+	if err := c.applyPassword(cc); err != nil {
+		return nil, err
+	}
 	return pgx.ConnectConfig(ctx, cc)
 }
 
+func (c *Config) applyPassword(cc *pgx.ConnConfig) error {
+	pw, err := c.password()
+	if err != nil || pw == "" {
+		return err
+	}
+	cc.Password = pw
+	return nil
+}
+
 // (pgx's parse errors already redact the password.)
+
+// keywordPassword matches password=... in a keyword/value connection string,
+// quoted or not.
+var keywordPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// RedactURL hides the password of a connection URL or keyword/value string.
+func RedactURL(s string) string {
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	return keywordPassword.ReplaceAllString(s, "${1}xxxxx")
+}
+
+// String describes the settings with the password redacted.
+func (c Config) String() string {
+	s := fmt.Sprintf("url=%s max_conns=%d", RedactURL(c.URL), c.MaxConns)
+	if c.PasswordFile != "" {
+		s += " password_file=" + c.PasswordFile
+	}
+	return s
+}
+
+// GoString keeps %#v from printing the password.
+func (c Config) GoString() string { return "pgconn.Config{" + c.String() + "}" }
+
+// LogValue logs the settings with the password redacted.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("url", RedactURL(c.URL)),
+		slog.Int("max_conns", c.MaxConns),
+		slog.String("password_file", c.PasswordFile))
+}

@@ -25,7 +25,9 @@ import (
 // Cluster is a running throwaway cluster.
 type Cluster struct {
 	// URL connects to database "postgres" as superuser "postgres".
-	URL  string
+	URL string
+	// Port is the loopback TCP port the server listens on.
+	Port int
 	dir  string
 	bin  string
 	asPG bool
@@ -52,8 +54,27 @@ func version(dir string) int {
 	return v
 }
 
+// Options configures StartWithOptions.
+type Options struct {
+	// SSLCertFile and SSLKeyFile, when both set, turn on ssl=on with this
+	// PEM server certificate (chain) and private key (default: no TLS). The
+	// files are copied into the cluster's directory, readable by the server
+	// only.
+	SSLCertFile string
+	SSLKeyFile  string
+}
+
 // Start creates and starts a cluster. Stop removes it.
 func Start(ctx context.Context) (*Cluster, error) {
+	return StartWithOptions(ctx, Options{})
+}
+
+// StartWithOptions creates and starts a cluster configured by o. Stop
+// removes it.
+func StartWithOptions(ctx context.Context, o Options) (*Cluster, error) {
+	if (o.SSLCertFile == "") != (o.SSLKeyFile == "") {
+		return nil, errors.New("pgtemp: SSLCertFile and SSLKeyFile go together")
+	}
 	bin, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -86,12 +107,43 @@ func Start(ctx context.Context) (*Cluster, error) {
 		return nil, fmt.Errorf("initdb: %v: %s", err, lastLines(out, 5))
 	}
 	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -c port=%d -c unix_socket_directories=%s -c max_connections=200", port, c.dir)
+	if o.SSLCertFile != "" {
+		crt, key, err := c.installTLS(ctx, o.SSLCertFile, o.SSLKeyFile)
+		if err != nil {
+			_ = os.RemoveAll(c.dir)
+			return nil, err
+		}
+		opts += fmt.Sprintf(" -c ssl=on -c ssl_cert_file=%s -c ssl_key_file=%s", crt, key)
+	}
 	if out, err := c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(c.dir, "postgres.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
 		_ = os.RemoveAll(c.dir)
 		return nil, fmt.Errorf("pg_ctl start: %v: %s", err, lastLines(out, 5))
 	}
+	c.Port = port
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	return c, nil
+}
+
+// installTLS copies the server certificate and key into the cluster
+// directory, owned by the server's user; the key is mode 0600 as PostgreSQL
+// requires.
+func (c *Cluster) installTLS(ctx context.Context, certFile, keyFile string) (crt, key string, err error) {
+	crt, key = filepath.Join(c.dir, "server.crt"), filepath.Join(c.dir, "server.key")
+	for src, dst := range map[string]string{certFile: crt, keyFile: key} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return "", "", fmt.Errorf("pgtemp: %w", err)
+		}
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			return "", "", fmt.Errorf("pgtemp: %w", err)
+		}
+		if c.asPG {
+			if out, err := exec.CommandContext(ctx, "chown", "postgres", dst).CombinedOutput(); err != nil {
+				return "", "", fmt.Errorf("chown %s: %v: %s", dst, err, out)
+			}
+		}
+	}
+	return crt, key, nil
 }
 
 // Dir is where data and the server log live.
