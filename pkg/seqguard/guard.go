@@ -442,3 +442,37 @@ func (s *State) drain(steps []Step) []Step {
 	}
 	return steps
 }
+
+// Counts tallies steps for the consumer's counters.
+type Counts struct {
+	Applied     int // in order, including parked events applied
+	Late        int // applied marked late
+	Held        int
+	Parked      int
+	GapsOpened  int
+	GapsGivenUp int
+}
+
+// Count tallies steps.
+func Count(steps []Step) Counts {
+	var c Counts
+	for _, st := range steps {
+		switch st.Kind {
+		case StepApply:
+			if st.Late {
+				c.Late++
+			} else {
+				c.Applied++
+			}
+		case StepHold:
+			c.Held++
+		case StepPark:
+			c.Parked++
+		case StepGapOpened:
+			c.GapsOpened++
+		case StepGapGivenUp:
+			c.GapsGivenUp++
+		}
+	}
+	return c
+}

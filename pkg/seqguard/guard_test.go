@@ -171,6 +171,24 @@ func TestGuard(t *testing.T) {
 	}
 }
 
+func TestCount(t *testing.T) {
+	t.Parallel()
+	p := Policy{MaxParked: 2}.WithDefaults()
+	var all []Step
+	s := State{}
+	for _, seq := range []int64{3, 4, 6} { // the third gives up 1-2 early
+		var steps []Step
+		s, steps, _ = s.Receive(seq, t0, p)
+		all = append(all, steps...)
+	}
+	_, steps, _ := s.Receive(1, t0, p)
+	all = append(all, steps...)
+	want := Counts{Applied: 2, Late: 1, Parked: 3, GapsOpened: 2, GapsGivenUp: 1}
+	if got := Count(all); got != want {
+		t.Errorf("Count = %+v, want %+v", got, want)
+	}
+}
+
 func TestGapMetadataSurvivesSplit(t *testing.T) {
 	t.Parallel()
 	p := Policy{}.WithDefaults()

@@ -53,8 +53,7 @@ type Apply struct {
 type Outcome struct {
 	Source string
 	// Steps are the state machine's decisions, already written to Postgres.
-	// Count them for metrics (StepPark, StepApply with Late, StepHold,
-	// StepGapOpened, StepGapGivenUp).
+	// Tally them for the counters with Count.
 	Steps []Step
 	// Apply lists the handler runs the caller owes, in order, inside the
 	// same transaction.
