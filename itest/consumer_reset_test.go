@@ -77,7 +77,6 @@ func TestConsumerOffsetsReset(t *testing.T) {
 	})
 	e.stop(t)
 	checkEffects(t, db, want)
-	before := dbSnapshot(t, db)
 
 	// (1) Kafka reset only: Postgres' offsets win.
 	resetGroupToEarliest(t, group, topic, parts)
@@ -94,7 +93,7 @@ func TestConsumerOffsetsReset(t *testing.T) {
 		t.Fatalf("with offsets in Postgres, %v records were fetched again", d)
 	}
 	checkEffects(t, db, want)
-	before = dbSnapshot(t, db)
+	before := dbSnapshot(t, db)
 
 	// (2) Both reset: everything is re-consumed, nothing changes.
 	resetGroupToEarliest(t, group, topic, parts)

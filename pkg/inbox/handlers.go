@@ -201,7 +201,7 @@ func compileSQL(src string) (*sqlStatement, error) {
 			}
 			out.WriteString(src[i : i+j])
 			i += j
-		case ch == '$' && i+1 < len(src) && (src[i+1] == '$' || isIdentStart(src[i+1])):
+		case ch == '$' && i+1 < len(src) && (i == 0 || !isIdentChar(src[i-1])) && (src[i+1] == '$' || isIdentChar(src[i+1])):
 			return nil, fmt.Errorf("dollar quoting and positional parameters are not supported; use named parameters")
 		case ch == ':' && i+1 < len(src) && src[i+1] == ':':
 			out.WriteString("::")
