@@ -73,7 +73,7 @@ func Example() {
 	}
 
 	got := <-applied
-	stop()     // drain: finish the in-flight batch, commit, leave the group
+	stop() // drain: finish the in-flight batch, commit, leave the group
 	<-done // Run returns once drained
 	var total string
 	if err := pool.QueryRow(ctx, `SELECT total::text FROM public.order_totals WHERE order_id = 'order-88'`).Scan(&total); err != nil {

@@ -29,6 +29,7 @@ func (m *mainTB) Logf(format string, args ...any) { fmt.Fprintf(os.Stderr, forma
 func (m *mainTB) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf("TestMain setup: "+format, args...))
 }
+
 // runCleanups runs cleanups last-in first-out, including any registered by
 // a cleanup itself.
 func (m *mainTB) runCleanups() {
