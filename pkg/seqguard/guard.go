@@ -230,9 +230,10 @@ const (
 	StepPark
 	// StepHold: keep the received late event (Seq) for an operator.
 	StepHold
-	// StepDuplicate: the received seq is already parked. The inbox should
-	// have caught it; nothing is done.
-	StepDuplicate
+	// StepSeqConflict: another event with the received seq (Seq) is already
+	// parked: two event ids claim one seq, a producer bug. The received
+	// event is held for an operator whatever the late policy.
+	StepSeqConflict
 	// StepGapOpened: Gap is now missing.
 	StepGapOpened
 	// StepGapNarrowed: Gap was partly filled; Parts (one or two gaps, with
@@ -252,8 +253,8 @@ func (k StepKind) String() string {
 		return "park"
 	case StepHold:
 		return "hold"
-	case StepDuplicate:
-		return "duplicate"
+	case StepSeqConflict:
+		return "seq-conflict"
 	case StepGapOpened:
 		return "gap-opened"
 	case StepGapNarrowed:
@@ -270,7 +271,7 @@ func (k StepKind) String() string {
 // carried out; the handler runs for each StepApply in that order.
 type Step struct {
 	Kind StepKind
-	// Seq of StepApply, StepPark, StepHold, StepDuplicate.
+	// Seq of StepApply, StepPark, StepHold, StepSeqConflict.
 	Seq int64
 	// Late marks a StepApply of a late event.
 	Late bool
@@ -296,7 +297,7 @@ func (st Step) String() string {
 			s += " parked"
 		}
 		return s
-	case StepPark, StepHold, StepDuplicate:
+	case StepPark, StepHold, StepSeqConflict:
 		return fmt.Sprintf("%v %d", st.Kind, st.Seq)
 	case StepGapNarrowed:
 		return fmt.Sprintf("%v %v -> %v", st.Kind, st.Gap, st.Parts)
@@ -338,7 +339,7 @@ func (s State) Receive(seq int64, now time.Time, p Policy) (State, []Step, error
 
 	default: // seq > LastApplied+1
 		if _, found := slices.BinarySearch(s.Parked, seq); found {
-			return s, []Step{{Kind: StepDuplicate, Seq: seq}}, nil
+			return s, []Step{{Kind: StepSeqConflict, Seq: seq}}, nil
 		}
 		top := s.LastApplied
 		if n := len(s.Parked); n > 0 {
@@ -447,7 +448,7 @@ func (s *State) drain(steps []Step) []Step {
 type Counts struct {
 	Applied     int // in order, including parked events applied
 	Late        int // applied marked late
-	Held        int
+	Held        int // late events held and seq conflicts
 	Parked      int
 	GapsOpened  int
 	GapsGivenUp int
@@ -464,7 +465,7 @@ func Count(steps []Step) Counts {
 			} else {
 				c.Applied++
 			}
-		case StepHold:
+		case StepHold, StepSeqConflict:
 			c.Held++
 		case StepPark:
 			c.Parked++

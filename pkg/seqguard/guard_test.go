@@ -128,9 +128,9 @@ func TestGuard(t *testing.T) {
 			last:   3,
 		},
 		{
-			name: "duplicate of a parked seq does nothing",
+			name: "a second event with a parked seq is a conflict",
 			ops:  []op{recv(3, 0), recv(3, 1)},
-			want: []string{"park 3; gap-opened 1-2", "duplicate 3"},
+			want: []string{"park 3; gap-opened 1-2", "seq-conflict 3"},
 			last: 0,
 		},
 	}

@@ -244,10 +244,13 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 	for _, stp := range steps {
 		g := stp.Gap
 		switch stp.Kind {
-		case StepPark, StepHold:
+		case StepPark, StepHold, StepSeqConflict:
 			status, late := "parked", false
-			if stp.Kind == StepHold {
+			switch stp.Kind {
+			case StepHold:
 				status, late = "held", true
+			case StepSeqConflict:
+				status = "held"
 			}
 			b.Queue(sqlPark, c, cur.EventID, status, late, cur.Headers, cur.Payload).
 				Exec(one(fmt.Sprintf("%s event %s: its inbox row must be inserted first", status, cur.EventID)))

@@ -636,3 +636,22 @@ func TestPGStoreOperatorFunctions(t *testing.T) {
 		t.Errorf("resolved gaps %v, want %v", got, want)
 	}
 }
+
+// Two event ids claiming one parked seq: the second is held, not dropped.
+func TestPGStoreSeqConflictIsHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.deliver(t, b.db.Pool, at(0), def, seqs(2)...)
+	other := event("acct-1", 2)
+	other.EventID = "impostor"
+	outs := b.deliver(t, b.db.Pool, at(1), def, other)
+	if got := applied(outs...); len(got) != 0 {
+		t.Fatalf("applied %v", got)
+	}
+	if status, late, payload := inboxRow(t, b.db.Pool, "impostor"); status != "held" || late || string(payload) != "payload 2" {
+		t.Errorf("conflicting event: status %s late %v payload %q, want held with payload", status, late, payload)
+	}
+	if c := seqguard.Count(outs[0].Steps); c.Held != 1 {
+		t.Errorf("counts %+v, want one held", c)
+	}
+}
