@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
@@ -129,5 +127,3 @@ func assertGapFree(t *testing.T, ctx context.Context, e *relayEnv) {
 		t.Fatalf("%d sources whose counter is not their last seq (a rollback burnt a seq?)", maxMismatch)
 	}
 }
-
-var _ = pgx.ErrNoRows

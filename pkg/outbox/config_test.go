@@ -1,0 +1,89 @@
+package outbox
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func validConfig() Config {
+	return Config{DB: &pgxpool.Pool{}, KafkaOpts: []kgo.Opt{kgo.SeedBrokers("127.0.0.1:9092")}}.WithDefaults()
+}
+
+func TestConfigValidateNamesTheField(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		field  string
+		mutate func(*Config)
+	}{
+		{"DB", func(c *Config) { c.DB = nil }},
+		{"KafkaOpts", func(c *Config) { c.KafkaOpts = nil }},
+		{"BatchMaxRows", func(c *Config) { c.BatchMaxRows = -1 }},
+		{"BatchMaxBytes", func(c *Config) { c.BatchMaxBytes = -1 }},
+		{"LeaseTTL", func(c *Config) { c.LeaseTTL = -time.Second }},
+		{"LeaseRenewInterval", func(c *Config) { c.LeaseRenewInterval = 2 * time.Second }},
+		{"PollInterval", func(c *Config) { c.PollInterval = -1 }},
+		{"TransactionTimeout", func(c *Config) { c.TransactionTimeout = 10 * time.Millisecond }},
+		{"PruneBatchRows", func(c *Config) { c.PruneBatchRows = -5 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.field, func(t *testing.T) {
+			t.Parallel()
+			c := validConfig()
+			tt.mutate(&c)
+			err := c.validate()
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Field != tt.field {
+				t.Fatalf("validate() = %v, want a ConfigError for %s", err, tt.field)
+			}
+			if !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("error %q does not name %s", err, tt.field)
+			}
+		})
+	}
+	if err := validConfig().validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	c := Config{}.WithDefaults()
+	if c.LeaseTTL != 3*time.Second || c.LeaseRenewInterval != time.Second || c.StandbyInterval != 500*time.Millisecond ||
+		c.Retention != time.Hour || c.BatchMaxRows != 1000 || c.Shard != "default" || c.HolderID == "" {
+		t.Fatalf("unexpected defaults: %+v", c)
+	}
+}
+
+func TestMetricsLint(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	c := validConfig()
+	c.Registerer = reg
+	r, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.m.batchSize.Observe(3)
+	r.m.txnDuration.Observe(0.01)
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric %s: %s", p.Metric, p.Text)
+	}
+	n, err := testutil.GatherAndCount(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 7 {
+		t.Fatalf("%d metric series, want at least 7", n)
+	}
+}

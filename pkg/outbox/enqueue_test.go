@@ -1,0 +1,238 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+type bundle struct {
+	ctx context.Context
+	db  *testkit.DB
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	return bundle{ctx: context.Background(), db: testkit.NewDB(t)}
+}
+
+func (b bundle) enqueue(t *testing.T, w outbox.Writer, m outbox.Message) (outbox.Result, error) {
+	t.Helper()
+	var res outbox.Result
+	err := pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = w.Enqueue(b.ctx, tx, m)
+		return err
+	})
+	return res, err
+}
+
+func msg(source string) outbox.Message {
+	return outbox.Message{Topic: "orders", Source: source, EventType: "order.created", Payload: []byte(`{"n":1}`)}
+}
+
+func TestEnqueueRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		w      outbox.Writer
+		mutate func(*outbox.Message)
+		field  string
+	}{
+		{"empty source", outbox.Writer{}, func(m *outbox.Message) { m.Source = "" }, "source"},
+		{"empty type", outbox.Writer{}, func(m *outbox.Message) { m.EventType = "" }, "event-type"},
+		{"empty topic", outbox.Writer{}, func(m *outbox.Message) { m.Topic = "" }, "topic"},
+		{"payload over limit", outbox.Writer{MaxPayloadBytes: 8}, func(m *outbox.Message) { m.Payload = []byte(`{"long":"payload"}`) }, "payload"},
+		{"payload over default limit", outbox.Writer{}, func(m *outbox.Message) {
+			m.ContentType = "application/octet-stream"
+			m.Payload = make([]byte, 1<<20+1)
+		}, "payload"},
+		{"payload not JSON", outbox.Writer{}, func(m *outbox.Message) { m.Payload = []byte("nope") }, "payload"},
+		{"reserved header", outbox.Writer{}, func(m *outbox.Message) { m.Headers = map[string]string{"seq": "9"} }, "headers"},
+		{"invalid UTF-8 header", outbox.Writer{}, func(m *outbox.Message) { m.Headers = map[string]string{"x": "\xff"} }, "headers"},
+		{"bad content type", outbox.Writer{}, func(m *outbox.Message) { m.ContentType = "///" }, "content-type"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			m := msg("s")
+			tt.mutate(&m)
+			// No database needed: validation happens before any statement.
+			_, err := tt.w.Enqueue(context.Background(), nil, m)
+			var fe *outbox.FieldError
+			if !errors.As(err, &fe) || fe.Field != tt.field {
+				t.Fatalf("Enqueue = %v, want a FieldError for %q", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestEnqueueSeqPerSource(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i, src := range []string{"a", "a", "b", "a"} {
+		res, err := b.enqueue(t, outbox.Writer{}, msg(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []int64{1, 2, 1, 3}[i]
+		if res.Seq != want || res.EventID == "" {
+			t.Fatalf("event %d: got %+v, want seq %d and a generated id", i, res, want)
+		}
+	}
+}
+
+func TestEnqueueRollbackBurnsNoSeq(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.enqueue(t, outbox.Writer{}, msg("a")); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.db.Pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := outbox.Enqueue(b.ctx, tx, msg("a")); err != nil || r.Seq != 2 {
+		t.Fatalf("in tx: %+v %v", r, err)
+	}
+	if err := tx.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.enqueue(t, outbox.Writer{}, msg("a"))
+	if err != nil || res.Seq != 2 {
+		t.Fatalf("after rollback got %+v %v, want seq 2", res, err)
+	}
+}
+
+// An EventID that exists is an error naming it (the documented behaviour),
+// and the first event is unchanged.
+func TestEnqueueDuplicateEventID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := msg("order-88")
+	m.EventID = "billing:order-88:refund_issued"
+	first, err := b.enqueue(t, outbox.Writer{}, m)
+	if err != nil || first.EventID != m.EventID || first.Seq != 1 {
+		t.Fatalf("first: %+v %v", first, err)
+	}
+	_, err = b.enqueue(t, outbox.Writer{}, m)
+	var de *outbox.DuplicateEventError
+	if !errors.As(err, &de) || !errors.Is(err, outbox.ErrDuplicateEventID) || !strings.Contains(err.Error(), m.EventID) {
+		t.Fatalf("second: %v, want a DuplicateEventError naming %s", err, m.EventID)
+	}
+	var n, last int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM onceflow.outbox), (SELECT last_seq FROM onceflow.source_seq WHERE source = 'order-88')`).Scan(&n, &last); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || last != 1 {
+		t.Fatalf("after the duplicate: %d rows, last_seq %d; want 1 and 1", n, last)
+	}
+}
+
+func TestEnqueueBatchOrderAndResults(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	msgs := []outbox.Message{msg("z"), msg("a"), msg("z"), msg("m"), msg("a")}
+	var res []outbox.Result
+	err := pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = outbox.EnqueueBatch(b.ctx, tx, msgs)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSeq := []int64{1, 1, 2, 1, 2}
+	for i, r := range res {
+		if r.Seq != wantSeq[i] {
+			t.Fatalf("result %d (%s): seq %d, want %d", i, msgs[i].Source, r.Seq, wantSeq[i])
+		}
+	}
+	// Counters were locked in source order: ids follow a, a, m, z, z.
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT source FROM onceflow.outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "a,a,m,z,z" {
+		t.Fatalf("insert order %v, want sorted by source", got)
+	}
+	// A bad message refuses the whole batch, naming its index and field.
+	_, err = outbox.EnqueueBatch(b.ctx, nil, []outbox.Message{msg("a"), {Topic: "t", Source: "b", Payload: []byte("{}")}})
+	if err == nil || !strings.Contains(err.Error(), "message 1") || !strings.Contains(err.Error(), "event-type") {
+		t.Fatalf("bad batch: %v", err)
+	}
+}
+
+func TestEnqueueHeadersKeyTraceparentStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := msg("s")
+	m.Key = []byte("k1")
+	m.Headers = map[string]string{"tenant": "acme"}
+	m.Traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	if _, err := b.enqueue(t, outbox.Writer{}, m); err != nil {
+		t.Fatal(err)
+	}
+	var key []byte
+	var tenant, tp string
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT record_key, headers->>'tenant', headers->>'traceparent' FROM onceflow.outbox`).Scan(&key, &tenant, &tp); err != nil {
+		t.Fatal(err)
+	}
+	if string(key) != "k1" || tenant != "acme" || tp != m.Traceparent {
+		t.Fatalf("stored key %q tenant %q traceparent %q", key, tenant, tp)
+	}
+}
+
+// The SQL function behaves like the Go API for non-Go producers.
+func TestSQLEnqueueFunction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var id string
+	var seq int64
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT event_id, seq FROM onceflow.enqueue('orders', 'order-88', 'order.created', '{"total": 42}')`).Scan(&id, &seq); err != nil {
+		t.Fatal(err)
+	}
+	if id == "" || seq != 1 {
+		t.Fatalf("got (%q, %d)", id, seq)
+	}
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT event_id, seq FROM onceflow.enqueue('orders', 'order-88', 'refund_issued', '{}',
+		event_id => 'billing:order-88:refund_issued', headers => '{"tenant":"acme"}', key => 'k')`).Scan(&id, &seq); err != nil {
+		t.Fatal(err)
+	}
+	if id != "billing:order-88:refund_issued" || seq != 2 {
+		t.Fatalf("got (%q, %d)", id, seq)
+	}
+	// Go and SQL share the counter.
+	if r, err := b.enqueue(t, outbox.Writer{}, msg("order-88")); err != nil || r.Seq != 3 {
+		t.Fatalf("Go after SQL: %+v %v", r, err)
+	}
+	tests := []struct {
+		call, sqlstate, mention string
+	}{
+		{`onceflow.enqueue('orders', 'order-88', 'x', '{}', event_id => 'billing:order-88:refund_issued')`, "23505", "billing:order-88:refund_issued"},
+		{`onceflow.enqueue('orders', '', 'x', '{}')`, "22023", "source"},
+		{`onceflow.enqueue('orders', 's', '', '{}')`, "22023", "event_type"},
+		{`onceflow.enqueue('', 's', 'x', '{}')`, "22023", "topic"},
+		{`onceflow.enqueue('orders', 's', 'x', '{}', headers => '{"seq":"1"}')`, "22023", "headers"},
+		{`onceflow.enqueue('orders', 's', 'x', '{}', headers => '{"n":1}')`, "22023", "headers"},
+		{`onceflow.enqueue('orders', 's', 'x', jsonb_build_object('p', repeat('x', 1100000)))`, "22023", "payload"},
+	}
+	for _, tt := range tests {
+		_, err := b.db.Pool.Exec(b.ctx, "SELECT * FROM "+tt.call)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != tt.sqlstate || !strings.Contains(pe.Message, tt.mention) {
+			t.Errorf("%s: %v, want SQLSTATE %s mentioning %q", tt.call, err, tt.sqlstate, tt.mention)
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package outbox_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type relayBundle struct {
+	bundle
+	topic string
+	reg   *prometheus.Registry
+	logs  *syncBuffer
+	relay *outbox.Relay
+	done  chan error
+	stop  context.CancelFunc
+}
+
+func startRelay(t *testing.T, topic string) relayBundle {
+	t.Helper()
+	b := setup(t)
+	ckpt := testkit.Topic(t, "ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
+	rb := relayBundle{bundle: b, topic: topic, reg: prometheus.NewRegistry(), logs: &syncBuffer{}, done: make(chan error, 1)}
+	r, err := outbox.New(outbox.Config{
+		CheckpointTopic:       ckpt,
+		DB:                    b.db.Pool,
+		KafkaOpts:             []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)},
+		Logger:                slog.New(slog.NewJSONHandler(rb.logs, nil)),
+		Registerer:            rb.reg,
+		TransactionalIDPrefix: "unit-" + ckpt + "-",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb.relay = r
+	ctx, cancel := context.WithCancel(context.Background())
+	rb.stop = cancel
+	go func() { rb.done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-rb.done
+	})
+	return rb
+}
+
+func waitUntil(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition
+	}
+}
+
+// The engine publishes the envelope (key, headers, traceparent), counts it,
+// shows leadership, and returns nil on cancel after releasing the lease.
+func TestRelayPublishesEnvelope(t *testing.T) {
+	t.Parallel()
+	topic := testkit.Topic(t, "unit", 2, nil)
+	rb := startRelay(t, topic)
+	m := outbox.Message{
+		Topic: topic, Source: "order-88", EventType: "order.created", Payload: []byte(`{"n":1}`),
+		EventID: "ev-1", Headers: map[string]string{"tenant": "acme"},
+		Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+	}
+	if _, err := rb.enqueue(t, outbox.Writer{}, m); err != nil {
+		t.Fatal(err)
+	}
+	keyed := outbox.Message{Topic: topic, Source: "order-89", EventType: "x", Payload: []byte(`1`), EventID: "ev-2", Key: []byte("k")}
+	if _, err := rb.enqueue(t, outbox.Writer{}, keyed); err != nil {
+		t.Fatal(err)
+	}
+	cons := testkit.ReadCommittedClient(t, topic)
+	got := map[string]envelope.Envelope{}
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	for len(got) < 2 {
+		fs := cons.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("saw %d of 2 records; relay logs:\n%s", len(got), rb.logs)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			env, err := envelope.Decode(r, 0)
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			got[env.EventID] = env
+		})
+	}
+	e1 := got["ev-1"]
+	if string(e1.RecordKey()) != "order-88" || e1.Seq != 1 || e1.EventType != "order.created" || e1.Headers["tenant"] != "acme" ||
+		e1.Traceparent != m.Traceparent || e1.ContentType != envelope.ContentTypeJSON || string(e1.Payload) != `{"n":1}` {
+		t.Fatalf("ev-1 decoded as %+v", e1)
+	}
+	if string(got["ev-2"].Key) != "k" {
+		t.Fatalf("ev-2 key %q, want k", got["ev-2"].Key)
+	}
+	if !rb.relay.IsLeader() || rb.relay.Ready() != nil || rb.relay.Role() != "leader" {
+		t.Fatalf("leader=%v ready=%v", rb.relay.IsLeader(), rb.relay.Ready())
+	}
+	waitUntil(t, "published_total", func() bool {
+		return testutil.ToFloat64(metric(t, rb.reg, "onceflow_relay_published_total")) == 2
+	})
+	rb.stop()
+	if err := <-rb.done; err != nil {
+		t.Fatalf("Run returned %v", err)
+	}
+	rb.done <- nil // for cleanup
+	var released bool
+	if err := rb.db.Pool.QueryRow(context.Background(), `SELECT expires_at <= now() FROM onceflow.relay_lease`).Scan(&released); err != nil || !released {
+		t.Fatalf("lease released=%v err=%v", released, err)
+	}
+	if rb.relay.IsLeader() {
+		t.Fatal("still leader after Run returned")
+	}
+}
+
+// A row for a topic that does not exist is an error naming the topic, counted
+// under kind "topic"; the row is retried, never skipped, and published once
+// the topic exists. Rows behind it wait (order is kept).
+func TestRelayMissingTopic(t *testing.T) {
+	t.Parallel()
+	missing := "missing-" + strings.ReplaceAll(t.Name(), "/", "_") + "-" + time.Now().Format("150405.000000")
+	rb := startRelay(t, missing)
+	if _, err := rb.enqueue(t, outbox.Writer{}, outbox.Message{Topic: missing, Source: "s", EventType: "x", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a topic error naming the topic", func() bool {
+		return strings.Contains(rb.logs.String(), missing) &&
+			testutil.ToFloat64(metricLabel(t, rb.reg, "onceflow_relay_errors_total", "topic")) >= 1
+	})
+	var unpublished int
+	if err := rb.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil || unpublished != 1 {
+		t.Fatalf("unpublished=%d err=%v: the row must stay unpublished", unpublished, err)
+	}
+	testkit.CreateTopic(t, missing, 1, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := testkit.NewChecker(t, rb.db.Pool, missing).Check(ctx)
+	if err != nil {
+		t.Fatalf("checker: %v\n%s", err, rb.logs)
+	}
+	if rep.Err() != nil || rep.Committed != 1 {
+		t.Fatalf("%s %v", rep, rep.Err())
+	}
+}
+
+func metric(t *testing.T, g prometheus.Gatherer, name string) prometheus.Collector {
+	t.Helper()
+	return gathered{g: g, name: name}
+}
+
+func metricLabel(t *testing.T, g prometheus.Gatherer, name, kind string) prometheus.Collector {
+	t.Helper()
+	return gathered{g: g, name: name, kind: kind}
+}
+
+// gathered adapts one gathered series to testutil.ToFloat64.
+type gathered struct {
+	g          prometheus.Gatherer
+	name, kind string
+}
+
+func (c gathered) Describe(ch chan<- *prometheus.Desc) {}
+
+func (c gathered) Collect(ch chan<- prometheus.Metric) {
+	mfs, err := c.g.Gather()
+	if err != nil {
+		return
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != c.name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if c.kind != "" && (len(m.GetLabel()) == 0 || m.GetLabel()[0].GetValue() != c.kind) {
+				continue
+			}
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(c.name, "h", nil, nil), prometheus.UntypedValue, v)
+			return
+		}
+	}
+}
