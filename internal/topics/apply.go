@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -45,10 +44,13 @@ func Apply(ctx context.Context, adm *kadm.Client, spec *Spec) (Result, error) {
 		switch d.Kind {
 		case KindMissing:
 			ts, _ := spec.Lookup(d.Topic)
-			if err := create(ctx, adm, d.Topic, ts); err != nil {
+			created, err := create(ctx, adm, d.Topic, ts)
+			if err != nil {
 				return res, err
 			}
-			res.Created = append(res.Created, d.Topic)
+			if created {
+				res.Created = append(res.Created, d.Topic)
+			}
 		case KindConfig:
 			if _, ok := alter[d.Topic]; !ok {
 				order = append(order, d.Topic)
@@ -83,23 +85,26 @@ func Apply(ctx context.Context, adm *kadm.Client, spec *Spec) (Result, error) {
 	return res, nil
 }
 
-func create(ctx context.Context, adm *kadm.Client, name string, ts TopicSpec) error {
+// create creates topic name as ts says; created is false when it already
+// existed (created meanwhile by someone else, or not yet in the metadata
+// Verify read: verifying again judges it).
+func create(ctx context.Context, adm *kadm.Client, name string, ts TopicSpec) (created bool, err error) {
 	configs := map[string]*string{}
 	for k, v := range ts.WantConfigs() {
 		configs[k] = kadm.StringPtr(v)
 	}
 	r, err := adm.CreateTopic(ctx, ts.Partitions, ts.ReplicationFactor, configs, name)
 	if errors.Is(err, kerr.TopicAlreadyExists) {
-		return nil // created meanwhile by someone else; verifying again judges it
+		return false, nil
 	}
 	if err != nil {
 		if r.ErrMessage != "" {
 			err = fmt.Errorf("%w: %s", err, r.ErrMessage)
 		}
-		return fmt.Errorf("create topic %q (%d partitions, replication factor %s): %w",
-			name, ts.Partitions, strconv.Itoa(int(ts.ReplicationFactor)), err)
+		return false, fmt.Errorf("create topic %q (%d partitions, replication factor %d): %w",
+			name, ts.Partitions, ts.ReplicationFactor, err)
 	}
-	return nil
+	return true, nil
 }
 
 // settled verifies until the drift Apply can fix is gone (the brokers have

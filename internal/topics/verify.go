@@ -139,12 +139,16 @@ func resolve(ctx context.Context, adm *kadm.Client, spec *Spec) ([]target, error
 			names = append(names, t.Name)
 		}
 	}
+	// kadm answers metadata from the client's cache (up to 5s old) unless
+	// authorized operations are asked for, which needs a fresh request: a
+	// verdict on a topic created or grown a moment ago must not be stale.
+	fresh := kadm.WithAuthorizedOps(ctx)
 	var all kadm.TopicDetails
 	var err error
 	if hasPattern {
-		all, err = adm.ListTopics(ctx) // every (non-internal) topic
+		all, err = adm.ListTopics(fresh) // every (non-internal) topic
 	} else {
-		all, err = adm.ListTopics(ctx, names...)
+		all, err = adm.ListTopics(fresh, names...)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list topics: %w", err)
