@@ -1,0 +1,176 @@
+-- onceflow least-privilege roles. See docs/security.md.
+--
+-- Creates (if missing) four NOLOGIN group roles and grants each exactly what
+-- its component needs in the current database:
+--
+--   owner_role     owns schema onceflow and everything in it; runs the
+--                  migrations (`relay migrate` / `consumer migrate`).
+--   writer_role    producers: may only enqueue (onceflow.enqueue() or the Go
+--                  API's INSERT into onceflow.outbox + onceflow.source_seq).
+--                  Cannot read payloads, mark, delete, or touch consumer state.
+--   relay_role     the relay: reads, marks (published_at) and prunes outbox
+--                  rows, holds onceflow.relay_lease. Nothing of the inbox,
+--                  seq state, gaps or effects; cannot create events.
+--   consumer_role  the consumer: onceflow.inbox, consumer_offsets, seq_state,
+--                  seq_gaps, effects. Nothing of the outbox, unless
+--                  consumer_may_enqueue is on (consume-transform-produce
+--                  handlers that enqueue in the consumer's transaction): then
+--                  it is also a member of writer_role, and nothing more.
+--                  Its handlers' own tables are granted by you:
+--                    GRANT SELECT, INSERT, UPDATE, DELETE ON app.my_table TO onceflow_consumer;
+--
+-- Login users are members of these roles, e.g.
+--   CREATE ROLE relay_app LOGIN PASSWORD '…' IN ROLE onceflow_relay;
+--
+-- Usage, as a superuser, connected to the application's database:
+--
+--   psql "$ADMIN_URL" -X -v ON_ERROR_STOP=1 -f deploy/sql/roles.sql \
+--        [-v owner_role=onceflow_owner] [-v writer_role=onceflow_writer] \
+--        [-v relay_role=onceflow_relay] [-v consumer_role=onceflow_consumer] \
+--        [-v consumer_may_enqueue=off]
+--
+-- The script is idempotent and must be run again after every migration
+-- (grants are per table; a new table is reachable by its owner only until
+-- then). Run it once before the first migration too: it creates schema
+-- onceflow owned by owner_role and lets owner_role create it. Existing objects
+-- in the schema (e.g. migrated earlier by a superuser) are handed to
+-- owner_role. Privileges of the three other roles in the schema are revoked
+-- and granted afresh on every run, so the result does not depend on history.
+-- Roles are cluster-wide; the grants are per database.
+
+\set ON_ERROR_STOP on
+\if :{?owner_role}
+\else
+\set owner_role onceflow_owner
+\endif
+\if :{?writer_role}
+\else
+\set writer_role onceflow_writer
+\endif
+\if :{?relay_role}
+\else
+\set relay_role onceflow_relay
+\endif
+\if :{?consumer_role}
+\else
+\set consumer_role onceflow_consumer
+\endif
+\if :{?consumer_may_enqueue}
+\else
+\set consumer_may_enqueue off
+\endif
+
+BEGIN;
+
+-- psql variables are not expanded inside the DO body: hand them over as
+-- transaction-local settings.
+SELECT set_config('onceflow_roles.owner', :'owner_role', true),
+       set_config('onceflow_roles.writer', :'writer_role', true),
+       set_config('onceflow_roles.relay', :'relay_role', true),
+       set_config('onceflow_roles.consumer', :'consumer_role', true),
+       set_config('onceflow_roles.consumer_may_enqueue', :'consumer_may_enqueue', true);
+
+DO $roles$
+DECLARE
+    v_owner    text    := current_setting('onceflow_roles.owner');
+    v_writer   text    := current_setting('onceflow_roles.writer');
+    v_relay    text    := current_setting('onceflow_roles.relay');
+    v_consumer text    := current_setting('onceflow_roles.consumer');
+    v_enqueue  boolean := current_setting('onceflow_roles.consumer_may_enqueue')::boolean;
+    v_apps     text;
+    r          record;
+BEGIN
+    IF cardinality(ARRAY(SELECT DISTINCT x FROM unnest(ARRAY[v_owner, v_writer, v_relay, v_consumer]) AS x)) <> 4 THEN
+        RAISE EXCEPTION 'onceflow roles: owner_role, writer_role, relay_role and consumer_role must be four different names';
+    END IF;
+    FOREACH v_apps IN ARRAY ARRAY[v_owner, v_writer, v_relay, v_consumer] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_apps) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', v_apps);
+        END IF;
+        EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), v_apps);
+    END LOOP;
+    v_apps := format('%I, %I, %I', v_writer, v_relay, v_consumer);
+
+    -- Owner: the schema and every object in it. The migrator runs
+    -- CREATE SCHEMA IF NOT EXISTS, which needs CREATE on the database.
+    EXECUTE format('GRANT CREATE ON DATABASE %I TO %I', current_database(), v_owner);
+    IF to_regnamespace('onceflow') IS NULL THEN
+        EXECUTE format('CREATE SCHEMA onceflow AUTHORIZATION %I', v_owner);
+    ELSE
+        EXECUTE format('ALTER SCHEMA onceflow OWNER TO %I', v_owner);
+    END IF;
+    FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+              WHERE c.relnamespace = 'onceflow'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+    LOOP
+        EXECUTE format('ALTER TABLE %s OWNER TO %I', r.rel, v_owner);  -- owned sequences follow
+    END LOOP;
+    FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+              WHERE c.relnamespace = 'onceflow'::regnamespace AND c.relkind = 'S'
+                AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                                   AND d.objid = c.oid AND d.deptype IN ('a', 'i'))
+    LOOP
+        EXECUTE format('ALTER SEQUENCE %s OWNER TO %I', r.rel, v_owner);
+    END LOOP;
+    FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p WHERE p.pronamespace = 'onceflow'::regnamespace LOOP
+        EXECUTE format('ALTER ROUTINE %s OWNER TO %I', r.fn, v_owner);
+    END LOOP;
+
+    -- Start from nothing: PUBLIC and the three roles lose everything in the
+    -- schema (functions are executable by PUBLIC by default).
+    EXECUTE format('REVOKE ALL ON SCHEMA onceflow FROM PUBLIC, %s', v_apps);
+    EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
+    EXECUTE format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
+    EXECUTE format('REVOKE ALL ON ALL ROUTINES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA onceflow REVOKE EXECUTE ON ROUTINES FROM PUBLIC', v_owner);
+    -- Column privileges are not covered by REVOKE ... ON ALL TABLES.
+    FOR r IN SELECT DISTINCT c.oid::regclass AS rel, a.attname AS col, g.rolname AS grantee
+               FROM pg_class c
+               JOIN pg_attribute a ON a.attrelid = c.oid AND a.attacl IS NOT NULL
+               CROSS JOIN LATERAL aclexplode(a.attacl) x
+               JOIN pg_roles g ON g.oid = x.grantee
+              WHERE c.relnamespace = 'onceflow'::regnamespace
+                AND g.rolname IN (v_writer, v_relay, v_consumer)
+    LOOP
+        EXECUTE format('REVOKE ALL (%I) ON %s FROM %I', r.col, r.rel, r.grantee);
+    END LOOP;
+    EXECUTE format('GRANT USAGE ON SCHEMA onceflow TO %s', v_apps);
+
+    -- Writer: enqueue only. onceflow.enqueue runs with the caller's rights,
+    -- so the writer holds exactly what it (and the Go API's single INSERT)
+    -- does: lock-and-bump the source's counter, insert the event, read back
+    -- the event id and seq (column SELECT on those two only: payloads stay
+    -- unreadable).
+    FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname = 'enqueue'
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_writer);
+    END LOOP;
+    IF to_regclass('onceflow.source_seq') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.source_seq TO %I', v_writer);
+    END IF;
+    IF to_regclass('onceflow.outbox') IS NOT NULL THEN
+        EXECUTE format('GRANT INSERT (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload), '
+                       'SELECT (event_id, seq) ON onceflow.outbox TO %I', v_writer);
+        -- Relay: read, mark published, prune.
+        EXECUTE format('GRANT SELECT, DELETE, UPDATE (published_at) ON onceflow.outbox TO %I', v_relay);
+    END IF;
+    IF to_regclass('onceflow.relay_lease') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.relay_lease TO %I', v_relay);
+    END IF;
+
+    -- Consumer: its ledgers and state.
+    FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+              WHERE c.relnamespace = 'onceflow'::regnamespace AND c.relkind IN ('r', 'p')
+                AND c.relname IN ('inbox', 'consumer_offsets', 'seq_state', 'seq_gaps', 'effects')
+    LOOP
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', r.rel, v_consumer);
+    END LOOP;
+    IF v_enqueue THEN
+        EXECUTE format('GRANT %I TO %I', v_writer, v_consumer);
+    ELSIF pg_has_role(v_consumer, v_writer, 'MEMBER') THEN
+        EXECUTE format('REVOKE %I FROM %I', v_writer, v_consumer);
+    END IF;
+END
+$roles$;
+
+COMMIT;

@@ -1,0 +1,293 @@
+package security
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/internal/migrate"
+	"github.com/onceflow/onceflow/internal/pgtemp"
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+// roleSet names the four roles of deploy/sql/roles.sql plus a login member
+// of each. Roles are cluster-wide, so every test uses its own names.
+type roleSet struct {
+	owner, writer, relay, consumer string
+}
+
+func (r roleSet) all() []string {
+	return []string{r.owner, r.writer, r.relay, r.consumer}
+}
+
+// login is the name of r's login member.
+func login(role string) string { return role + "_login" }
+
+// newRoles picks unique role names. Call it before testkit.NewDB: the roles
+// are dropped after the test's database is (cleanups run in reverse).
+func newRoles(t *testing.T) roleSet {
+	t.Helper()
+	p := "sec_" + randHex(4) + "_"
+	rs := roleSet{owner: p + "owner", writer: p + "writer", relay: p + "relay", consumer: p + "consumer"}
+	admin := testkit.DatabaseURL(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			t.Logf("drop roles: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		for _, r := range rs.all() {
+			for _, name := range []string{login(r), r} {
+				if _, err := conn.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+					t.Logf("drop role %s: %v", name, err)
+				}
+			}
+		}
+	})
+	return rs
+}
+
+// applyRoles runs deploy/sql/roles.sql with psql against dbURL, the way the
+// docs tell operators to.
+func applyRoles(t *testing.T, dbURL string, rs roleSet, consumerMayEnqueue bool) {
+	t.Helper()
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		bin, berr := pgtemp.BinDir()
+		if berr != nil {
+			t.Fatalf("psql not found: install the Debian package 'postgresql-client' (%v)", berr)
+		}
+		psql = filepath.Join(bin, "psql")
+	}
+	root, err := testkit.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	enq := "off"
+	if consumerMayEnqueue {
+		enq = "on"
+	}
+	cmd := exec.Command(psql, dbURL, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+		"-v", "owner_role="+rs.owner, "-v", "writer_role="+rs.writer,
+		"-v", "relay_role="+rs.relay, "-v", "consumer_role="+rs.consumer,
+		"-v", "consumer_may_enqueue="+enq,
+		"-f", filepath.Join(root, "deploy", "sql", "roles.sql"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("psql -f deploy/sql/roles.sql: %v\n%s", err, out)
+	}
+}
+
+// createLogins creates a LOGIN member of each role (the server trusts
+// loopback connections, so no password is needed in the test).
+func createLogins(t *testing.T, db *testkit.DB, rs roleSet) {
+	t.Helper()
+	for _, r := range rs.all() {
+		sql := fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", pgx.Identifier{login(r)}.Sanitize(), pgx.Identifier{r}.Sanitize())
+		if _, err := db.Pool.Exec(context.Background(), sql); err != nil {
+			t.Fatalf("create login for %s: %v", r, err)
+		}
+	}
+}
+
+// asRole runs fn in a transaction under role r (SET LOCAL ROLE) and rolls
+// it back.
+func asRole(ctx context.Context, db *testkit.DB, role string, fn func(pgx.Tx) error) error {
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
+		return err
+	}
+	return fn(tx)
+}
+
+func execAs(ctx context.Context, db *testkit.DB, role, sql string) error {
+	return asRole(ctx, db, role, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, sql)
+		return err
+	})
+}
+
+type privCase struct {
+	role  string
+	what  string
+	sql   string
+	allow bool
+}
+
+func checkPrivileges(t *testing.T, db *testkit.DB, cases []privCase) {
+	t.Helper()
+	ctx := context.Background()
+	for _, c := range cases {
+		err := execAs(ctx, db, c.role, c.sql)
+		var pe *pgconn.PgError
+		denied := errors.As(err, &pe) && pe.Code == "42501"
+		switch {
+		case c.allow && err != nil:
+			t.Errorf("%s: %s: want allowed, got %v", c.role, c.what, err)
+		case !c.allow && !denied:
+			t.Errorf("%s: %s: want permission denied (42501), got %v", c.role, c.what, err)
+		}
+	}
+}
+
+const (
+	handlerTable  = `CREATE TABLE public.sec_handler_effects (event_id text PRIMARY KEY, n integer NOT NULL)`
+	enqueueCall   = `SELECT * FROM onceflow.enqueue('orders', 'order-1', 'order.created', '{"total": 1}'::jsonb)`
+	inboxInsert   = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status) VALUES ('c', 'e1', 's', 1, 't', 'orders', 0, 0, 'processed')`
+	outboxInsert  = `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('x1', 'orders', 's', 1, 't', '\x7b7d')`
+	outboxPayload = `SELECT payload FROM onceflow.outbox`
+)
+
+// TestRolesLeastPrivilege applies deploy/sql/roles.sql to a migrated
+// database and checks what each role may and may not do: the relay role
+// cannot read or write the inbox (nor any consumer state), the consumer role
+// cannot write the outbox, the writer role can enqueue (SQL function and Go
+// API) but not read the inbox or payloads.
+func TestRolesLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	rs := newRoles(t)
+	db := testkit.NewDB(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, handlerTable); err != nil {
+		t.Fatal(err)
+	}
+	applyRoles(t, db.URL, rs, false)
+	// How docs/security.md says to grant a handler's own table.
+	if _, err := db.Pool.Exec(ctx, "GRANT SELECT, INSERT, UPDATE, DELETE ON public.sec_handler_effects TO "+pgx.Identifier{rs.consumer}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	// Idempotent: a second run (after a migration) changes nothing.
+	applyRoles(t, db.URL, rs, false)
+
+	w, r, c := rs.writer, rs.relay, rs.consumer
+	checkPrivileges(t, db, []privCase{
+		{w, "enqueue()", enqueueCall, true},
+		{w, "read the inbox", `SELECT * FROM onceflow.inbox`, false},
+		{w, "write the inbox", inboxInsert, false},
+		{w, "read outbox payloads", outboxPayload, false},
+		{w, "mark outbox rows", `UPDATE onceflow.outbox SET published_at = now()`, false},
+		{w, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
+		{w, "read the lease", `SELECT * FROM onceflow.relay_lease`, false},
+		{w, "read seq state", `SELECT * FROM onceflow.seq_state`, false},
+
+		{r, "read unpublished rows", `SELECT id, event_id, topic, source, seq, event_type, content_type, record_key, headers, payload FROM onceflow.outbox WHERE published_at IS NULL ORDER BY id LIMIT 10`, true},
+		{r, "mark rows published", `UPDATE onceflow.outbox SET published_at = now() WHERE id = ANY('{1,2}'::bigint[]) AND published_at IS NULL`, true},
+		{r, "prune rows", `DELETE FROM onceflow.outbox WHERE published_at < now()`, true},
+		{r, "take the lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now()) ON CONFLICT (shard) DO UPDATE SET holder = excluded.holder, epoch = onceflow.relay_lease.epoch + 1 RETURNING epoch`, true},
+		{r, "read the inbox", `SELECT * FROM onceflow.inbox`, false},
+		{r, "write the inbox", inboxInsert, false},
+		{r, "update the inbox", `UPDATE onceflow.inbox SET status = 'dead'`, false},
+		{r, "delete from the inbox", `DELETE FROM onceflow.inbox`, false},
+		{r, "read seq state", `SELECT * FROM onceflow.seq_state`, false},
+		{r, "read gaps", `SELECT * FROM onceflow.seq_gaps`, false},
+		{r, "read effects", `SELECT * FROM onceflow.effects`, false},
+		{r, "read consumer offsets", `SELECT * FROM onceflow.consumer_offsets`, false},
+		{r, "create events", outboxInsert, false},
+		{r, "enqueue()", enqueueCall, false},
+		{r, "write a handler table", `INSERT INTO public.sec_handler_effects VALUES ('e', 1)`, false},
+
+		{c, "write the inbox", inboxInsert, true},
+		{c, "update the inbox", `UPDATE onceflow.inbox SET status = 'dead' WHERE consumer = 'c'`, true},
+		{c, "store offsets", `INSERT INTO onceflow.consumer_offsets (group_id, topic, kafka_partition, next_offset) VALUES ('g', 't', 0, 1) ON CONFLICT (group_id, topic, kafka_partition) DO UPDATE SET next_offset = excluded.next_offset`, true},
+		{c, "write seq state", `INSERT INTO onceflow.seq_state (consumer, source, last_applied) VALUES ('c', 's', 1)`, true},
+		{c, "open a gap", `INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline) VALUES ('c', 's', 2, 3, now(), now()) RETURNING id`, true},
+		{c, "record an effect", `INSERT INTO onceflow.effects (idempotency_key) VALUES ('k')`, true},
+		{c, "write its handler table", `INSERT INTO public.sec_handler_effects VALUES ('e', 1)`, true},
+		{c, "write the outbox", outboxInsert, false},
+		{c, "enqueue() (not configured)", enqueueCall, false},
+		{c, "read the outbox", outboxPayload, false},
+		{c, "mark outbox rows", `UPDATE onceflow.outbox SET published_at = now()`, false},
+		{c, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
+		{c, "bump source counters", `INSERT INTO onceflow.source_seq VALUES ('s', 1)`, false},
+		{c, "take the relay lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now())`, false},
+
+		{rs.owner, "alter the schema", `ALTER TABLE onceflow.inbox ADD COLUMN x int`, true},
+	})
+
+	// The Go API (outbox.Enqueue) works under the writer role too.
+	err := asRole(ctx, db, w, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: "orders", Source: "order-2", EventType: "order.created", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Errorf("%s: outbox.Enqueue: %v", w, err)
+	}
+}
+
+// TestRolesConsumerMayEnqueue: with consumer_may_enqueue=on the consumer
+// role may enqueue (a consume-transform-produce handler does it in the
+// consumer's transaction) and nothing more of the outbox.
+func TestRolesConsumerMayEnqueue(t *testing.T) {
+	t.Parallel()
+	rs := newRoles(t)
+	db := testkit.NewDB(t)
+	applyRoles(t, db.URL, rs, true)
+	c := rs.consumer
+	checkPrivileges(t, db, []privCase{
+		{c, "enqueue()", enqueueCall, true},
+		{c, "read outbox payloads", outboxPayload, false},
+		{c, "mark outbox rows", `UPDATE onceflow.outbox SET published_at = now()`, false},
+		{c, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
+		{c, "take the relay lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now())`, false},
+		{c, "write the inbox", inboxInsert, true},
+	})
+	// Turning it off again takes the right away.
+	applyRoles(t, db.URL, rs, false)
+	checkPrivileges(t, db, []privCase{{c, "enqueue() after turning it off", enqueueCall, false}})
+}
+
+// TestRolesFreshDatabase follows the documented order on an empty database:
+// roles.sql (creates the schema for the owner), migrations as the owner's
+// login, roles.sql again; then the writer can enqueue and the relay cannot
+// read the inbox.
+func TestRolesFreshDatabase(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rs := newRoles(t)
+	db := testkit.EmptyDB(t)
+	applyRoles(t, db.URL, rs, false)
+	createLogins(t, db, rs)
+	conn, err := pgx.Connect(ctx, withUser(t, db.URL, login(rs.owner)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = migrate.Up(ctx, conn)
+	conn.Close(ctx)
+	if err != nil {
+		t.Fatalf("migrate as %s: %v", login(rs.owner), err)
+	}
+	applyRoles(t, db.URL, rs, false)
+	checkPrivileges(t, db, []privCase{
+		{rs.writer, "enqueue()", enqueueCall, true},
+		{rs.relay, "read the inbox", `SELECT * FROM onceflow.inbox`, false},
+		{rs.consumer, "write the outbox", outboxInsert, false},
+	})
+}
+
+// withUser returns the URL u connecting as user (no password: the test
+// server trusts loopback).
+func withUser(t *testing.T, u, user string) string {
+	t.Helper()
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.User = url.User(user)
+	return pu.String()
+}
