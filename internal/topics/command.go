@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -66,7 +67,7 @@ func (c *Config) Check(ctx context.Context, adm *kadm.Client, roles ...Role) err
 
 // Command is the `topics` subcommand:
 //
-//	relay topics verify [-topics-spec FILE] [-topics-replication-factor N] [-topics-roles events,checkpoint] [-kafka-brokers …]
+//	relay topics verify [-topics-spec FILE] [-topics-replication-factor N] [-topics-roles events,checkpoint] [-topics-timeout 1m] [-kafka-brokers …]
 //	relay topics apply  [same flags]
 //
 // verify prints one line per drift and fails (returns a *DriftError) when
@@ -89,6 +90,7 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 	kc.RegisterFlags(fs, "onceflow-"+prog+"-topics")
 	var tc Config
 	tc.RegisterFlags(fs)
+	timeout := fs.Duration("topics-timeout", time.Minute, "give up on Kafka after this long")
 	var roles cli.List
 	fs.Var(&roles, "topics-roles", "comma-separated roles to check: events, checkpoint, dlq (default: all)")
 	if err := cli.Parse(fs, args); err != nil {
@@ -103,6 +105,9 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 		return fmt.Errorf("%s topics %s: unexpected argument %q", prog, sub, fs.Arg(0))
 	}
 	if err := kc.Validate(); err != nil {
+		return err
+	}
+	if err := cli.PositiveDuration("topics-timeout", *timeout); err != nil {
 		return err
 	}
 	var rs []Role
@@ -125,6 +130,8 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
 
 	if sub == "verify" {
 		drifts, err := Verify(ctx, adm, spec)
