@@ -2,6 +2,7 @@
 //
 //	relay run      [flags]   publish (one leader per shard, the others stand by)
 //	relay migrate  [flags]   apply the schema migrations
+//	relay topics verify|apply [flags]   check or create the topics of contract/topics.json
 //
 // Every flag has an ONCEFLOW_* environment fallback (-database-url is
 // ONCEFLOW_DATABASE_URL); flags win. See docs/relay.md.
@@ -30,6 +31,7 @@ import (
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/obs"
 	"github.com/onceflow/onceflow/internal/pgconn"
+	"github.com/onceflow/onceflow/internal/topics"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
@@ -55,7 +57,7 @@ func main() {
 	}
 }
 
-const usage = `usage: relay run [flags] | relay migrate [flags] | relay help
+const usage = `usage: relay run [flags] | relay migrate [flags] | relay topics verify|apply [flags] | relay help
 `
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -77,6 +79,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return usageError{err}
 		}
 		return nil
+	case "topics":
+		log, err := obs.NewLogger(stderr, os.Getenv(cli.EnvName("log-format")), os.Getenv(cli.EnvName("log-level")))
+		if err != nil {
+			return usageError{err}
+		}
+		// Drift exits 1; bad flags and unreachable brokers exit 2, like migrate.
+		err = topics.Command(ctx, "relay", args[1:], stdout, log)
+		if err != nil && !errors.Is(err, topics.ErrDrift) {
+			return usageError{err}
+		}
+		return err
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage+"\nrelay run flags:\n")
 		var c config
