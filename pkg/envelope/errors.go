@@ -23,3 +23,15 @@ type MalformedError struct {
 func (e *MalformedError) Error() string {
 	return fmt.Sprintf("malformed record %s/%d@%d: %s %s", e.Topic, e.Partition, e.Offset, e.Field, e.Reason)
 }
+
+// PayloadError is a payload that violates the JSON Schema declared for its
+// event type. Violation is the validator's description (instance locations
+// and what failed).
+type PayloadError struct {
+	EventType string
+	Violation string
+}
+
+func (e *PayloadError) Error() string {
+	return fmt.Sprintf("payload of event type %s violates its schema: %s", e.EventType, e.Violation)
+}
