@@ -30,6 +30,14 @@ type Config struct {
 	CheckpointTopic string
 	// DB is the pool the relay reads and marks the outbox with (required).
 	DB *pgxpool.Pool
+	// DeleteOnPublish deletes rows when their Kafka transaction has
+	// committed instead of setting published_at and pruning them after
+	// Retention. An UPDATE of published_at is not HOT (the column is in the
+	// partial indexes' predicates), so it writes a new entry into every
+	// index and costs about ten times a DELETE: this mode roughly doubles
+	// drain throughput, at the price of no audit trail of published rows.
+	// Default false.
+	DeleteOnPublish bool
 	// HolderID identifies this process in onceflow.relay_lease. A process
 	// restarted under the same HolderID (e.g. a pod name) takes its own lease
 	// back at once; two live processes must never share one. Default
@@ -57,8 +65,9 @@ type Config struct {
 	PruneInterval time.Duration
 	// Registerer receives the relay's metrics. Default: none registered.
 	Registerer prometheus.Registerer
-	// Retention keeps published rows this long before pruning them; 0 uses
-	// the default, a negative value deletes them at the next prune. Default 1h.
+	// Retention keeps published rows this long before pruning them (unless
+	// DeleteOnPublish); 0 uses the default, a negative value prunes them at
+	// the next prune. Default 1h.
 	Retention time.Duration
 	// Shard names this relay's share of the outbox: its lease row, its
 	// transactional.id suffix and its checkpoint key. Default "default".

@@ -31,6 +31,10 @@ const markPublishedSQL = `
 UPDATE onceflow.outbox SET published_at = now()
  WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
 
+// deletePublishedSQL is markPublishedSQL for Config.DeleteOnPublish.
+const deletePublishedSQL = `
+DELETE FROM onceflow.outbox WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
+
 // pruneSQL deletes one small batch of rows published before the retention.
 const pruneSQL = `
 DELETE FROM onceflow.outbox

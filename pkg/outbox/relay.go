@@ -224,6 +224,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			}
 			cl = c
 		}
+		tFetch := time.Now()
 		rows, err := r.fetch(stop)
 		if err != nil {
 			if stop.Err() == nil {
@@ -236,6 +237,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			_ = sleep(stop, r.cfg.PollInterval)
 			continue
 		}
+		tPublish := time.Now()
 		if err := r.publish(opCtx, cl, rows); err != nil {
 			// Whatever happened, the producer is thrown away and the next
 			// leader round recovers through the checkpoint: a new producer
@@ -257,12 +259,17 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			continue
 		}
 		failpoint.Hit(FailpointAfterKafkaCommit)
+		tMark := time.Now()
 		if err := r.mark(opCtx, rows); err != nil {
 			// The batch is on Kafka; its checkpoint will mark it.
 			cl.Close()
 			cl = nil
 			fail(errKindPostgres, "mark batch published", err)
 			continue
+		}
+		if log.Enabled(ctx, slog.LevelDebug) {
+			log.DebugContext(ctx, "batch published", slog.Int("rows", len(rows)),
+				slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)), slog.Duration("mark", time.Since(tMark)))
 		}
 		bo.Reset()
 	}
@@ -392,7 +399,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	}
 	var marked int64
 	if len(ids) > 0 {
-		tag, err := r.cfg.DB.Exec(ictx, markPublishedSQL, ids)
+		tag, err := r.cfg.DB.Exec(ictx, r.markSQL(), ids)
 		if err != nil {
 			cl.Close()
 			return nil, fmt.Errorf("mark checkpointed rows: %w", err)
@@ -528,12 +535,19 @@ func (r *Relay) mark(ctx context.Context, rows []row) error {
 	defer cancel()
 	bo := r.newBackoff()
 	return backoff.Retry(func() error {
-		_, err := r.cfg.DB.Exec(mctx, markPublishedSQL, ids)
+		_, err := r.cfg.DB.Exec(mctx, r.markSQL(), ids)
 		if err != nil && mctx.Err() != nil {
 			return backoff.Permanent(err)
 		}
 		return err
 	}, backoff.WithContext(bo, mctx))
+}
+
+func (r *Relay) markSQL() string {
+	if r.cfg.DeleteOnPublish {
+		return deletePublishedSQL
+	}
+	return markPublishedSQL
 }
 
 func (r *Relay) newBackoff() *backoff.ExponentialBackOff {

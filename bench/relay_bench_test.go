@@ -1,0 +1,289 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+const (
+	relayBenchPayload = 256
+	relayBenchBatch   = 1000
+)
+
+func relayBenchEvents(b *testing.B) int {
+	if v := os.Getenv("ONCEFLOW_BENCH_RELAY_EVENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("ONCEFLOW_BENCH_RELAY_EVENTS=%q: want a positive integer", v)
+		}
+		return n
+	}
+	return 200_000
+}
+
+func relayKafkaOpts(b *testing.B) []kgo.Opt {
+	return []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(b), ",")...)}
+}
+
+func startBenchRelay(b *testing.B, db *testkit.DB, batch int, deleteOnPublish bool) (stop func()) {
+	b.Helper()
+	ckpt := testkit.Topic(b, "bench-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
+	r, err := outbox.New(outbox.Config{
+		BatchMaxRows:          batch,
+		CheckpointTopic:       ckpt,
+		DB:                    db.Pool,
+		DeleteOnPublish:       deleteOnPublish,
+		KafkaOpts:             relayKafkaOpts(b),
+		Logger:                benchLogger(),
+		TransactionalIDPrefix: "bench-" + ckpt + "-",
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	return func() { cancel(); <-done }
+}
+
+// BenchmarkRelayDrain drains a backlog of 200k events with 256-byte payloads
+// and reports events/s beside a ceiling measured in the same run: raw
+// franz-go transactional produce of the same records, in the same batch
+// size, to the same broker.
+//
+// Two modes: "mark" (the default: published_at is set, rows are pruned after
+// the retention) and "delete" (Config.DeleteOnPublish).
+func BenchmarkRelayDrain(b *testing.B) {
+	b.Run("mark", func(b *testing.B) { benchRelayDrain(b, false) })
+	b.Run("delete", func(b *testing.B) { benchRelayDrain(b, true) })
+}
+
+func benchRelayDrain(b *testing.B, deleteOnPublish bool) {
+	n := relayBenchEvents(b)
+	ctx := context.Background()
+	db := testkit.NewDB(b)
+	topic := testkit.Topic(b, "bench-relay", 4, nil)
+	ceilTopic := testkit.Topic(b, "bench-ceiling", 4, nil)
+
+	// The backlog, inserted in bulk (the enqueue path is measured by the
+	// per-source throughput below, not here).
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, payload)
+		SELECT 'ev-' || g, $1, 'src-' || (g % 256), g / 256 + 1, 'bench.event', 'application/octet-stream',
+		       decode(repeat('ab', $3), 'hex')
+		  FROM generate_series(0, $2 - 1) g`, topic, n, relayBenchPayload); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE onceflow.outbox`); err != nil {
+		b.Fatal(err)
+	}
+
+	// Ceiling: the same envelopes, produced raw in transactions of the same size.
+	recs := make([]*kgo.Record, n)
+	payload := make([]byte, relayBenchPayload)
+	for i := range recs {
+		env := envelope.Envelope{EventID: "ev-" + strconv.Itoa(i), Source: "src-" + strconv.Itoa(i%256), Seq: int64(i/256 + 1),
+			EventType: "bench.event", ContentType: "application/octet-stream", Payload: payload}
+		recs[i] = env.Record(ceilTopic)
+	}
+	prod, err := kgo.NewClient(append(relayKafkaOpts(b), kgo.TransactionalID("bench-ceiling-"+ceilTopic), kgo.ProducerLinger(0))...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer prod.Close()
+	b.ResetTimer()
+	t0 := time.Now()
+	for off := 0; off < n; off += relayBenchBatch {
+		if err := prod.BeginTransaction(); err != nil {
+			b.Fatal(err)
+		}
+		if err := prod.ProduceSync(ctx, recs[off:min(off+relayBenchBatch, n)]...).FirstErr(); err != nil {
+			b.Fatal(err)
+		}
+		if err := prod.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ceiling := float64(n) / time.Since(t0).Seconds()
+
+	// The relay, from start-up (lease, producer init, checkpoint read) to
+	// the last row marked.
+	t1 := time.Now()
+	stop := startBenchRelay(b, db, relayBenchBatch, deleteOnPublish)
+	defer stop()
+	for {
+		var left int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL AND topic = $1`, topic).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition
+	}
+	rate := float64(n) / time.Since(t1).Seconds()
+	b.StopTimer()
+	b.ReportMetric(rate, "events/s")
+	b.ReportMetric(ceiling, "ceiling_events/s")
+	b.ReportMetric(rate/ceiling, "ratio")
+	b.Logf("relay drained %d events at %.0f events/s; raw transactional produce %.0f events/s; ratio %.2f", n, rate, ceiling, rate/ceiling)
+}
+
+// BenchmarkRelayLatency enqueues 1k events/s (one transaction each) for a
+// few seconds and reports commit-to-visible latency (producer commit
+// returned -> record read by a read_committed consumer) p50 and p99. It also
+// reports how many transactions the relay runs per second against an idle
+// outbox (the cost of polling).
+func BenchmarkRelayLatency(b *testing.B) {
+	ctx := context.Background()
+	db := testkit.NewDB(b)
+	topic := testkit.Topic(b, "bench-latency", 4, nil)
+	stop := startBenchRelay(b, db, relayBenchBatch, false)
+	defer stop()
+
+	// Idle cost: transactions committed per second in this database while
+	// nothing is enqueued (the relay's polls, lease renewals and stats).
+	xacts := func() int64 {
+		var x int64
+		if err := db.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&x); err != nil {
+			b.Fatal(err)
+		}
+		return x
+	}
+	time.Sleep(time.Second) // let the relay become leader and settle
+	x0, i0 := xacts(), time.Now()
+	time.Sleep(2 * time.Second) // the measurement window
+	idle := float64(xacts()-x0-1) / time.Since(i0).Seconds()
+
+	cons := testkit.ReadCommittedClient(b, topic)
+	var mu sync.Mutex
+	committed := map[string]time.Time{}
+	var lat []time.Duration
+	const rate, seconds = 1000, 5
+	total := rate * seconds
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		seen := 0
+		for seen < total && rctx.Err() == nil {
+			fs := cons.PollFetches(rctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) {
+				for _, h := range r.Headers {
+					if h.Key == envelope.HeaderEventID {
+						mu.Lock()
+						if t, ok := committed[string(h.Value)]; ok {
+							lat = append(lat, now.Sub(t))
+						}
+						mu.Unlock()
+					}
+				}
+				seen++
+			})
+		}
+	}()
+	b.ResetTimer()
+	tick := time.NewTicker(time.Second / rate)
+	defer tick.Stop()
+	payload := []byte(`{"p":"` + strings.Repeat("x", relayBenchPayload-8) + `"}`)
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for i := range total {
+		<-tick.C
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			id := fmt.Sprintf("lat-%d", i)
+			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				_, err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: topic, Source: "src-" + strconv.Itoa(i%64), EventType: "bench", EventID: id, Payload: payload})
+				return err
+			})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			mu.Lock()
+			committed[id] = time.Now()
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	<-readDone
+	b.StopTimer()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lat) < total*9/10 {
+		b.Fatalf("measured %d of %d latencies", len(lat), total)
+	}
+	slices.Sort(lat)
+	p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
+	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
+	b.ReportMetric(float64(p99.Microseconds())/1000, "p99_ms")
+	b.ReportMetric(idle, "idle_db_xacts/s")
+	b.Logf("commit-to-visible at %d events/s: p50 %s, p99 %s (n=%d); idle relay: %.1f DB transactions/s", rate, p50, p99, len(lat), idle)
+}
+
+// BenchmarkRelaySourceThroughput measures Enqueue throughput for one source
+// (producers serialize on its counter row) against 16 sources, with 8
+// concurrent producers and one event per transaction.
+func BenchmarkRelaySourceThroughput(b *testing.B) {
+	ctx := context.Background()
+	db := testkit.NewDB(b)
+	for _, sources := range []int{1, 16} {
+		var n int64
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(3 * time.Second)
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				k := int64(0)
+				for i := 0; time.Now().Before(deadline); i++ {
+					err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+						_, err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: "t", Source: fmt.Sprintf("s%d-%d", sources, (w+i)%sources), EventType: "x", Payload: []byte(`{}`)})
+						return err
+					})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					k++
+				}
+				mu.Lock()
+				n += k
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		b.ReportMetric(float64(n)/3, fmt.Sprintf("enqueue_%dsrc_events/s", sources))
+	}
+}
+
+// benchLogger discards logs unless ONCEFLOW_BENCH_RELAY_DEBUG is set, which
+// prints the relay's per-batch timings (fetch, kafka, mark) to stderr.
+func benchLogger() *slog.Logger {
+	if os.Getenv("ONCEFLOW_BENCH_RELAY_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
