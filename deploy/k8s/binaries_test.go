@@ -265,8 +265,9 @@ func checkMounted(t *testing.T, m *manifests, ct container, path string) {
 }
 
 // resolveEnv turns a container's environment into what the test process
-// passes to the binary: literal values as they are, references through
-// refs (by variable name); an unknown reference fails the test.
+// passes to the binary: literal values as they are, references and
+// test-specific values through refs (by variable name; refs may add
+// variables); an unknown reference fails the test.
 func resolveEnv(t *testing.T, ct container, refs map[string]string) []string {
 	t.Helper()
 	var env []string
@@ -278,6 +279,11 @@ func resolveEnv(t *testing.T, ct container, refs map[string]string) []string {
 			t.Fatalf("%s: the test has no value for the reference %s", ct.Where, name)
 		}
 		env = append(env, name+"="+v)
+	}
+	for _, name := range keys(refs) {
+		if _, ok := ct.Env[name]; !ok {
+			env = append(env, name+"="+refs[name])
+		}
 	}
 	return env
 }
