@@ -194,6 +194,26 @@ func TestContractVerifyDrift(t *testing.T) {
 	if err := topics.Check(ctx, admin(t), parseSpec(t, good)); err != nil {
 		t.Fatalf("Check of a matching topic: %v", err)
 	}
+
+	// The relay's per-topic check: only the topics asked about, each against
+	// the entry that governs it (named or pattern); an ungoverned one is named.
+	stray := "stray-" + member
+	drifts, err = topics.VerifyTopics(ctx, admin(t), spec, good.Name, member, stray, good.Name)
+	if err != nil {
+		t.Fatalf("VerifyTopics: %v", err)
+	}
+	assertDrifts(t, "VerifyTopics", drifts,
+		`topic "`+member+`": cleanup.policy is "compact", want "delete"`,
+		`topic "`+member+`": compression.type is "producer", want "zstd"`,
+		`topic "`+member+`": max.message.bytes is "1048588", want "2097152"`,
+		`topic "`+stray+`": not in the topic spec`,
+	)
+	if err := topics.CheckTopics(ctx, admin(t), spec, good.Name); err != nil {
+		t.Fatalf("CheckTopics of a matching topic: %v", err)
+	}
+	if err := topics.CheckTopics(ctx, admin(t), spec, evt.Name); !errors.Is(err, topics.ErrDrift) || !strings.Contains(err.Error(), `cleanup.policy is "compact", want "delete"`) {
+		t.Fatalf("CheckTopics of the compacted event topic = %v, want drift naming cleanup.policy", err)
+	}
 }
 
 // TestContractApply checks what apply changes and what it leaves to an

@@ -65,6 +65,18 @@ func (c *Config) Check(ctx context.Context, adm *kadm.Client, roles ...Role) err
 	return Check(ctx, adm, s.Select(roles...))
 }
 
+// CheckTopics loads the spec and verifies the named topics against the
+// entries that govern them (see VerifyTopics): the relay's start-up check of
+// its checkpoint topic and of each event topic before it first publishes
+// there. Drift gives a *DriftError.
+func (c *Config) CheckTopics(ctx context.Context, adm *kadm.Client, names ...string) error {
+	s, err := c.Load()
+	if err != nil {
+		return err
+	}
+	return CheckTopics(ctx, adm, s, names...)
+}
+
 // Command is the `topics` subcommand:
 //
 //	relay topics verify [-topics-spec FILE] [-topics-replication-factor N] [-topics-roles events,checkpoint] [-topics-timeout 1m] [-kafka-brokers …]

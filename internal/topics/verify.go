@@ -25,6 +25,9 @@ const (
 	KindReplicationFactor Kind = "replication_factor"
 	// KindConfig: a topic config value differs.
 	KindConfig Kind = "config"
+	// KindUngoverned: VerifyTopics was asked about a topic no spec entry
+	// governs.
+	KindUngoverned Kind = "ungoverned"
 )
 
 // Drift is one difference between a topic and its spec entry.
@@ -41,8 +44,11 @@ type Drift struct {
 }
 
 func (d Drift) String() string {
-	if d.Kind == KindMissing {
+	switch d.Kind {
+	case KindMissing:
 		return fmt.Sprintf("topic %q: missing", d.Topic)
+	case KindUngoverned:
+		return fmt.Sprintf("topic %q: not in the topic spec", d.Topic)
 	}
 	return fmt.Sprintf("topic %q: %s is %s, want %s", d.Topic, d.Field, strconv.Quote(d.Got), strconv.Quote(d.Want))
 }
@@ -58,7 +64,58 @@ func Verify(ctx context.Context, adm *kadm.Client, spec *Spec) ([]Drift, error) 
 	if err != nil {
 		return nil, err
 	}
+	return verifyTargets(ctx, adm, targets, nil)
+}
+
+// VerifyTopics checks only the named topics, each against the spec entry
+// that governs it (its named entry, else the first matching pattern): for a
+// relay that publishes where its outbox rows say, the topics it is about to
+// use. A topic no entry governs is a drift of kind KindUngoverned.
+func VerifyTopics(ctx context.Context, adm *kadm.Client, spec *Spec, names ...string) ([]Drift, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
 	var drifts []Drift
+	var governed []string
+	for _, n := range slices.Compact(slices.Sorted(slices.Values(names))) {
+		if _, ok := spec.Lookup(n); ok {
+			governed = append(governed, n)
+		} else {
+			drifts = append(drifts, Drift{Topic: n, Kind: KindUngoverned, Field: "spec", Want: "an entry governing the topic"})
+		}
+	}
+	if len(governed) == 0 {
+		return drifts, nil
+	}
+	all, err := adm.ListTopics(kadm.WithAuthorizedOps(ctx), governed...) // fresh, see resolve
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	var targets []target
+	for _, n := range governed {
+		ts, _ := spec.Lookup(n)
+		tg, err := targetOf(n, ts, all)
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, tg)
+	}
+	return verifyTargets(ctx, adm, targets, drifts)
+}
+
+// CheckTopics is VerifyTopics with drift as a *DriftError.
+func CheckTopics(ctx context.Context, adm *kadm.Client, spec *Spec, names ...string) error {
+	drifts, err := VerifyTopics(ctx, adm, spec, names...)
+	if err != nil {
+		return fmt.Errorf("verify topics: %w", err)
+	}
+	if len(drifts) > 0 {
+		return &DriftError{Drifts: drifts}
+	}
+	return nil
+}
+
+func verifyTargets(ctx context.Context, adm *kadm.Client, targets []target, drifts []Drift) ([]Drift, error) {
 	var present []string
 	for _, tg := range targets {
 		if !tg.exists {
@@ -156,15 +213,11 @@ func resolve(ctx context.Context, adm *kadm.Client, spec *Spec) ([]target, error
 	var out []target
 	for _, n := range names {
 		ts, _ := spec.Lookup(n)
-		d, ok := all[n]
-		switch {
-		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
-			out = append(out, target{name: n, spec: ts})
-		case d.Err != nil:
-			return nil, fmt.Errorf("describe topic %q: %w", n, d.Err)
-		default:
-			out = append(out, target{name: n, spec: ts, exists: true, detail: d})
+		tg, err := targetOf(n, ts, all)
+		if err != nil {
+			return nil, err
 		}
+		out = append(out, tg)
 	}
 	if hasPattern {
 		for _, n := range all.Names() {
@@ -178,6 +231,17 @@ func resolve(ctx context.Context, adm *kadm.Client, spec *Spec) ([]target, error
 		}
 	}
 	return out, nil
+}
+
+func targetOf(name string, ts TopicSpec, all kadm.TopicDetails) (target, error) {
+	d, ok := all[name]
+	switch {
+	case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+		return target{name: name, spec: ts}, nil
+	case d.Err != nil:
+		return target{}, fmt.Errorf("describe topic %q: %w", name, d.Err)
+	}
+	return target{name: name, spec: ts, exists: true, detail: d}, nil
 }
 
 func shapeDrift(tg target) []Drift {
