@@ -111,6 +111,11 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("-kafka-brokers (ONCEFLOW_KAFKA_BROKERS): %q is not host:port", b)
 		}
 	}
+	return c.load()
+}
+
+// load reads the TLS and SASL settings and their files.
+func (c *Config) load() error {
 	tc, err := c.loadTLS()
 	if err != nil {
 		return err
@@ -247,9 +252,9 @@ func (c *Config) password() (string, error) {
 
 // Opts returns the client options for these settings, logging through log.
 //
-// Call Validate first. If the settings were never validated, Opts validates
-// them now; when that fails, the returned options make every connection
-// attempt fail with the validation error, so a client never falls back to an
+// Call Validate first. If the settings were never validated, Opts loads the
+// TLS and SASL settings now; when that fails, the returned options make every
+// connection attempt fail with the reason, so a client never falls back to an
 // unencrypted or unauthenticated connection.
 func (c *Config) Opts(log *slog.Logger) []kgo.Opt {
 	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...)}
@@ -260,7 +265,7 @@ func (c *Config) Opts(log *slog.Logger) []kgo.Opt {
 		opts = append(opts, kgo.WithLogger(kslog.New(log.With(slog.String("component", "kafka")))))
 	}
 	if !c.loaded {
-		if err := c.Validate(); err != nil {
+		if err := c.load(); err != nil {
 			err = fmt.Errorf("kafka settings: %w", err)
 			return append(opts, kgo.Dialer(func(context.Context, string, string) (net.Conn, error) { return nil, err }))
 		}
