@@ -88,7 +88,6 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 	if len(items) == 0 {
 		return out, nil
 	}
-	first := items[0].rec
 	tx, err := a.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return out, fmt.Errorf("begin: %w", err)
@@ -99,8 +98,10 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 		}
 	}()
 
-	// 1. Inbox rows of the valid events: one statement for the batch.
-	isNew, err := a.insertValid(ctx, tx, items)
+	// 1. Inbox rows of the valid events and the partition's next offset:
+	// one statement for the batch.
+	last := items[len(items)-1].rec
+	isNew, err := a.insertValid(ctx, tx, items, last.Offset+1)
 	if err != nil {
 		return out, err
 	}
@@ -172,11 +173,6 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 		}
 	}
 	out.processed = len(apply)
-	// 5. The partition's next offset.
-	last := items[len(items)-1].rec
-	if _, err := tx.Exec(ctx, qStoreOffset, a.cfg.Group, first.Topic, first.Partition, last.Offset+1); err != nil {
-		return out, fmt.Errorf("store next offset: %w", err)
-	}
 	failpoint.Hit(fpAfterHandler)
 	if err := tx.Commit(ctx); err != nil {
 		return out, fmt.Errorf("commit: %w", err)
@@ -184,10 +180,30 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 	return out, nil
 }
 
-// insertValid inserts the valid items' rows and reports, per item index,
-// whether it was new. Of two copies of one key in the batch, only the first
-// is new.
-func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item) ([]bool, error) {
+// allKnown reports whether the inbox already has every item's key: then the
+// whole batch is redelivery and needs no transaction (one read-only index
+// probe per key, no write). Rows still being inserted by another
+// transaction are not visible here, so such a batch takes the normal path
+// and waits for that transaction, as it must. The partition's next offset is
+// not stored for such a batch: after a crash it is merely read again.
+func (a *applier) allKnown(ctx context.Context, items []item) (bool, error) {
+	keys := make([]string, len(items))
+	seen := make(map[string]bool, len(items))
+	for i := range items {
+		keys[i] = items[i].key
+		seen[items[i].key] = true
+	}
+	var n int
+	if err := a.cfg.Pool.QueryRow(ctx, qKnown, a.cfg.ConsumerName, keys).Scan(&n); err != nil {
+		return false, fmt.Errorf("probe inbox: %w", err)
+	}
+	return n == len(seen), nil
+}
+
+// insertValid inserts the valid items' rows, stores nextOffset, and reports,
+// per item index, whether it was new. Of two copies of one key in the batch,
+// only the first is new.
+func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, nextOffset int64) ([]bool, error) {
 	n := 0
 	for i := range items {
 		if items[i].bad == nil {
@@ -195,9 +211,6 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item) ([]b
 		}
 	}
 	isNew := make([]bool, len(items))
-	if n == 0 {
-		return isNew, nil
-	}
 	ids := make([]string, 0, n)
 	sources := make([]string, 0, n)
 	seqs := make([]int64, 0, n)
@@ -215,7 +228,8 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item) ([]b
 		offsets = append(offsets, ev.Offset)
 	}
 	first := items[0].rec
-	rows, err := tx.Query(ctx, qInsertBatch, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets)
+	rows, err := tx.Query(ctx, qInsertBatch, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
+		a.cfg.Group, nextOffset)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}

@@ -29,6 +29,12 @@ type Config struct {
 	// (default 1m).
 	BatchTimeout time.Duration
 
+	// CommitInterval is how often the offsets of batches committed in
+	// Postgres are committed to Kafka (default 1s); they are also committed
+	// when partitions are revoked. Kafka's own auto-commit of polled
+	// offsets is never used.
+	CommitInterval time.Duration
+
 	// CommitTimeout bounds one Kafka offset commit (default 10s). A failed
 	// commit is logged and harmless: the next offset is also in Postgres.
 	CommitTimeout time.Duration
@@ -111,6 +117,9 @@ func (c Config) WithDefaults() Config {
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = time.Minute
 	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = time.Second
+	}
 	if c.CommitTimeout == 0 {
 		c.CommitTimeout = 10 * time.Second
 	}
@@ -155,6 +164,8 @@ func (c *Config) validate() error {
 		return bad("BatchMaxRecords", "must be at least 1")
 	case c.BatchTimeout < 0:
 		return bad("BatchTimeout", "must not be negative")
+	case c.CommitInterval < 0:
+		return bad("CommitInterval", "must not be negative")
 	case c.CommitTimeout < 0:
 		return bad("CommitTimeout", "must not be negative")
 	case c.Group == "":

@@ -48,10 +48,14 @@ type fetched struct {
 
 // worker applies one partition's batches in order.
 type worker struct {
-	tp   tp
-	in   chan fetched
-	stop chan struct{}
-	done chan struct{}
+	tp tp
+	// expectDups is set while batches are all redeliveries (it starts set:
+	// redelivery follows reassignment); then a batch is first probed
+	// read-only.
+	expectDups bool
+	in         chan fetched
+	stop       chan struct{}
+	done       chan struct{}
 }
 
 // New checks cfg (after WithDefaults) and returns a consumer. It does not
@@ -107,7 +111,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.DisableAutoCommit(),
+		// Only offsets whose batch committed in Postgres are marked; marked
+		// offsets are committed every CommitInterval and on revocation.
+		kgo.AutoCommitMarks(),
+		kgo.AutoCommitInterval(c.cfg.CommitInterval),
 		kgo.OnPartitionsAssigned(c.onAssigned),
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
@@ -170,7 +177,7 @@ func (c *Consumer) onAssigned(_ context.Context, cl *kgo.Client, assigned map[st
 			if c.workers[k] != nil {
 				continue
 			}
-			w := &worker{tp: k, in: make(chan fetched, c.cfg.QueueDepth), stop: make(chan struct{}), done: make(chan struct{})}
+			w := &worker{tp: k, expectDups: true, in: make(chan fetched, c.cfg.QueueDepth), stop: make(chan struct{}), done: make(chan struct{})}
 			c.workers[k] = w
 			go c.runWorker(cl, w)
 		}
@@ -179,11 +186,12 @@ func (c *Consumer) onAssigned(_ context.Context, cl *kgo.Client, assigned map[st
 	c.log.Info("partitions assigned", "partitions", fmtParts(assigned))
 }
 
-func (c *Consumer) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+func (c *Consumer) onRevoked(_ context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	if len(revoked) == 0 {
 		return
 	}
 	c.stopWorkers(revoked)
+	c.commitMarked(cl)
 	c.log.Info("partitions revoked", "partitions", fmtParts(revoked))
 }
 
@@ -303,6 +311,15 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record) e
 	var out outcome
 	for {
 		var err error
+		if w.expectDups {
+			var known bool
+			known, err = c.app.allKnown(ctx, items)
+			if err == nil && known {
+				out = outcome{duplicates: len(items)}
+				break
+			}
+			w.expectDups = false
+		}
 		out, err = c.app.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return c.app.applyTx(ctx, items) })
 		var he *HandlerError
 		if errors.As(err, &he) {
@@ -326,6 +343,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record) e
 			return err
 		}
 	}
+	w.expectDups = out.duplicates == len(items)
 	c.m.processed.Add(float64(out.processed))
 	c.m.duplicates.Add(float64(out.duplicates))
 	c.m.deadLettered.Add(float64(out.dead))
@@ -334,19 +352,24 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record) e
 
 	failpoint.Hit(fpAfterPGCommit)
 	c.copyToDLQ(ctx, cl, out.deadItems)
-	cctx, cancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
-	err := cl.CommitRecords(cctx, recs[len(recs)-1])
-	cancel()
-	if err != nil {
-		// Harmless: the next offset is stored in Postgres too.
-		c.log.WarnContext(ctx, "commit offset to kafka", "topic", w.tp.topic, "partition", w.tp.partition, "error", err)
-	}
+	// The Kafka commit follows (every CommitInterval, and on revocation).
+	cl.MarkCommitRecords(recs[len(recs)-1])
 	c.m.batchDuration.Observe(time.Since(start).Seconds())
 	if out.dead > 0 || out.duplicates > 0 {
 		c.log.DebugContext(ctx, "batch applied", "topic", w.tp.topic, "partition", w.tp.partition,
 			"processed", out.processed, "duplicates", out.duplicates, "dead_lettered", out.dead)
 	}
 	return nil
+}
+
+// commitMarked commits the marked offsets to Kafka now. A failure is
+// logged and harmless: the next offsets are in Postgres too.
+func (c *Consumer) commitMarked(cl *kgo.Client) {
+	ctx, cancel := context.WithTimeout(c.baseCtx, c.cfg.CommitTimeout)
+	defer cancel()
+	if err := cl.CommitMarkedOffsets(ctx); err != nil {
+		c.log.Warn("commit offsets to kafka", "error", err)
+	}
 }
 
 // DLQErrorHeader carries the reason on a record copied to the DLQ topic.

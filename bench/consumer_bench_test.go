@@ -1,0 +1,291 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/inbox"
+)
+
+// consumerBenchEvents is the size of the pre-filled topic
+// (ONCEFLOW_BENCH_CONSUMER_EVENTS overrides it).
+func consumerBenchEvents(b *testing.B) int {
+	if v := os.Getenv("ONCEFLOW_BENCH_CONSUMER_EVENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("ONCEFLOW_BENCH_CONSUMER_EVENTS=%q: want a positive integer", v)
+		}
+		return n
+	}
+	return 500_000
+}
+
+const (
+	benchPartitions = 4
+	benchSources    = 1000
+	benchPayload    = 256
+)
+
+// BenchmarkConsumerDrain drains a pre-filled topic through the inbox with a
+// one-row upsert handler (the sql handler, with the monotonic guard) and
+// prints events/s beside a ceiling measured in the same run: the same event
+// ids inserted into the same inbox table with raw batched
+// INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING, with the same
+// parallelism and batch size and no Kafka and no handler. Then a second
+// group with the same consumer name re-reads the topic: every record is a
+// duplicate, and its speed is compared with the first delivery.
+func BenchmarkConsumerDrain(b *testing.B) {
+	n := consumerBenchEvents(b)
+	ctx := context.Background()
+	db := testkit.NewDB(b)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.bench_state (source text PRIMARY KEY, seq bigint NOT NULL, n bigint NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	topic := testkit.Topic(b, "bench-consumer", benchPartitions, nil)
+	ids, perPartition := prefill(b, topic, n)
+
+	for range b.N {
+		// Ceiling: raw batched inbox inserts of the same ids.
+		ceiling := rawInsertCeiling(b, db.Pool, perPartition, 500)
+		for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets`, `VACUUM ANALYZE onceflow.inbox`} {
+			if _, err := db.Pool.Exec(ctx, q); err != nil {
+				b.Fatal(err)
+			}
+		}
+
+		handlers := filepath.Join(b.TempDir(), "handlers.json")
+		spec := `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+			"INSERT INTO public.bench_state (source, seq, n) VALUES (:source, :seq, 1) ON CONFLICT (source) DO UPDATE SET seq = EXCLUDED.seq, n = bench_state.n + 1 WHERE bench_state.seq < EXCLUDED.seq"}]}`
+		if os.Getenv("ONCEFLOW_BENCH_CONSUMER_HANDLER") == "log" { // to see where the time goes
+			spec = `{"handlers": [{"event_type": "*", "kind": "log"}]}`
+		}
+		if err := os.WriteFile(handlers, []byte(spec), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		h, err := inbox.LoadHandlerFile(handlers)
+		if err != nil {
+			b.Fatal(err)
+		}
+		first, firstJoin := drain(b, db.Pool, topic, "first", h, "onceflow_consumer_processed_total", n)
+		dups, dupJoin := drain(b, db.Pool, topic, "replay", h, "onceflow_consumer_duplicates_total", n)
+
+		var rows int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.inbox`).Scan(&rows); err != nil {
+			b.Fatal(err)
+		}
+		if rows != len(ids) {
+			b.Fatalf("%d inbox rows after the drain, want %d", rows, len(ids))
+		}
+
+		// The same with a Go BatchHandler doing the upsert set-based: one
+		// statement per batch instead of one per event.
+		for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
+			if _, err := db.Pool.Exec(ctx, q); err != nil {
+				b.Fatal(err)
+			}
+		}
+		setBased, _ := drain(b, db.Pool, topic, "setbased", upsertBatch{}, "onceflow_consumer_processed_total", n)
+
+		firstRate := float64(n) / first.Seconds()
+		ceilRate := float64(n) / ceiling.Seconds()
+		dupRate := float64(n) / dups.Seconds()
+		setRate := float64(n) / setBased.Seconds()
+		b.ReportMetric(firstRate, "events/s")
+		b.ReportMetric(ceilRate, "ceiling_events/s")
+		b.ReportMetric(100*firstRate/ceilRate, "%_of_ceiling")
+		b.ReportMetric(dupRate, "duplicates/s")
+		b.ReportMetric(dupRate/firstRate, "duplicate_speedup")
+		b.ReportMetric(setRate, "setbased_events/s")
+		fmt.Printf("consumer drain: %d events (%d B payloads, %d partitions, batches of 500)\n"+
+			"  first delivery, sql handler (one upsert per event): %.0f ev/s in %s (+ group join %s)\n"+
+			"  ceiling, raw batched INSERT … unnest … ON CONFLICT DO NOTHING: %.0f ev/s in %s -> %.0f%% of ceiling\n"+
+			"  duplicates-only replay (new group, same consumer name): %.0f ev/s in %s (+ join %s) -> %.1fx first delivery\n"+
+			"  first delivery, Go BatchHandler (set-based upsert per batch): %.0f ev/s in %s -> %.0f%% of ceiling\n",
+			n, benchPayload, benchPartitions,
+			firstRate, first.Round(time.Millisecond), firstJoin.Round(time.Millisecond),
+			ceilRate, ceiling.Round(time.Millisecond), 100*firstRate/ceilRate,
+			dupRate, dups.Round(time.Millisecond), dupJoin.Round(time.Millisecond), dupRate/firstRate,
+			setRate, setBased.Round(time.Millisecond), 100*setRate/ceilRate)
+	}
+}
+
+// prefill produces n events with 256-byte payloads and returns their ids,
+// also grouped by the partition they landed on.
+func prefill(b *testing.B, topic string, n int) ([]string, [][]benchRow) {
+	b.Helper()
+	cl := testkit.Client(b, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.MaxBufferedRecords(100_000), kgo.ProducerBatchMaxBytes(1<<20))
+	pad := strings.Repeat("x", benchPayload-len(`{"pad":""}`))
+	payload := []byte(`{"pad":"` + pad + `"}`)
+	ids := make([]string, n)
+	per := make([][]benchRow, benchPartitions)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var firstErr error
+	seqs := make([]int64, benchSources)
+	start := time.Now()
+	for i := range n {
+		src := i % benchSources
+		seqs[src]++
+		ev := envelope.Envelope{EventID: fmt.Sprintf("bench-%d", i), Source: fmt.Sprintf("src-%d", src), Seq: seqs[src],
+			EventType: "bench.event", Payload: payload}
+		ids[i] = ev.EventID
+		wg.Add(1)
+		cl.Produce(context.Background(), ev.Record(topic), func(r *kgo.Record, err error) {
+			defer wg.Done()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			if err == nil {
+				per[r.Partition] = append(per[r.Partition], benchRow{id: ev.EventID, source: ev.Source, seq: ev.Seq, offset: r.Offset})
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		b.Fatalf("prefill: %v", firstErr)
+	}
+	b.Logf("prefilled %d events in %s", n, time.Since(start).Round(time.Millisecond))
+	return ids, per
+}
+
+// upsertBatch is the one-row-per-source upsert with the monotonic guard,
+// done for a whole batch in one statement: per source, the highest seq of the
+// batch wins.
+type upsertBatch struct{}
+
+func (upsertBatch) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Event) error {
+	latest := make(map[string]int64, len(evs))
+	counts := make(map[string]int64, len(evs))
+	for _, ev := range evs {
+		if ev.Seq > latest[ev.Source] {
+			latest[ev.Source] = ev.Seq
+		}
+		counts[ev.Source]++
+	}
+	srcs := make([]string, 0, len(latest))
+	seqs := make([]int64, 0, len(latest))
+	ns := make([]int64, 0, len(latest))
+	for src, seq := range latest {
+		srcs, seqs, ns = append(srcs, src), append(seqs, seq), append(ns, counts[src])
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO public.bench_state (source, seq, n)
+		SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+		ON CONFLICT (source) DO UPDATE SET seq = EXCLUDED.seq, n = bench_state.n + EXCLUDED.n
+		WHERE bench_state.seq < EXCLUDED.seq`, srcs, seqs, ns)
+	return err
+}
+
+type benchRow struct {
+	id, source string
+	seq        int64
+	offset     int64
+}
+
+// rawInsertCeiling inserts the ids into onceflow.inbox the fastest plain way
+// (one goroutine per partition, batches of size) and returns the time.
+func rawInsertCeiling(b *testing.B, pool *pgxpool.Pool, per [][]benchRow, size int) time.Duration {
+	b.Helper()
+	const q = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
+		SELECT 'ceiling', e.id, e.source, e.seq, 'bench.event', 'bench', $1, e.off, 'processed', now()
+		FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS e(id, source, seq, off)
+		ON CONFLICT (consumer, event_id) DO NOTHING`
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(per))
+	for p, rows := range per {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < len(rows); i += size {
+				chunk := rows[i:min(i+size, len(rows))]
+				ids, srcs := make([]string, len(chunk)), make([]string, len(chunk))
+				seqs, offs := make([]int64, len(chunk)), make([]int64, len(chunk))
+				for j, r := range chunk {
+					ids[j], srcs[j], seqs[j], offs[j] = r.id, r.source, r.seq, r.offset
+				}
+				if _, err := pool.Exec(context.Background(), q, p, ids, srcs, seqs, offs); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatalf("ceiling insert: %v", err)
+	}
+	return time.Since(start)
+}
+
+// drain runs a consumer in a fresh group until metric reaches n and returns
+// the time from the first applied batch to the last, and the time before
+// the first batch (group join and first fetch).
+func drain(b *testing.B, pool *pgxpool.Pool, topic, group string, h inbox.BatchHandler, metric string, n int) (time.Duration, time.Duration) {
+	b.Helper()
+	reg := prometheus.NewRegistry()
+	c, err := inbox.New(inbox.Config{
+		BatchHandler: h, Group: group + "-" + topic, Topics: []string{topic}, Pool: pool, Registerer: reg,
+		KafkaOpts: []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(b), ",")...)},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- c.Run(ctx) }()
+	var firstAt time.Time
+	deadline := time.Now().Add(30 * time.Minute)
+	for {
+		v := gauge(reg, metric)
+		if v > 0 && firstAt.IsZero() {
+			firstAt = time.Now()
+		}
+		if v >= float64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s: %s reached %v of %d", group, metric, v, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	end := time.Now()
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return end.Sub(firstAt), firstAt.Sub(start)
+}
+
+func gauge(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			var s float64
+			for _, m := range mf.GetMetric() {
+				s += m.GetCounter().GetValue()
+			}
+			return s
+		}
+	}
+	return 0
+}
