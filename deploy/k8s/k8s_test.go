@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -740,5 +741,61 @@ func TestDockerfile(t *testing.T) {
 	}
 	if !bytes.Contains(data, []byte("./cmd/relay")) || !bytes.Contains(data, []byte("./cmd/consumer")) {
 		t.Error("Dockerfile: must build ./cmd/relay and ./cmd/consumer")
+	}
+}
+
+// TestDockerignoreKeepsBuildInputs: .dockerignore must not drop a source
+// or embedded file that `go build ./cmd/relay ./cmd/consumer` needs (a
+// package gaining a go:embed of a docs/ or deploy/ file would otherwise
+// break only the image build, which no test here can run).
+func TestDockerignoreKeepsBuildInputs(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patterns []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			patterns = append(patterns, strings.TrimPrefix(l, "/"))
+		}
+	}
+	ignored := func(rel string) string {
+		parts := strings.Split(rel, "/")
+		for _, p := range patterns {
+			for i := range parts {
+				prefix := strings.Join(parts[:i+1], "/")
+				if ok, _ := filepath.Match(p, prefix); ok {
+					return p
+				}
+				if ok, _ := filepath.Match(p, parts[i]); ok && !strings.Contains(p, "/") && strings.HasPrefix(p, "*") {
+					return p
+				}
+			}
+		}
+		return ""
+	}
+	cmd := exec.Command("go", "list", "-deps", "-f", `{{if not .Standard}}{{.Dir}}{{range .GoFiles}} {{.}}{{end}}{{range .EmbedFiles}} {{.}}{{end}}{{end}}`, "./cmd/relay", "./cmd/consumer")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list ./cmd/...: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], root+string(filepath.Separator)) {
+			continue // module cache
+		}
+		dir, _ := filepath.Rel(root, f[0])
+		for _, file := range f[1:] {
+			rel := filepath.ToSlash(filepath.Join(dir, file))
+			if p := ignored(rel); p != "" {
+				t.Errorf(".dockerignore pattern %q drops %s, which the binaries' build needs", p, rel)
+			}
+		}
 	}
 }
