@@ -111,6 +111,7 @@ type config struct {
 	logFormat string
 	logLevel  string
 
+	backoffMax      time.Duration
 	batchMaxBytes   int
 	batchMaxRows    int
 	checkpointTopic string
@@ -135,6 +136,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.httpAddr, "http-addr", ":9090", "address of /metrics, /healthz and /readyz (empty disables)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.DurationVar(&c.backoffMax, "backoff-max", 5*time.Second, "longest wait between retries of Kafka and PostgreSQL errors")
 	fs.IntVar(&c.batchMaxBytes, "batch-max-bytes", 4<<20, "maximum payload bytes per Kafka transaction")
 	fs.IntVar(&c.batchMaxRows, "batch-max-rows", 1000, "maximum rows per Kafka transaction")
 	fs.StringVar(&c.checkpointTopic, "checkpoint-topic", "onceflow.relay.checkpoints", "compacted topic for the relay's checkpoints (created if missing)")
@@ -160,7 +162,7 @@ func (c *config) validate() error {
 		return err
 	}
 	for name, d := range map[string]time.Duration{
-		"lease-renew-interval": c.leaseRenew, "lease-ttl": c.leaseTTL, "poll-interval": c.pollInterval,
+		"backoff-max": c.backoffMax, "lease-renew-interval": c.leaseRenew, "lease-ttl": c.leaseTTL, "poll-interval": c.pollInterval,
 		"prune-interval": c.pruneInterval, "standby-interval": c.standbyInterval, "transaction-timeout": c.txnTimeout,
 	} {
 		if err := cli.PositiveDuration(name, d); err != nil {
@@ -215,6 +217,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	relay, err := outbox.New(outbox.Config{
+		BackoffMax:            c.backoffMax,
 		BatchMaxBytes:         c.batchMaxBytes,
 		BatchMaxRows:          c.batchMaxRows,
 		CheckpointTopic:       c.checkpointTopic,

@@ -64,17 +64,18 @@ type Checker struct {
 	report  Report
 }
 
-// NewChecker starts reading topic from its beginning.
-func NewChecker(t testing.TB, pool *pgxpool.Pool, topic string) *Checker {
+// NewChecker starts reading topic from its beginning. opts are added to
+// the clients (e.g. kgo.SeedBrokers of a private broker).
+func NewChecker(t testing.TB, pool *pgxpool.Pool, topic string, opts ...kgo.Opt) *Checker {
 	t.Helper()
-	cl := Client(t,
+	cl := Client(t, append([]kgo.Opt{
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
-	)
+	}, opts...)...)
 	return &Checker{
-		pool: pool, topic: topic, cl: cl, adm: kadm.NewClient(Client(t)),
+		pool: pool, topic: topic, cl: cl, adm: kadm.NewClient(Client(t, opts...)),
 		count: map[string]int{}, lastSeq: map[string]int64{}, last: map[int32]int64{},
 	}
 }
