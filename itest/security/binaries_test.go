@@ -187,38 +187,41 @@ func TestBinariesSecure(t *testing.T) {
 	}
 }
 
-// TestBinariesRefuseBadCredentials: the relay with a wrong password and the
-// consumer with an untrusted CA say why in their logs (authentication
-// failed; certificate signed by unknown authority), and the password does
-// not appear.
+// TestBinariesRefuseBadCredentials: each binary, with a wrong password or
+// with a CA that did not sign the broker's certificate, says why in its logs
+// (authentication failed; certificate signed by unknown authority), and no
+// password appears.
 func TestBinariesRefuseBadCredentials(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	e := setupBinaries(t)
-	const wrong = "wrong-R3lay-pw-0d9f"
+	const wrong = "wrong-Pa55-pw-0d9f"
 	other, err := testkit.NewTestCA("some other CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay := testkit.Start(t, "relay-wrong-password", testkit.Binary(t, "relay"), nil,
-		e.relayArgs(t, wrong, broker.CAFile)...)
-	cenv := append(e.consumerEnv(t, consumerPass), "ONCEFLOW_KAFKA_TLS_CA_FILE="+writeFile(t, "other-ca.pem", other.CertPEM))
-	consumer := testkit.Start(t, "consumer-untrusted-ca", testkit.Binary(t, "consumer"), cenv, "run")
-
-	for _, c := range []struct {
+	otherCA := writeFile(t, "other-ca.pem", other.CertPEM)
+	relayBin, consumerBin := testkit.Binary(t, "relay"), testkit.Binary(t, "consumer")
+	authFailed := regexp.MustCompile(`(?i)authentication failed`)
+	unknownCA := regexp.MustCompile(`certificate signed by unknown authority`)
+	runs := []struct {
 		p    *testkit.Proc
 		want *regexp.Regexp
 	}{
-		{relay, regexp.MustCompile(`(?i)authentication failed`)},
-		{consumer, regexp.MustCompile(`certificate signed by unknown authority`)},
-	} {
-		line, err := c.p.WaitFor(ctx, c.want)
+		{testkit.Start(t, "relay-wrong-password", relayBin, nil, e.relayArgs(t, wrong, broker.CAFile)...), authFailed},
+		{testkit.Start(t, "relay-untrusted-ca", relayBin, nil, e.relayArgs(t, relayPass, otherCA)...), unknownCA},
+		{testkit.Start(t, "consumer-wrong-password", consumerBin, e.consumerEnv(t, wrong), "run"), authFailed},
+		{testkit.Start(t, "consumer-untrusted-ca", consumerBin,
+			append(e.consumerEnv(t, consumerPass), "ONCEFLOW_KAFKA_TLS_CA_FILE="+otherCA), "run"), unknownCA},
+	}
+	for _, r := range runs {
+		line, err := r.p.WaitFor(ctx, r.want)
 		if err != nil {
-			t.Fatalf("%s: %v\n%s", c.p.Name, err, c.p.Output())
+			t.Fatalf("%s: %v\n%s", r.p.Name, err, r.p.Output())
 		}
-		t.Logf("%s: %s", c.p.Name, line)
-		c.p.Kill()
-		assertNoSecrets(t, c.p, wrong, relayPass, consumerPass)
+		t.Logf("%s: %s", r.p.Name, line)
+		r.p.Kill()
+		assertNoSecrets(t, r.p, wrong, relayPass, consumerPass)
 	}
 }
