@@ -101,6 +101,9 @@ func create(ctx context.Context, adm *kadm.Client, name string, ts TopicSpec) (c
 		if r.ErrMessage != "" {
 			err = fmt.Errorf("%w: %s", err, r.ErrMessage)
 		}
+		if errors.Is(err, kerr.InvalidReplicationFactor) {
+			err = fmt.Errorf("%w (a development cluster with fewer brokers: -topics-replication-factor)", err)
+		}
 		return false, fmt.Errorf("create topic %q (%d partitions, replication factor %d): %w",
 			name, ts.Partitions, ts.ReplicationFactor, err)
 	}
