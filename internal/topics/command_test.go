@@ -24,7 +24,7 @@ func TestCommandRejects(t *testing.T) {
 		{"no subcommand", nil, "usage: relay topics verify|apply"},
 		{"flag first", []string{"-kafka-brokers", "x:1"}, "usage: relay topics verify|apply"},
 		{"unknown subcommand", []string{"fix"}, `unknown subcommand "fix"`},
-		{"no brokers", []string{"verify"}, "-kafka-brokers"},
+		{"no brokers", []string{"verify", "-kafka-brokers", ""}, "-kafka-brokers"},
 		{"unknown flag", []string{"verify", "-kafka-brokers", "x:1", "-spec", "f"}, "-spec"},
 		{"extra argument", []string{"verify", "-kafka-brokers", "x:1", "extra"}, `unexpected argument "extra"`},
 		{"bad role", []string{"apply", "-kafka-brokers", "x:1", "-topics-roles", "audit"}, `"audit" is not events`},
