@@ -132,14 +132,14 @@ func flagName(name string) string { return "-" + name + " (" + cli.EnvName(name)
 
 func (c *Config) loadTLS() (*tls.Config, error) {
 	if !c.TLS {
-		for name, v := range map[string]string{
-			"kafka-tls-ca-file":     c.TLSCAFile,
-			"kafka-tls-cert-file":   c.TLSCertFile,
-			"kafka-tls-key-file":    c.TLSKeyFile,
-			"kafka-tls-server-name": c.TLSServerName,
+		for _, kv := range [][2]string{
+			{"kafka-tls-ca-file", c.TLSCAFile},
+			{"kafka-tls-cert-file", c.TLSCertFile},
+			{"kafka-tls-key-file", c.TLSKeyFile},
+			{"kafka-tls-server-name", c.TLSServerName},
 		} {
-			if v != "" {
-				return nil, fmt.Errorf("%s is set but -kafka-tls (ONCEFLOW_KAFKA_TLS) is off", flagName(name))
+			if kv[1] != "" {
+				return nil, fmt.Errorf("%s is set but -kafka-tls (ONCEFLOW_KAFKA_TLS) is off", flagName(kv[0]))
 			}
 		}
 		return nil, nil
