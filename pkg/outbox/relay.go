@@ -378,7 +378,6 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 		kgo.TransactionTimeout(r.cfg.TransactionTimeout),
 		kgo.RecordDeliveryTimeout(r.cfg.TransactionTimeout/2),
 		kgo.UnknownTopicRetries(3),
-		kgo.ProducerBatchMaxBytes(int32(min(max(r.cfg.BatchMaxBytes, 1<<20), 16<<20))),
 		kgo.MaxBufferedRecords(r.cfg.BatchMaxRows+16),
 		kgo.ProducerLinger(0),
 	)
