@@ -121,24 +121,42 @@ func (c *Config) applyPassword(cc *pgx.ConnConfig) error {
 
 // (pgx's parse errors already redact the password.)
 
-// keywordPassword matches password=... in a keyword/value connection string,
-// quoted or not.
-var keywordPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+// keywordPassword matches password=... in a keyword/value connection string:
+// quoted, or unquoted up to unescaped white space (as libpq and pgx read it).
+var keywordPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:[^\s\\]|\\.?)+)`)
 
 // RedactURL hides the password of a connection URL or keyword/value string.
+// URLs are split the way libpq (and pgx) split them, not by net/url, which
+// rejects some URLs that pgx accepts: the user information ends at the first
+// '@' before any '/', and query parameters named password are masked.
 func RedactURL(s string) string {
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	scheme := ""
+	for _, p := range []string{"postgresql://", "postgres://"} {
+		if strings.HasPrefix(s, p) {
+			scheme = p
+			break
 		}
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
 	}
-	return keywordPassword.ReplaceAllString(s, "${1}xxxxx")
+	if scheme == "" {
+		return keywordPassword.ReplaceAllString(s, "${1}xxxxx")
+	}
+	rest := s[len(scheme):]
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		if user, _, hasPassword := strings.Cut(rest[:i], ":"); hasPassword {
+			rest = user + ":xxxxx" + rest[i:]
+		}
+	}
+	if q := strings.IndexByte(rest, '?'); q >= 0 {
+		params := strings.Split(rest[q+1:], "&")
+		for j, kv := range params {
+			k, _, _ := strings.Cut(kv, "=")
+			if dk, err := url.PathUnescape(k); err != nil || strings.EqualFold(strings.TrimSpace(dk), "password") {
+				params[j] = k + "=xxxxx"
+			}
+		}
+		rest = rest[:q+1] + strings.Join(params, "&")
+	}
+	return scheme + rest
 }
 
 // String describes the settings with the password redacted.
