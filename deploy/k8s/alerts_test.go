@@ -6,10 +6,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 // wantAlerts are the on-call alerts the PrometheusRule must carry, each
@@ -205,4 +208,31 @@ func ruleMetrics(rules []alertRule) map[string][]string {
 		}
 	}
 	return out
+}
+
+// TestSeqGapOpenLongIsHalfTheGapTimeout ties the warning's threshold to the
+// sequence guard's real default gap timeout: it must fire at (or before)
+// half of it, and not at once.
+func TestSeqGapOpenLongIsHalfTheGapTimeout(t *testing.T) {
+	t.Parallel()
+	_, rules := rulesFile(t)
+	for _, r := range rules {
+		if r.Alert != "SeqGapOpenLong" {
+			continue
+		}
+		m := regexp.MustCompile(`onceflow_consumer_seq_oldest_open_gap_age_seconds\)\s*>\s*([0-9.]+)\s*$`).FindStringSubmatch(strings.TrimSpace(r.Expr))
+		if m == nil {
+			t.Fatalf("SeqGapOpenLong expr %q: cannot find the `> seconds` threshold", r.Expr)
+		}
+		threshold, err := strconv.ParseFloat(m[1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		half := (seqguard.DefaultGapTimeout / 2).Seconds()
+		if threshold <= 0 || threshold > half {
+			t.Errorf("SeqGapOpenLong fires at %gs; want (0, %gs], half of seqguard.DefaultGapTimeout (%s)", threshold, half, seqguard.DefaultGapTimeout)
+		}
+		return
+	}
+	t.Fatal("no SeqGapOpenLong alert")
 }
