@@ -20,10 +20,13 @@ RETURNING event_id, seq`
 // selectBatchSQL reads the oldest unpublished rows through the partial index
 // outbox_unpublished. A row whose transaction commits late is still
 // unpublished, so a later poll finds it (R1).
+// $2 are the ids of the previous batch, committed to Kafka and being marked
+// concurrently (a hashed subplan, so the exclusion is cheap).
 const selectBatchSQL = `
 SELECT id, event_id, topic, source, seq, event_type, content_type, record_key, headers, payload
   FROM onceflow.outbox
  WHERE published_at IS NULL
+   AND id NOT IN (SELECT unnest($2::bigint[]))
  ORDER BY id
  LIMIT $1`
 

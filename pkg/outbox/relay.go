@@ -207,6 +207,35 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		log.ErrorContext(ctx, what, slog.String("kind", kind), slog.Any("error", err))
 		_ = sleep(stop, bo.NextBackOff())
 	}
+
+	// The mark of batch N runs while batch N+1 is fetched and published.
+	// Batch N+1's checkpoint names both batches, and batch N+2 starts only
+	// after N's mark finished, so the last committed checkpoint always
+	// covers every row that may be on Kafka but unmarked.
+	type markJob struct {
+		ids  []int64
+		done chan error
+	}
+	var inflight *markJob
+	waitMark := func() error {
+		if inflight == nil {
+			return nil
+		}
+		err := <-inflight.done
+		inflight = nil
+		if err != nil {
+			return fmt.Errorf("mark batch published: %w", err)
+		}
+		return nil
+	}
+	defer func() { _ = waitMark() }()
+	reset := func() { // throw the producer away: the next round recovers
+		_ = waitMark()
+		if cl != nil {
+			cl.Close()
+			cl = nil
+		}
+	}
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -224,8 +253,12 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			}
 			cl = c
 		}
+		var unmarked []int64
+		if inflight != nil {
+			unmarked = inflight.ids
+		}
 		tFetch := time.Now()
-		rows, err := r.fetch(stop)
+		rows, err := r.fetch(stop, unmarked)
 		if err != nil {
 			if stop.Err() == nil {
 				fail(errKindPostgres, "read outbox", err)
@@ -233,18 +266,24 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			continue
 		}
 		if len(rows) == 0 {
+			if inflight != nil {
+				if err := waitMark(); err != nil {
+					reset()
+					fail(errKindPostgres, "mark batch published", err)
+				}
+				continue
+			}
 			bo.Reset()
 			_ = sleep(stop, r.cfg.PollInterval)
 			continue
 		}
 		tPublish := time.Now()
-		if err := r.publish(opCtx, cl, rows); err != nil {
+		if err := r.publish(opCtx, cl, rows, unmarked); err != nil {
 			// Whatever happened, the producer is thrown away and the next
-			// leader round recovers through the checkpoint: a new producer
-			// with the same transactional.id completes or aborts whatever
-			// this one left, and the checkpoint says what committed.
-			cl.Close()
-			cl = nil
+			// round recovers through the checkpoint: a new producer with
+			// the same transactional.id completes or aborts whatever this
+			// one left, and the checkpoint says what committed.
+			reset()
 			var te *TopicError
 			switch {
 			case errors.Is(err, ErrLeadershipLost):
@@ -260,16 +299,23 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		}
 		failpoint.Hit(FailpointAfterKafkaCommit)
 		tMark := time.Now()
-		if err := r.mark(opCtx, rows); err != nil {
-			// The batch is on Kafka; its checkpoint will mark it.
-			cl.Close()
-			cl = nil
+		if err := waitMark(); err != nil {
+			// Both batches are on Kafka; this batch's checkpoint names both.
+			reset()
 			fail(errKindPostgres, "mark batch published", err)
 			continue
 		}
+		ids := make([]int64, len(rows))
+		for i, w := range rows {
+			ids[i] = w.id
+		}
+		job := &markJob{ids: ids, done: make(chan error, 1)}
+		go func() { job.done <- r.mark(opCtx, job.ids) }()
+		inflight = job
 		if log.Enabled(ctx, slog.LevelDebug) {
 			log.DebugContext(ctx, "batch published", slog.Int("rows", len(rows)),
-				slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)), slog.Duration("mark", time.Since(tMark)))
+				slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)),
+				slog.Duration("previous_mark_wait", time.Since(tMark)))
 		}
 		bo.Reset()
 	}
@@ -424,8 +470,11 @@ type row struct {
 }
 
 // fetch reads the next batch, bounded by BatchMaxRows and BatchMaxBytes.
-func (r *Relay) fetch(ctx context.Context) ([]row, error) {
-	rs, err := r.cfg.DB.Query(ctx, selectBatchSQL, r.cfg.BatchMaxRows)
+func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
+	if exclude == nil {
+		exclude = []int64{}
+	}
+	rs, err := r.cfg.DB.Query(ctx, selectBatchSQL, r.cfg.BatchMaxRows, exclude)
 	if err != nil {
 		return nil, err
 	}
@@ -457,7 +506,7 @@ var errUnknownOutcome = errors.New("kafka transaction outcome unknown")
 
 // publish writes rows and their checkpoint record in one Kafka transaction
 // and commits it. A nil error means committed.
-func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row) error {
+func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarked []int64) error {
 	if !r.leaseValid() {
 		return ErrLeadershipLost
 	}
@@ -480,7 +529,11 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row) error {
 		env.Headers = w.headers
 		recs = append(recs, env.Record(w.topic))
 	}
-	recs = append(recs, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: []byte(r.cfg.Shard), Value: encodeIDs(ids)})
+	// The checkpoint names every id that may be on Kafka but unmarked once
+	// this transaction commits: this batch and the previous one, whose mark
+	// is still running.
+	ckpt := append(slices.Clone(unmarked), ids...)
+	recs = append(recs, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: []byte(r.cfg.Shard), Value: encodeIDs(ckpt)})
 
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout)
 	defer cancel()
@@ -525,11 +578,7 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row) error {
 }
 
 // mark records the committed batch as published, retrying briefly.
-func (r *Relay) mark(ctx context.Context, rows []row) error {
-	ids := make([]int64, len(rows))
-	for i, w := range rows {
-		ids[i] = w.id
-	}
+func (r *Relay) mark(ctx context.Context, ids []int64) error {
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	bo := r.newBackoff()
