@@ -416,8 +416,9 @@ func (r *Relay) prune(ctx context.Context) error {
 // recover builds a new transactional producer and finishes the last batch:
 // initialising the transactional.id fences any older producer with it and
 // completes or aborts its pending transaction; then the last committed
-// checkpoint's ids are marked published. Only the last batch can be on Kafka
-// but unmarked, because batch N is marked before batch N+1 begins.
+// checkpoint's ids are marked published. Only the last two batches can be
+// on Kafka but unmarked (batch N's mark finishes before batch N+2 begins),
+// and the last checkpoint names both.
 func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, error) {
 	opts := append(slices.Clone(r.cfg.KafkaOpts),
 		kgo.TransactionalID(r.txnID),
