@@ -297,16 +297,22 @@ func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err e
 		if err == nil {
 			return
 		}
-		if tx.Conn().IsClosed() || isRetryableDB(err) || ctx.Err() != nil {
-			err = fmt.Errorf("handler: %w", err)
+		id := evs[0].EventID
+		if len(evs) > 1 {
+			id = fmt.Sprintf("%s (batch of %d)", id, len(evs))
+		}
+		// A handler that outlives BatchTimeout is the event's problem: it is
+		// isolated and, if it keeps happening, dead-lettered.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = &HandlerError{EventID: id, Err: fmt.Errorf("batch timeout: %w", err)}
+			return
+		}
+		if tx.Conn().IsClosed() || isRetryableDB(err) {
+			err = fmt.Errorf("handler: %w", err) // infrastructure: retried, never dead-lettered
 			return
 		}
 		var he *HandlerError
 		if !errors.As(err, &he) {
-			id := evs[0].EventID
-			if len(evs) > 1 {
-				id = fmt.Sprintf("%s (batch of %d)", id, len(evs))
-			}
 			err = &HandlerError{EventID: id, Err: err}
 		}
 	}()

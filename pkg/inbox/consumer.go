@@ -159,11 +159,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		})
 	}
-	// Close leaves the group, which runs onRevoked: every worker finishes
-	// its in-flight batch and commits before the partition is given up.
+	// Drain: every worker finishes its in-flight batch, the offsets of what
+	// committed in Postgres are committed to Kafka, then Close leaves the
+	// group (a static member keeps its partitions until its session times
+	// out, so that its restart takes them back without a rebalance).
 	c.log.InfoContext(c.baseCtx, "consumer draining")
-	cl.Close()
 	c.stopWorkers(nil)
+	c.commitMarked(cl)
+	cl.Close()
+	c.stopWorkers(nil) // none left unless a callback raced the close
 	c.log.InfoContext(c.baseCtx, "consumer stopped")
 	return nil
 }
