@@ -105,8 +105,8 @@ func writerPool(t *testing.T, url string) *pgxpool.Pool {
 }
 
 // writers runs n concurrent producers over sources until stop is called.
-// Each transaction enqueues 1..maxTx events for random sources and rolls
-// back with probability rollback. Rolled-back event ids are recorded so the
+// Each transaction enqueues 1..maxTx events for random sources, one in ten
+// stays open up to 50ms longer, and it rolls back with probability rollback. Rolled-back event ids are recorded so the
 // test can assert none is published.
 type writers struct {
 	committed  atomic.Int64
@@ -156,6 +156,10 @@ func (w *writers) oneTx(ctx context.Context, pool *pgxpool.Pool, topic string, r
 	}
 	doRollback := rng.Float64() < rollback
 	batch := rng.IntN(2) == 0
+	var hold time.Duration
+	if rng.IntN(10) == 0 {
+		hold = time.Duration(rng.IntN(50)) * time.Millisecond
+	}
 	for attempt := 0; ; attempt++ {
 		var ids []string
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -178,6 +182,11 @@ func (w *writers) oneTx(ctx context.Context, pool *pgxpool.Pool, topic string, r
 					}
 					ids = append(ids, r.EventID)
 				}
+			}
+			if hold > 0 {
+				// A long transaction: its rows (lower ids) become visible
+				// after later ones commit, the late-committer case.
+				time.Sleep(hold) // simulated work, not synchronisation
 			}
 			if doRollback {
 				return errRollback

@@ -65,8 +65,9 @@ func TestRelayLateCommitter(t *testing.T) {
 }
 
 // TestRelayRandomized: 6 writers over 24 sources, random transaction
-// lengths (1-8 events, half through EnqueueBatch, half one by one in random
-// order, so deadlocks happen and are retried), about 20% rollbacks, at least
+// lengths (1-6 events, one in ten held open up to 50ms; half through
+// EnqueueBatch, half one by one in random order, so deadlocks happen and
+// are retried), about 20% rollbacks, at least
 // 20k committed events. The read_committed checker must see every committed
 // event exactly once, no rolled-back event, and every source in seq order.
 // Seqs must also be gap-free per source in the table.
