@@ -75,7 +75,11 @@ var eventTypes = []string{"agent.run.requested", "billing.refund_issued", "email
 // Summary is what a run proved.
 type Summary struct {
 	Written, RolledBack, Published, Applied int64
+	// DuplicatesInjected counts the extra copies produced; DuplicateEvents
+	// the distinct events they were copies of; DuplicatesSuppressed those of
+	// them still applied exactly once.
 	DuplicatesInjected                      int64
+	DuplicateEvents                         int64
 	DuplicatesSuppressed                    int64
 	Restarts                                int
 	GivenUpGaps                             []string
@@ -130,6 +134,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		if r.logDir, err = os.MkdirTemp("", "onceflow-demo-"); err != nil {
 			return nil, err
 		}
+	} else if err := os.MkdirAll(r.logDir, 0o755); err != nil {
+		return nil, err
 	}
 	r.printf("onceflow demo: %s at %d events/s, chaos %v (seed %d)\n", cfg.Duration, cfg.Rate, cfg.Chaos, seed)
 
@@ -447,6 +453,7 @@ func (r *run) progress(ctx context.Context, elapsed time.Duration) {
 
 func (r *run) waitDrained(ctx context.Context, start time.Time, limit time.Duration) bool {
 	deadline := time.Now().Add(limit)
+	lastPrint := time.Now()
 	want := int64(0)
 	r.writtenIDs.Range(func(_, _ any) bool { want++; return true })
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -460,8 +467,9 @@ func (r *run) waitDrained(ctx context.Context, start time.Time, limit time.Durat
 		select {
 		case <-ctx.Done():
 		case <-time.After(500 * time.Millisecond):
-			if time.Since(start).Truncate(time.Second)%5 == 0 {
+			if time.Since(lastPrint) >= 5*time.Second {
 				r.progress(ctx, time.Since(start))
+				lastPrint = time.Now()
 			}
 		}
 	}

@@ -62,6 +62,7 @@ func (r *run) verify(ctx context.Context) (*Summary, error) {
 
 	// Duplicates suppressed: each injected copy's event still has one effect.
 	r.dupIDs.Range(func(k, _ any) bool {
+		s.DuplicateEvents++
 		if applied[k.(string)] == 1 {
 			s.DuplicatesSuppressed++
 		}
@@ -126,7 +127,8 @@ func (r *run) report(s *Summary) {
 	r.printf("  events rolled back (never sent)  %d\n", s.RolledBack)
 	r.printf("  published by the relay           %d\n", s.Published)
 	r.printf("  side effects executed            %d\n", s.Applied)
-	r.printf("  duplicates delivered / suppressed %d / %d\n", s.DuplicatesInjected, s.DuplicatesSuppressed)
+	r.printf("  duplicate copies injected        %d (of %d events; %d of them still applied exactly once)\n",
+		s.DuplicatesInjected, s.DuplicateEvents, s.DuplicatesSuppressed)
 	r.printf("  relays and consumers SIGKILLed   %d (all restarted)\n", s.Restarts)
 	for _, g := range s.GivenUpGaps {
 		r.printf("  gap given up (on-call alerted)   %s\n", g)
