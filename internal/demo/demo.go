@@ -78,12 +78,12 @@ type Summary struct {
 	// DuplicatesInjected counts the extra copies produced; DuplicateEvents
 	// the distinct events they were copies of; DuplicatesSuppressed those of
 	// them still applied exactly once.
-	DuplicatesInjected                      int64
-	DuplicateEvents                         int64
-	DuplicatesSuppressed                    int64
-	Restarts                                int
-	GivenUpGaps                             []string
-	Violations                              []string
+	DuplicatesInjected   int64
+	DuplicateEvents      int64
+	DuplicatesSuppressed int64
+	Restarts             int
+	GivenUpGaps          []string
+	Violations           []string
 }
 
 // OK reports whether every invariant held.
