@@ -85,7 +85,9 @@ log.segment.bytes=67108864
 	id := make([]byte, 16)
 	_, _ = rand.Read(id)
 	format := append(append([]string{}, k.jvm...), "kafka.tools.StorageTool", "format",
-		"-t", base64.RawURLEncoding.EncodeToString(id), "-c", k.props)
+		// "=" form: a base64url id may begin with "-", which the tool's
+		// argument parser would take for an option.
+		"--cluster-id="+base64.RawURLEncoding.EncodeToString(id), "-c", k.props)
 	if out, err := exec.CommandContext(ctx, java, format...).CombinedOutput(); err != nil {
 		t.Fatalf("private kafka: storage format: %v: %s", err, lastLinesOf(string(out), 5))
 	}
