@@ -69,8 +69,10 @@ type Config struct {
 	// DeleteOnPublish); 0 uses the default, a negative value prunes them at
 	// the next prune. Default 1h.
 	Retention time.Duration
-	// Shard names this relay's share of the outbox: its lease row, its
-	// transactional.id suffix and its checkpoint key. Default "default".
+	// Shard names this relay's lease row, transactional.id suffix and
+	// checkpoint key. Every relay polls the whole outbox, so all relays of
+	// one database must use the same Shard (sharding sources over several
+	// leaders is not implemented yet). Default "default".
 	Shard string
 	// StandbyInterval is how often a standby tries to take the lease.
 	// Default 500ms.
