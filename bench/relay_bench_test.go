@@ -40,7 +40,7 @@ func relayKafkaOpts(b *testing.B) []kgo.Opt {
 	return []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(b), ",")...)}
 }
 
-func startBenchRelay(b *testing.B, db *testkit.DB, batch int, deleteOnPublish bool) (stop func()) {
+func startBenchRelay(b *testing.B, db *testkit.DB, batch int, deleteOnPublish, listen bool) (stop func()) {
 	b.Helper()
 	ckpt := testkit.Topic(b, "bench-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
 	r, err := outbox.New(outbox.Config{
@@ -48,6 +48,7 @@ func startBenchRelay(b *testing.B, db *testkit.DB, batch int, deleteOnPublish bo
 		CheckpointTopic:       ckpt,
 		DB:                    db.Pool,
 		DeleteOnPublish:       deleteOnPublish,
+		Listen:                listen,
 		KafkaOpts:             relayKafkaOpts(b),
 		Logger:                benchLogger(),
 		TransactionalIDPrefix: "bench-" + ckpt + "-",
@@ -124,7 +125,7 @@ func benchRelayDrain(b *testing.B, deleteOnPublish bool) {
 	// The relay, from start-up (lease, producer init, checkpoint read) to
 	// the last row marked.
 	t1 := time.Now()
-	stop := startBenchRelay(b, db, relayBenchBatch, deleteOnPublish)
+	stop := startBenchRelay(b, db, relayBenchBatch, deleteOnPublish, false)
 	defer stop()
 	for {
 		var left int
@@ -148,12 +149,23 @@ func benchRelayDrain(b *testing.B, deleteOnPublish bool) {
 // few seconds and reports commit-to-visible latency (producer commit
 // returned -> record read by a read_committed consumer) p50 and p99. It also
 // reports how many transactions the relay runs per second against an idle
-// outbox (the cost of polling).
+// outbox (the cost of polling). "poll" is the default; "listen" enables the
+// NOTIFY trigger and the relay's -listen wake-up.
 func BenchmarkRelayLatency(b *testing.B) {
+	b.Run("poll", func(b *testing.B) { benchRelayLatency(b, false) })
+	b.Run("listen", func(b *testing.B) { benchRelayLatency(b, true) })
+}
+
+func benchRelayLatency(b *testing.B, listen bool) {
 	ctx := context.Background()
 	db := testkit.NewDB(b)
 	topic := testkit.Topic(b, "bench-latency", 4, nil)
-	stop := startBenchRelay(b, db, relayBenchBatch, false)
+	if listen {
+		if _, err := db.Pool.Exec(ctx, `ALTER TABLE onceflow.outbox ENABLE TRIGGER outbox_notify`); err != nil {
+			b.Fatal(err)
+		}
+	}
+	stop := startBenchRelay(b, db, relayBenchBatch, false, listen)
 	defer stop()
 
 	// Idle cost: transactions committed per second in this database while
@@ -269,10 +281,27 @@ func BenchmarkRelayLatency(b *testing.B) {
 
 // BenchmarkRelaySourceThroughput measures Enqueue throughput for one source
 // (producers serialize on its counter row) against 16 sources, with 8
-// concurrent producers and one event per transaction.
+// concurrent producers and one event per transaction; then again with the
+// NOTIFY trigger enabled.
 func BenchmarkRelaySourceThroughput(b *testing.B) {
 	ctx := context.Background()
 	db := testkit.NewDB(b)
+	for _, notify := range []bool{false, true} {
+		if notify {
+			if _, err := db.Pool.Exec(ctx, `ALTER TABLE onceflow.outbox ENABLE TRIGGER outbox_notify`); err != nil {
+				b.Fatal(err)
+			}
+		}
+		suffix := ""
+		if notify {
+			suffix = "_notify"
+		}
+		benchEnqueueSources(b, db, suffix)
+	}
+}
+
+func benchEnqueueSources(b *testing.B, db *testkit.DB, suffix string) {
+	ctx := context.Background()
 	for _, sources := range []int{1, 16} {
 		var n int64
 		var mu sync.Mutex
@@ -300,7 +329,7 @@ func BenchmarkRelaySourceThroughput(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		b.ReportMetric(float64(n)/3, fmt.Sprintf("enqueue_%dsrc_events/s", sources))
+		b.ReportMetric(float64(n)/3, fmt.Sprintf("enqueue_%dsrc%s_events/s", sources, suffix))
 	}
 }
 

@@ -126,3 +126,19 @@ BEGIN
     RETURN v_result;
 END
 $fn$;
+
+-- Optional wake-up for the relay (relay run -listen). NOTIFY takes a global
+-- lock at commit and serializes committing producers, so the trigger is
+-- created disabled; enable it with
+--   ALTER TABLE onceflow.outbox ENABLE TRIGGER outbox_notify;
+-- The relay still polls: a notification only shortens its wait.
+CREATE FUNCTION onceflow.outbox_notify() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify('onceflow_outbox', '');
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER outbox_notify AFTER INSERT ON onceflow.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_notify();
+ALTER TABLE onceflow.outbox DISABLE TRIGGER outbox_notify;

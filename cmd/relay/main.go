@@ -118,6 +118,7 @@ type config struct {
 	deleteOnPublish bool
 	holderID        string
 	leaseRenew      time.Duration
+	listen          bool
 	leaseTTL        time.Duration
 	pollInterval    time.Duration
 	pruneBatchRows  int
@@ -144,11 +145,12 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.holderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
 	fs.DurationVar(&c.leaseRenew, "lease-renew-interval", time.Second, "how often the leader renews its lease")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", 3*time.Second, "lease lifetime without renewal (takeover time after a leader dies)")
+	fs.BoolVar(&c.listen, "listen", false, "also wake on NOTIFY onceflow_outbox (enable the trigger onceflow.outbox_notify for producers to notify)")
 	fs.DurationVar(&c.pollInterval, "poll-interval", 20*time.Millisecond, "wait between polls of an empty outbox")
 	fs.IntVar(&c.pruneBatchRows, "prune-batch-rows", 1000, "published rows deleted per prune statement")
 	fs.DurationVar(&c.pruneInterval, "prune-interval", time.Second, "how often published rows are pruned")
 	fs.DurationVar(&c.retention, "retention", time.Hour, "how long published rows are kept (negative: delete at the next prune)")
-	fs.StringVar(&c.shard, "shard", "default", "relay shard: lease row, transactional.id suffix, checkpoint key")
+	fs.StringVar(&c.shard, "shard", "default", "relay shard: lease row, transactional.id suffix, checkpoint key (all relays of one database use the same shard today)")
 	fs.DurationVar(&c.standbyInterval, "standby-interval", 500*time.Millisecond, "how often a standby tries to take the lease")
 	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "onceflow-relay-", "Kafka transactional.id prefix (the shard is appended)")
 	fs.DurationVar(&c.txnTimeout, "transaction-timeout", 10*time.Second, "Kafka transaction timeout")
@@ -227,6 +229,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		KafkaOpts:             c.kafka.Opts(log),
 		LeaseRenewInterval:    c.leaseRenew,
 		LeaseTTL:              c.leaseTTL,
+		Listen:                c.listen,
 		Logger:                log,
 		PollInterval:          c.pollInterval,
 		PruneBatchRows:        c.pruneBatchRows,

@@ -53,6 +53,12 @@ type Config struct {
 	// LeaseTTL is how long a lease lives without renewal; a standby takes
 	// over this long after the leader's last renewal. Default 3s.
 	LeaseTTL time.Duration
+	// Listen makes the leader LISTEN on channel "onceflow_outbox" and poll
+	// at once when notified. Producers notify only once the trigger
+	// onceflow.outbox_notify is enabled (it is created disabled, because
+	// NOTIFY serializes committing producers). Polling continues either
+	// way. Default false.
+	Listen bool
 	// Logger receives the relay's logs. Default: discarded.
 	Logger *slog.Logger
 	// PollInterval is the wait between polls when the outbox had nothing to

@@ -74,3 +74,6 @@ UPDATE onceflow.relay_lease
 const releaseLeaseSQL = `
 UPDATE onceflow.relay_lease SET expires_at = now()
  WHERE shard = $1 AND holder = $2 AND epoch = $3`
+
+// notifyChannel is what the trigger onceflow.outbox_notify notifies.
+const notifyChannel = "onceflow_outbox"

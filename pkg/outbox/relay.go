@@ -175,6 +175,11 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			log.InfoContext(ctx, "lease released")
 		}
 	}()
+	wake := make(chan struct{}, 1)
+	if r.cfg.Listen {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.listen(leaseCtx, wake, log) }()
+	}
 	wg.Add(3)
 	go func() { defer wg.Done(); r.renewLoop(leaseCtx, lose, epoch, log) }()
 	go func() { defer wg.Done(); r.every(leaseCtx, r.cfg.StatsInterval, r.stats) }()
@@ -274,7 +279,13 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 				continue
 			}
 			bo.Reset()
-			_ = sleep(stop, r.cfg.PollInterval)
+			t := time.NewTimer(r.cfg.PollInterval)
+			select {
+			case <-stop.Done():
+			case <-t.C:
+			case <-wake:
+			}
+			t.Stop()
 			continue
 		}
 		tPublish := time.Now()
@@ -318,6 +329,48 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 				slog.Duration("previous_mark_wait", time.Since(tMark)))
 		}
 		bo.Reset()
+	}
+}
+
+// listen turns notifications on notifyChannel into wake-ups of the poll
+// loop, reconnecting with backoff. It is only ever a hint.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, log *slog.Logger) {
+	bo := r.newBackoff()
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := r.cfg.DB.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+				return err
+			}
+			defer func() {
+				// Leave the pooled connection as we found it.
+				uctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if _, err := conn.Exec(uctx, "UNLISTEN "+notifyChannel); err != nil {
+					conn.Conn().Close(uctx) //nolint:errcheck
+				}
+			}()
+			bo.Reset()
+			for {
+				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+					return err
+				}
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		r.m.errors.WithLabelValues(errKindPostgres).Inc()
+		log.WarnContext(ctx, "listen for outbox notifications", slog.Any("error", err))
+		_ = sleep(ctx, bo.NextBackOff())
 	}
 }
 

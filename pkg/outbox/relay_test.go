@@ -45,19 +45,23 @@ type relayBundle struct {
 	stop  context.CancelFunc
 }
 
-func startRelay(t *testing.T, topic string) relayBundle {
+func startRelay(t *testing.T, topic string, mutate ...func(*outbox.Config)) relayBundle {
 	t.Helper()
 	b := setup(t)
 	ckpt := testkit.Topic(t, "ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
 	rb := relayBundle{bundle: b, topic: topic, reg: prometheus.NewRegistry(), logs: &syncBuffer{}, done: make(chan error, 1)}
-	r, err := outbox.New(outbox.Config{
+	cfg := outbox.Config{
 		CheckpointTopic:       ckpt,
 		DB:                    b.db.Pool,
 		KafkaOpts:             []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)},
 		Logger:                slog.New(slog.NewJSONHandler(rb.logs, nil)),
 		Registerer:            rb.reg,
 		TransactionalIDPrefix: "unit-" + ckpt + "-",
-	})
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	r, err := outbox.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,5 +215,35 @@ func (c gathered) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(c.name, "h", nil, nil), prometheus.UntypedValue, v)
 			return
 		}
+	}
+}
+
+// With Listen and the trigger enabled, a new row is published long before
+// the (here 30s) poll interval: the notification wakes the relay.
+func TestRelayListenWakes(t *testing.T) {
+	t.Parallel()
+	topic := testkit.Topic(t, "unit", 1, nil)
+	rb := startRelay(t, topic, func(c *outbox.Config) {
+		c.Listen = true
+		c.PollInterval = 30 * time.Second
+	})
+	if _, err := rb.db.Pool.Exec(rb.ctx, `ALTER TABLE onceflow.outbox ENABLE TRIGGER outbox_notify`); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "leadership", rb.relay.IsLeader)
+	// Let the first (empty) poll happen so that the relay is waiting.
+	waitUntil(t, "the relay to be idle", func() bool { return strings.Contains(rb.logs.String(), "producer ready") })
+	time.Sleep(200 * time.Millisecond) // let the relay enter its 30s wait; a shorter one only weakens the test
+	start := time.Now()
+	if _, err := rb.enqueue(t, outbox.Writer{}, outbox.Message{Topic: topic, Source: "s", EventType: "x", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the row to be published", func() bool {
+		var n int
+		_ = rb.db.Pool.QueryRow(rb.ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL`).Scan(&n)
+		return n == 1
+	})
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("published after %s: the notification did not wake the relay", took)
 	}
 }
