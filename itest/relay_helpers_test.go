@@ -35,6 +35,9 @@ type relayEnv struct {
 
 func newRelayEnv(t *testing.T, partitions int32) *relayEnv {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL and Kafka")
+	}
 	db := testkit.NewDB(t)
 	topic := testkit.Topic(t, "relay", partitions, nil)
 	ckpt := testkit.Topic(t, "relay-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})

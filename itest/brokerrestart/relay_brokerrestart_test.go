@@ -26,6 +26,9 @@ var errRollback = errors.New("rollback")
 // backoff, recovers through its checkpoint, and the checker finds nothing
 // lost, duplicated or reordered.
 func TestRelayBrokerRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a private Kafka")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	k := testkit.StartPrivateKafka(t)

@@ -20,6 +20,9 @@ type bundle struct {
 
 func setup(t *testing.T) bundle {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
 	return bundle{ctx: context.Background(), db: testkit.NewDB(t)}
 }
 

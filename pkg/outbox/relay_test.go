@@ -47,6 +47,9 @@ type relayBundle struct {
 
 func startRelay(t *testing.T, topic string, mutate ...func(*outbox.Config)) relayBundle {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL and Kafka")
+	}
 	b := setup(t)
 	ckpt := testkit.Topic(t, "ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
 	rb := relayBundle{bundle: b, topic: topic, reg: prometheus.NewRegistry(), logs: &syncBuffer{}, done: make(chan error, 1)}
@@ -91,6 +94,9 @@ func waitUntil(t *testing.T, what string, f func() bool) {
 // shows leadership, and returns nil on cancel after releasing the lease.
 func TestRelayPublishesEnvelope(t *testing.T) {
 	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL and Kafka")
+	}
 	topic := testkit.Topic(t, "unit", 2, nil)
 	rb := startRelay(t, topic)
 	m := outbox.Message{
@@ -222,6 +228,9 @@ func (c gathered) Collect(ch chan<- prometheus.Metric) {
 // the (here 30s) poll interval: the notification wakes the relay.
 func TestRelayListenWakes(t *testing.T) {
 	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL and Kafka")
+	}
 	topic := testkit.Topic(t, "unit", 1, nil)
 	rb := startRelay(t, topic, func(c *outbox.Config) {
 		c.Listen = true
