@@ -93,7 +93,7 @@ func TestConsumerReplayUnderConcurrency(t *testing.T) {
 			})
 			// The wait ended with the first transaction: well under the
 			// retry and poll intervals that would show up otherwise.
-			if waited := time.Since(released); waited > 5*time.Second {
+			if waited := time.Since(released); waited > 10*time.Second {
 				t.Fatalf("the blocked engine needed %s after the first transaction ended", waited)
 			}
 			first.stop(t)

@@ -132,16 +132,28 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	c.log.InfoContext(ctx, "consumer started", "group", c.cfg.Group, "topics", c.cfg.Topics, "consumer", c.cfg.ConsumerName)
 
+	fetchBackoff := backoff.NewExponentialBackOff(backoff.WithMaxInterval(5*time.Second), backoff.WithMaxElapsedTime(0))
 	for ctx.Err() == nil {
 		fs := cl.PollRecords(ctx, 10*c.cfg.BatchMaxRecords)
 		if fs.IsClientClosed() || ctx.Err() != nil {
 			break
 		}
+		fetchErrs := 0
 		fs.EachError(func(t string, p int32, err error) {
 			if !errors.Is(err, context.Canceled) {
+				fetchErrs++
 				c.log.WarnContext(ctx, "fetch error", "topic", t, "partition", p, "error", err)
 			}
 		})
+		if fetchErrs > 0 && fs.NumRecords() == 0 {
+			// Errors without records (e.g. a missing topic, no ACL): back
+			// off instead of spinning on the poll.
+			if err := sleepCtx(ctx, fetchBackoff.NextBackOff()); err != nil {
+				break
+			}
+			continue
+		}
+		fetchBackoff.Reset()
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) == 0 {
 				return
@@ -373,6 +385,17 @@ func (c *Consumer) commitMarked(cl *kgo.Client) {
 	defer cancel()
 	if err := cl.CommitMarkedOffsets(ctx); err != nil {
 		c.log.Warn("commit offsets to kafka", "error", err)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
