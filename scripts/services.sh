@@ -206,7 +206,7 @@ CONF
   local jvm=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
     -Dlog4j2.configurationFile="$kafka_dir/log4j2.properties" -cp "$cp")
   local cluster_id; cluster_id=$("$java_bin" "${jvm[@]}" kafka.tools.StorageTool random-uuid 2>>"$kafka_dir/format.log" | tail -n1)
-  "$java_bin" "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" \
+  "$java_bin" "${jvm[@]}" kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$kafka_dir/server.properties" \
     >>"$kafka_dir/format.log" 2>&1 || die "kafka storage format failed: see $kafka_dir/format.log"
   echo "$port" >"$kafka_dir/port"
   nohup "$java_bin" "${jvm[@]}" kafka.Kafka "$kafka_dir/server.properties" >"$kafka_dir/stdout.log" 2>&1 </dev/null 9>&- &

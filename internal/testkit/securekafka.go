@@ -265,7 +265,7 @@ logger.state.level = warn
 	id := make([]byte, 16)
 	_, _ = rand.Read(id)
 	format := append(append([]string{}, jvm...), "kafka.tools.StorageTool", "format",
-		"-t", base64.RawURLEncoding.EncodeToString(id), "-c", propsFile)
+		"--cluster-id="+base64.RawURLEncoding.EncodeToString(id), "-c", propsFile)
 	for _, u := range o.Users {
 		for _, m := range []string{"SCRAM-SHA-256", "SCRAM-SHA-512"} {
 			format = append(format, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", m, u.Name, u.Password))
