@@ -27,7 +27,6 @@ type Consumer struct {
 	running atomic.Bool
 	// degraded holds the last infrastructure error (nil when healthy).
 	degraded atomic.Pointer[error]
-	joined   atomic.Bool
 
 	mu      sync.Mutex
 	workers map[tp]*worker
@@ -79,14 +78,13 @@ func New(cfg Config) (*Consumer, error) {
 	return c, nil
 }
 
-// Ready reports whether the consumer is running, has joined its group and
-// can reach Postgres; it suits a readiness probe.
+// Ready reports whether the consumer is running and its last batch did not
+// fail on infrastructure (Postgres unreachable, …). A member without
+// partitions (more replicas than partitions) is ready too, so that a rollout
+// does not wait for it.
 func (c *Consumer) Ready() error {
 	if !c.running.Load() {
 		return errors.New("not running")
-	}
-	if !c.joined.Load() {
-		return errors.New("not in the consumer group yet")
 	}
 	if p := c.degraded.Load(); p != nil {
 		return *p
@@ -198,7 +196,6 @@ func (c *Consumer) onAssigned(_ context.Context, cl *kgo.Client, assigned map[st
 			go c.runWorker(cl, w)
 		}
 	}
-	c.joined.Store(true)
 	c.log.Info("partitions assigned", "partitions", fmtParts(assigned))
 }
 
