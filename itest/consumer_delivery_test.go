@@ -1,7 +1,6 @@
 package itest
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -43,5 +42,4 @@ func TestConsumerDoubleDelivery(t *testing.T) {
 	if n := count(t, db, `SELECT next_offset FROM onceflow.consumer_offsets WHERE group_id = $1`, "g-"+topic); n != 4 {
 		t.Fatalf("stored next offset %d, want 4", n)
 	}
-	_ = context.Background()
 }

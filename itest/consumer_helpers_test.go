@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
@@ -163,8 +162,6 @@ func (e *engine) metric(name string) float64 {
 	}
 	return 0
 }
-
-var _ = testutil.ToFloat64
 
 // eventually polls cond until it is true or timeout passes; then it fails
 // the test with what cond last reported.
