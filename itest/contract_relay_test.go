@@ -9,12 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/internal/topics"
@@ -165,4 +167,90 @@ func TestContractRelayPublishes(t *testing.T) {
 		t.Fatalf("reference consumer left gaps: %v", summary.Gaps)
 	}
 	t.Logf("%d records read with kcat, %d events applied, %d duplicates skipped", len(lines), len(applied), summary.Duplicates)
+}
+
+// TestContractRelayTopicsVerify runs the real relay with -topics-verify: it
+// refuses to start on a checkpoint topic that breaks the spec, publishes
+// nothing to an event topic that breaks it (and skips no row), and publishes
+// everything once the topic conforms.
+func TestContractRelayTopicsVerify(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	db := testkit.NewDB(t)
+	evt := entry(uniqueName(t, "verify-evt"), topics.RoleEvents)
+	ck := entry(uniqueName(t, "verify-ckpt"), topics.RoleCheckpoint)
+	path := filepath.Join(t.TempDir(), "topics.json")
+	writeSpec := func(entries ...topics.TopicSpec) {
+		t.Helper()
+		b, err := json.Marshal(topics.Spec{Format: topics.SpecFormat, Topics: entries})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := topics.Apply(ctx, admin(t), parseSpec(t, evt, ck)); err != nil {
+		t.Fatalf("create conforming topics: %v", err)
+	}
+	visible(ctx, t, evt.Name, ck.Name)
+	bin := testkit.Binary(t, "relay")
+	start := func(name, checkpoint string) *testkit.Proc {
+		return testkit.Start(t, name, bin, nil, "run",
+			"-database-url", db.URL, "-kafka-brokers", testkit.KafkaBrokers(t),
+			"-checkpoint-topic", checkpoint, "-transactional-id-prefix", "it-verify-"+evt.Name+"-",
+			"-http-addr", "127.0.0.1:0", "-backoff-max", "500ms",
+			"-topics-verify", "-topics-spec", path)
+	}
+
+	// A checkpoint topic that breaks the spec (no segment.ms, no
+	// compression): the relay does not start.
+	badCkpt := testkit.Topic(t, "verify-badckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
+	badEntry := ck
+	badEntry.Name = badCkpt
+	writeSpec(evt, ck, badEntry)
+	p := start("relay-badckpt", badCkpt)
+	if err := p.Wait(30 * time.Second); err == nil {
+		t.Fatal("relay started on a checkpoint topic that breaks the spec")
+	}
+	if !strings.Contains(p.Output(), "checkpoint topic breaks the topic spec") || !strings.Contains(p.Output(), badCkpt) {
+		t.Fatalf("relay's refusal does not name the checkpoint topic:\n%s", p.Output())
+	}
+
+	// An event topic with fewer partitions than the spec: nothing published.
+	wantMore := evt
+	wantMore.Partitions = evt.Partitions * 2
+	writeSpec(wantMore, ck)
+	for i := range 5 {
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			_, err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: evt.Name, Source: fmt.Sprintf("s-%d", i%2), EventType: "test.event", Payload: []byte(`{}`)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	relay := start("relay-verify", ck.Name)
+	if _, err := relay.WaitFor(ctx, regexp.MustCompile(`topic breaks its contract.*`+regexp.QuoteMeta(evt.Name))); err != nil {
+		t.Fatal(err)
+	}
+	var unpublished int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
+		t.Fatal(err)
+	}
+	ends, err := admin(t).ListEndOffsets(ctx, evt.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var onTopic int64
+	ends.Each(func(o kadm.ListedOffset) { onTopic += o.Offset })
+	if unpublished != 5 || onTopic != 0 {
+		t.Fatalf("with a drifted topic: %d of 5 rows unpublished, %d records on the topic; want 5 and 0", unpublished, onTopic)
+	}
+
+	// The spec and the topic agree again: the same relay publishes all five.
+	writeSpec(evt, ck)
+	if err := testkit.WaitDrained(ctx, db.Pool, evt.Name); err != nil {
+		t.Fatalf("after the topic conforms: %v\n%s", err, relay.Output())
+	}
 }

@@ -23,6 +23,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/internal/cli"
@@ -128,6 +130,9 @@ type config struct {
 	standbyInterval time.Duration
 	txnIDPrefix     string
 	txnTimeout      time.Duration
+
+	topicsVerify bool
+	topics       topics.Config
 }
 
 // RegisterFlags registers the flags of `relay run`.
@@ -154,6 +159,8 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.standbyInterval, "standby-interval", 500*time.Millisecond, "how often a standby tries to take the lease")
 	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "onceflow-relay-", "Kafka transactional.id prefix (the shard is appended)")
 	fs.DurationVar(&c.txnTimeout, "transaction-timeout", 10*time.Second, "Kafka transaction timeout")
+	fs.BoolVar(&c.topicsVerify, "topics-verify", false, "verify the checkpoint topic at start and each event topic before its first publish against the topic spec; refuse to publish to a topic that breaks it (create topics with `relay topics apply` first)")
+	c.topics.RegisterFlags(fs)
 }
 
 func (c *config) validate() error {
@@ -216,6 +223,23 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer pool.Close()
 
+	var topicCheck func(context.Context, string) error
+	if c.topicsVerify {
+		admCl, err := kgo.NewClient(c.kafka.Opts(log)...)
+		if err != nil {
+			return fmt.Errorf("kafka admin client: %w", err)
+		}
+		defer admCl.Close()
+		adm := kadm.NewClient(admCl)
+		if _, err := c.topics.Load(); err != nil {
+			return usageError{err}
+		}
+		if err := c.topics.CheckTopics(ctx, adm, c.checkpointTopic); err != nil {
+			return fmt.Errorf("checkpoint topic breaks the topic spec (run `relay topics apply`): %w", err)
+		}
+		topicCheck = func(ctx context.Context, topic string) error { return c.topics.CheckTopics(ctx, adm, topic) }
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	relay, err := outbox.New(outbox.Config{
@@ -238,6 +262,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		Retention:             c.retention,
 		Shard:                 c.shard,
 		StandbyInterval:       c.standbyInterval,
+		TopicCheck:            topicCheck,
 		TransactionTimeout:    c.txnTimeout,
 		TransactionalIDPrefix: c.txnIDPrefix,
 	})

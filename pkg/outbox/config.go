@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -86,6 +87,12 @@ type Config struct {
 	// StatsInterval is how often the leader refreshes the pending-rows and
 	// oldest-age gauges. Default 2s.
 	StatsInterval time.Duration
+	// TopicCheck, when set, is called once per topic before the relay first
+	// publishes to it (e.g. to verify the topic against contract/topics.json).
+	// An error keeps the relay from publishing that batch: it is logged with
+	// the topic, counted as errors_total{kind="topic"} and retried with
+	// backoff; no row is skipped. Default: none.
+	TopicCheck func(ctx context.Context, topic string) error
 	// TransactionTimeout is the Kafka transaction.timeout.ms. Default 10s.
 	TransactionTimeout time.Duration
 	// TransactionalIDPrefix + Shard is the producer's transactional.id,

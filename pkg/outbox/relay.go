@@ -39,6 +39,9 @@ type Relay struct {
 	leader     atomic.Bool
 	validUntil atomic.Int64 // lease deadline, nanoseconds since start (monotonic)
 	readyErr   atomic.Pointer[error]
+
+	// checked holds the topics Config.TopicCheck accepted (leader loop only).
+	checked map[string]bool
 }
 
 // New checks cfg (after WithDefaults) and registers the metrics.
@@ -286,6 +289,12 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			case <-wake:
 			}
 			t.Stop()
+			continue
+		}
+		if err := r.checkTopics(stop, rows); err != nil {
+			if stop.Err() == nil {
+				fail(errKindTopic, "topic breaks its contract: not publishing to it (the row is never skipped)", err)
+			}
 			continue
 		}
 		tPublish := time.Now()
@@ -689,4 +698,26 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// checkTopics runs Config.TopicCheck once per topic, before the first
+// publish to it. A topic that fails stays unchecked and blocks the batch: it
+// is retried with backoff, and its rows are never skipped.
+func (r *Relay) checkTopics(ctx context.Context, rows []row) error {
+	if r.cfg.TopicCheck == nil {
+		return nil
+	}
+	if r.checked == nil {
+		r.checked = map[string]bool{}
+	}
+	for _, w := range rows {
+		if r.checked[w.topic] {
+			continue
+		}
+		if err := r.cfg.TopicCheck(ctx, w.topic); err != nil {
+			return &TopicError{Topic: w.topic, Err: err}
+		}
+		r.checked[w.topic] = true
+	}
+	return nil
 }
