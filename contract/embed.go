@@ -13,6 +13,12 @@ import (
 //go:embed VERSION envelope.schema.json topics.json
 var FS embed.FS
 
+// Payloads holds the example payload schemas in payloads/ (one
+// <event-type>.schema.json per type), for envelope.LoadPayloadSchemas.
+//
+//go:embed payloads
+var Payloads embed.FS
+
 // Version is the contract version in contract/VERSION (semantic versioning).
 func Version() string {
 	b, err := FS.ReadFile("VERSION")

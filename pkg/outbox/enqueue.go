@@ -50,6 +50,11 @@ type Result struct {
 type Writer struct {
 	// MaxPayloadBytes bounds a payload (default envelope.DefaultMaxPayloadBytes, 1 MiB).
 	MaxPayloadBytes int
+	// PayloadSchemas, when set, refuses a payload that violates the JSON
+	// Schema declared for its event type (envelope.LoadPayloadSchemas); the
+	// *envelope.PayloadError names the violation. Types without a schema
+	// pass. Default: none.
+	PayloadSchemas *envelope.PayloadSchemas
 }
 
 // Enqueue inserts msg into the outbox inside tx with the zero Writer.
@@ -135,6 +140,9 @@ func (w Writer) args(msg Message) ([]any, error) {
 		env.EventID = "generated" // checked only when given
 	}
 	if err := env.Validate(w.MaxPayloadBytes); err != nil {
+		return nil, err
+	}
+	if err := w.PayloadSchemas.Validate(msg.EventType, msg.ContentType, msg.Payload); err != nil {
 		return nil, err
 	}
 	if msg.Payload == nil {

@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/contract"
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
@@ -237,5 +239,38 @@ func TestSQLEnqueueFunction(t *testing.T) {
 		if !errors.As(err, &pe) || pe.Code != tt.sqlstate || !strings.Contains(pe.Message, tt.mention) {
 			t.Errorf("%s: %v, want SQLSTATE %s mentioning %q", tt.call, err, tt.sqlstate, tt.mention)
 		}
+	}
+}
+
+// A Writer with payload schemas refuses a payload that breaks its event
+// type's schema, naming the violation, and writes nothing.
+func TestEnqueuePayloadSchema(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	schemas, err := envelope.LoadPayloadSchemas(contract.Payloads, "payloads")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := outbox.Writer{PayloadSchemas: schemas}
+	good := msg("order-1")
+	good.Payload = []byte(`{"order_id":"o-1","total_cents":1200,"currency":"EUR"}`)
+	if _, err := b.enqueue(t, w, good); err != nil {
+		t.Fatalf("conforming payload refused: %v", err)
+	}
+	bad := msg("order-1")
+	bad.Payload = []byte(`{"order_id":"o-2","total_cents":-5,"currency":"EUR"}`)
+	_, err = b.enqueue(t, w, bad)
+	var pe *envelope.PayloadError
+	if !errors.As(err, &pe) || pe.EventType != "order.created" || !strings.Contains(err.Error(), "total_cents") {
+		t.Fatalf("payload breaking the schema: err = %v, want a PayloadError naming total_cents", err)
+	}
+	other := msg("order-1")
+	other.EventType = "order.noted" // no schema: passes
+	if _, err := b.enqueue(t, w, other); err != nil {
+		t.Fatalf("event type without a schema refused: %v", err)
+	}
+	var n int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM onceflow.outbox`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("outbox holds %d rows (%v), want 2", n, err)
 	}
 }
