@@ -56,6 +56,9 @@ func sqlHandler(t *testing.T) inbox.BatchHandler {
 // consumerDB is a migrated test database with the effects table.
 func consumerDB(t *testing.T) *testkit.DB {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL and Kafka")
+	}
 	db := testkit.NewDB(t)
 	if _, err := db.Pool.Exec(context.Background(), effectsTable); err != nil {
 		t.Fatalf("create effects table: %v", err)

@@ -46,6 +46,9 @@ type applySetup struct {
 
 func setupApply(t *testing.T) applySetup {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
 	db := testkit.NewDB(t)
 	g := &scriptedGuard{verdicts: map[string]verdict{}}
 	r := &recorder{}

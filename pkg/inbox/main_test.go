@@ -1,6 +1,7 @@
 package inbox_test
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -41,6 +42,15 @@ func (m *mainTB) runCleanups() {
 }
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		// make test-short: no services, so no Example (it consumes from a
+		// real topic) and no Postgres-backed tests (they skip themselves).
+		if err := flag.Set("test.skip", "^Example"); err != nil {
+			panic(err)
+		}
+		os.Exit(m.Run())
+	}
 	tb := &mainTB{}
 	db := testkit.NewDB(tb)
 	topic := testkit.Topic(tb, "example", 1, nil)
