@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"mime"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +42,10 @@ const (
 	MaxEventTypeBytes = 256
 	MaxHeaderBytes    = 8 << 10
 )
+
+// traceparentRE is the W3C Trace Context shape of a traceparent (any
+// version; later versions may append fields).
+var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[0-9a-zA-Z._-]*)?$`)
 
 var reserved = map[string]bool{
 	HeaderEventID: true, HeaderSource: true, HeaderSeq: true,
@@ -107,6 +112,9 @@ func (e *Envelope) Validate(maxPayload int) error {
 	}
 	if IsJSON(ct) && !json.Valid(e.Payload) {
 		return &FieldError{Field: "payload", Reason: fmt.Sprintf("content type is %s but the payload is not valid JSON", ct)}
+	}
+	if e.Traceparent != "" && !traceparentRE.MatchString(e.Traceparent) {
+		return &FieldError{Field: HeaderTraceparent, Reason: fmt.Sprintf("%q is not a W3C traceparent", truncate(e.Traceparent, 80))}
 	}
 	for k, v := range e.Headers {
 		if err := CheckHeader(k, v); err != nil {
@@ -229,6 +237,11 @@ func Decode(r *kgo.Record, maxPayload int) (Envelope, error) {
 	e.Seq = seq
 	if e.ContentType == "" {
 		e.ContentType = ContentTypeJSON
+	}
+	// A traceparent that is not W3C-shaped loses the trace link, not the
+	// event: it is dropped rather than dead-lettering the record.
+	if e.Traceparent != "" && !traceparentRE.MatchString(e.Traceparent) {
+		e.Traceparent = ""
 	}
 	if err := e.Validate(maxPayload); err != nil {
 		fe := err.(*FieldError)

@@ -172,3 +172,19 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// Enqueue refuses a traceparent that is not W3C-shaped; a record carrying one
+// still decodes, without it.
+func TestTraceparentShape(t *testing.T) {
+	t.Parallel()
+	e := validEnvelope()
+	e.Traceparent = "trace-me"
+	var fe *FieldError
+	if err := e.Validate(0); !errors.As(err, &fe) || fe.Field != HeaderTraceparent {
+		t.Fatalf("Validate = %v, want a traceparent FieldError", err)
+	}
+	got, err := Decode(e.Record("t"), 0)
+	if err != nil || got.Traceparent != "" || got.EventID != e.EventID {
+		t.Fatalf("Decode = %+v, %v; want the event without its traceparent", got, err)
+	}
+}
