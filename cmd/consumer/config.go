@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 // logConfig is shared by every command.
@@ -44,16 +45,29 @@ type runConfig struct {
 	BatchMaxRecords      int
 	ConsumerName         string
 	DLQTopic             string
+	FirstSeen            string
+	GapCheckInterval     time.Duration
+	GapTimeout           time.Duration
+	GapTimeouts          string
 	Group                string
 	HandlersFile         string
 	HTTPAddr             string
 	InstanceID           string
+	LatePolicy           string
+	MaxParked            int
 	MaxPayloadBytes      int
+	Ordering             string
 	RetryInitialInterval time.Duration
 	RetryMaxAttempts     int
 	RetryMaxElapsed      time.Duration
 	RetryMaxInterval     time.Duration
 	Topics               cli.List
+
+	// Parsed by validate.
+	firstSeen   seqguard.FirstSeen
+	gapTimeouts []inbox.GapTimeout
+	latePolicy  seqguard.Late
+	ordering    inbox.Ordering
 }
 
 // RegisterFlags registers every flag of `consumer run`.
@@ -64,11 +78,18 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.BatchMaxRecords, "batch-max-records", 500, "most records of one partition applied in one transaction")
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
 	fs.StringVar(&c.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
+	fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "start policy for a source seen for the first time: expect-first-seq-1 or accept-first-seen")
+	fs.DurationVar(&c.GapCheckInterval, "gap-check-interval", time.Second, "how often the gap timer gives up expired gaps and refreshes the guard gauges")
+	fs.DurationVar(&c.GapTimeout, "gap-timeout", seqguard.DefaultGapTimeout, "how long a sequence gap stays open before it is given up")
+	fs.StringVar(&c.GapTimeouts, "gap-timeouts", "", "gap timeouts per event-type class: comma-separated glob=duration, first match wins (e.g. billing.*=5m,agent.*=10s)")
 	fs.StringVar(&c.Group, "group", "", "Kafka consumer group (required)")
 	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the sql/log handlers per event type (required)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":9464", "address for /metrics, /healthz and /readyz (empty disables)")
 	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id, stable per replica (e.g. the pod name); empty: dynamic")
+	fs.StringVar(&c.LatePolicy, "late-policy", seqguard.DeliverLate.String(), "event arriving after its gap was given up: deliver-late (handler sees Late) or hold (kept for an operator)")
+	fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "most parked events per source; beyond it the lowest gaps are given up early")
 	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", envelope.DefaultMaxPayloadBytes, "largest payload accepted; bigger records are dead-lettered")
+	fs.StringVar(&c.Ordering, "ordering", inbox.OrderSeq.String(), "per-source ordering: seq (sequence guard) or arrival")
 	fs.DurationVar(&c.RetryInitialInterval, "retry-initial-interval", 100*time.Millisecond, "first backoff after a handler error")
 	fs.IntVar(&c.RetryMaxAttempts, "retry-max-attempts", 5, "tries of a failing event before it is dead-lettered")
 	fs.DurationVar(&c.RetryMaxElapsed, "retry-max-elapsed", 30*time.Second, "longest time spent retrying one event")
@@ -99,7 +120,25 @@ func (c *runConfig) validate() error {
 	if c.RetryMaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("-retry-max-attempts (ONCEFLOW_RETRY_MAX_ATTEMPTS) must be at least 1, got %d", c.RetryMaxAttempts))
 	}
+	var err error
+	if c.ordering, err = inbox.ParseOrdering(c.Ordering); err != nil {
+		errs = append(errs, fmt.Errorf("-ordering (ONCEFLOW_ORDERING): %v", err))
+	}
+	if c.firstSeen, err = seqguard.ParseFirstSeen(c.FirstSeen); err != nil {
+		errs = append(errs, fmt.Errorf("-first-seen (ONCEFLOW_FIRST_SEEN): %v", err))
+	}
+	if c.latePolicy, err = seqguard.ParseLate(c.LatePolicy); err != nil {
+		errs = append(errs, fmt.Errorf("-late-policy (ONCEFLOW_LATE_POLICY): %v", err))
+	}
+	if c.gapTimeouts, err = inbox.ParseGapTimeouts(c.GapTimeouts); err != nil {
+		errs = append(errs, fmt.Errorf("-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS): %v", err))
+	}
+	if c.MaxParked < 1 {
+		errs = append(errs, fmt.Errorf("-max-parked (ONCEFLOW_MAX_PARKED) must be at least 1, got %d", c.MaxParked))
+	}
 	errs = append(errs,
+		cli.PositiveDuration("gap-check-interval", c.GapCheckInterval),
+		cli.PositiveDuration("gap-timeout", c.GapTimeout),
 		cli.PositiveDuration("retry-initial-interval", c.RetryInitialInterval),
 		cli.PositiveDuration("retry-max-interval", c.RetryMaxInterval),
 		cli.PositiveDuration("retry-max-elapsed", c.RetryMaxElapsed),

@@ -54,6 +54,8 @@ type outcome struct {
 	processed, duplicates, dead, malformed int
 	// deadItems are the items dead-lettered, for the optional DLQ copy.
 	deadItems []deadLetter
+	// guard tallies the sequence guard's decisions.
+	guard guardSteps
 }
 
 func (o *outcome) add(p outcome) {
@@ -62,6 +64,7 @@ func (o *outcome) add(p outcome) {
 	o.dead += p.dead
 	o.malformed += p.malformed
 	o.deadItems = append(o.deadItems, p.deadItems...)
+	o.guard.add(p.guard)
 }
 
 type deadLetter struct {
@@ -80,7 +83,9 @@ type applier struct {
 var errStopped = errors.New("inbox: worker stopped")
 
 // applyTx applies items (all of one partition, in offset order) in one
-// transaction: inbox insert, malformed dead letters, the guard, the handler,
+// transaction: inbox insert, malformed dead letters, the sequence guard
+// (which may park, hold or release events), the handler for what the guard
+// releases,
 // the next offset; then commit. A *HandlerError means the handler failed
 // and the transaction was rolled back; any other error is infrastructure
 // trouble.
@@ -123,8 +128,11 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 			out.duplicates++
 		}
 	}
-	// 3. The sequence guard decides, per new event, in offset order.
-	var apply []Event
+	// 3. The sequence guard: it locks the state of the new events' sources
+	// once (in a fixed order, so that batches of different partitions
+	// cannot deadlock), then admits each new event in offset order and
+	// answers with the events to apply now, in order.
+	var fresh []*item
 	for i := range items {
 		it := &items[i]
 		if it.bad != nil {
@@ -134,36 +142,21 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 			out.duplicates++
 			continue
 		}
-		v, err := a.cfg.guard.Admit(ctx, tx, a.cfg.ConsumerName, it.ev)
+		fresh = append(fresh, it)
+	}
+	var apply []Event
+	if len(fresh) > 0 {
+		adm, err := a.cfg.guard.lock(ctx, tx, fresh)
 		if err != nil {
 			return out, fmt.Errorf("sequence guard: %w", err)
 		}
-		switch v.Action {
-		case actApply:
-			apply = append(apply, it.ev)
-		case actApplyLate:
-			ev := it.ev
-			ev.Late = true
-			if _, err := tx.Exec(ctx, qMarkLate, a.cfg.ConsumerName, ev.EventID); err != nil {
-				return out, fmt.Errorf("mark late: %w", err)
+		for _, it := range fresh {
+			v, err := adm.admit(ctx, it)
+			if err != nil {
+				return out, fmt.Errorf("sequence guard: %w", err)
 			}
-			apply = append(apply, ev)
-		case actPark, actHold:
-			status := "parked"
-			if v.Action == actHold {
-				status = "held"
-			}
-			if _, err := tx.Exec(ctx, qKeep, a.cfg.ConsumerName, it.ev.EventID, status, recordHeaders(it.rec), it.rec.Value); err != nil {
-				return out, fmt.Errorf("keep %s event: %w", status, err)
-			}
-		default:
-			return out, fmt.Errorf("sequence guard: unknown action %d", v.Action)
-		}
-		for _, ev := range v.Then {
-			if _, err := tx.Exec(ctx, qMarkApplied, a.cfg.ConsumerName, ev.EventID, ev.Late); err != nil {
-				return out, fmt.Errorf("mark released event applied: %w", err)
-			}
-			apply = append(apply, ev)
+			apply = append(apply, v.apply...)
+			out.guard.add(v.steps)
 		}
 	}
 	// 4. The handler, in the same transaction.

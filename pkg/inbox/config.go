@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 // DefaultConsumerName is the logical consumer name when none is configured.
@@ -50,6 +52,28 @@ type Config struct {
 	// row is the record of truth; the copy is best effort.
 	DLQTopic string
 
+	// FirstSeen is the sequence guard's start policy for a source seen for
+	// the first time (default seqguard.ExpectFirstSeq1: a first event with
+	// seq 5 is parked behind the gap 1–4; seqguard.AcceptFirstSeen starts
+	// the source at whatever arrives first). Only with OrderSeq.
+	FirstSeen seqguard.FirstSeen
+
+	// GapCheckInterval is how often the gap timer gives up expired gaps and
+	// refreshes the guard gauges (default 1s). Every replica runs it; each
+	// gap is given up once. Only with OrderSeq.
+	GapCheckInterval time.Duration
+
+	// GapTimeout is how long a sequence gap stays open before it is given
+	// up and the events parked behind it are applied without the missing
+	// ones (default 30s). GapTimeouts can override it per event-type class.
+	// Only with OrderSeq.
+	GapTimeout time.Duration
+
+	// GapTimeouts are per event-type class gap timeouts: the first rule
+	// whose glob matches the type of the event that opens a gap gives the
+	// gap's timeout; GapTimeout applies when none matches (default: none).
+	GapTimeouts []GapTimeout
+
 	// Group is the Kafka consumer group (required).
 	Group string
 
@@ -69,12 +93,29 @@ type Config struct {
 	// the group, topics, balancer, isolation level and callbacks itself.
 	KafkaOpts []kgo.Opt
 
+	// LatePolicy is what happens to an event whose seq is at or below its
+	// source's last applied seq although the inbox never saw it (it came
+	// after its gap was given up): seqguard.DeliverLate (default) runs the
+	// handler with Event.Late set; seqguard.Hold keeps it with status
+	// 'held' for an operator (`consumer dlq list` / `dlq replay`). Counted
+	// either way. Only with OrderSeq.
+	LatePolicy seqguard.Late
+
 	// Logger receives the consumer's logs (default: discarded).
 	Logger *slog.Logger
+
+	// MaxParked bounds the parked events of one source (default 1000). When
+	// parking one more would exceed it, the source's lowest open gaps are
+	// given up early (reason max_parked). Only with OrderSeq.
+	MaxParked int
 
 	// MaxPayloadBytes is the largest payload accepted; bigger records are
 	// dead-lettered as malformed (default envelope.DefaultMaxPayloadBytes).
 	MaxPayloadBytes int
+
+	// Ordering is how each source's events are ordered (default OrderSeq:
+	// seq order through the sequence guard; OrderArrival: as they arrive).
+	Ordering Ordering
 
 	// Pool is the Postgres pool holding onceflow.inbox (required).
 	Pool *pgxpool.Pool
@@ -105,7 +146,8 @@ type Config struct {
 	// Topics to consume (required).
 	Topics []string
 
-	// guard is the sequence-guard step (default: arrival order). See guard.go.
+	// guard is the sequence-guard step (set by New from Ordering; tests may
+	// set it). See guard.go.
 	guard guard
 }
 
@@ -125,6 +167,15 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ConsumerName == "" {
 		c.ConsumerName = DefaultConsumerName
+	}
+	if c.GapCheckInterval == 0 {
+		c.GapCheckInterval = time.Second
+	}
+	if c.GapTimeout == 0 {
+		c.GapTimeout = seqguard.DefaultGapTimeout
+	}
+	if c.MaxParked == 0 {
+		c.MaxParked = seqguard.DefaultMaxParked
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -147,10 +198,20 @@ func (c Config) WithDefaults() Config {
 	if c.RetryMaxInterval == 0 {
 		c.RetryMaxInterval = 5 * time.Second
 	}
-	if c.guard == nil {
-		c.guard = arrivalOrder{}
-	}
 	return c
+}
+
+// setGuard sets the guard from Ordering unless one is set. c must not be
+// copied afterwards (the sequence guard keeps a pointer to it).
+func (c *Config) setGuard() {
+	if c.guard != nil {
+		return
+	}
+	if c.Ordering == OrderArrival {
+		c.guard = arrivalOrder{}
+	} else {
+		c.guard = newSeqGuard(c)
+	}
 }
 
 func (c *Config) validate() error {
@@ -168,12 +229,24 @@ func (c *Config) validate() error {
 		return bad("CommitInterval", "must not be negative")
 	case c.CommitTimeout < 0:
 		return bad("CommitTimeout", "must not be negative")
+	case c.FirstSeen != seqguard.ExpectFirstSeq1 && c.FirstSeen != seqguard.AcceptFirstSeen:
+		return bad("FirstSeen", fmt.Sprintf("unknown value %d", int(c.FirstSeen)))
+	case c.GapCheckInterval < 0:
+		return bad("GapCheckInterval", "must not be negative")
+	case c.GapTimeout < 0:
+		return bad("GapTimeout", "must not be negative")
 	case c.Group == "":
 		return bad("Group", "is required")
 	case len(c.KafkaOpts) == 0:
 		return bad("KafkaOpts", "is required (at least kgo.SeedBrokers)")
+	case c.LatePolicy != seqguard.DeliverLate && c.LatePolicy != seqguard.Hold:
+		return bad("LatePolicy", fmt.Sprintf("unknown value %d", int(c.LatePolicy)))
+	case c.MaxParked < 1:
+		return bad("MaxParked", "must be at least 1")
 	case c.MaxPayloadBytes < 0:
 		return bad("MaxPayloadBytes", "must not be negative")
+	case c.Ordering != OrderSeq && c.Ordering != OrderArrival:
+		return bad("Ordering", fmt.Sprintf("unknown value %d", int(c.Ordering)))
 	case c.Pool == nil:
 		return bad("Pool", "is required")
 	case c.QueueDepth < 1:
@@ -188,6 +261,11 @@ func (c *Config) validate() error {
 		return bad("RetryMaxInterval", "must be at least RetryInitialInterval")
 	case len(c.Topics) == 0:
 		return bad("Topics", "is required")
+	}
+	for _, r := range c.GapTimeouts {
+		if err := r.validate(); err != nil {
+			return bad("GapTimeouts", err.Error())
+		}
 	}
 	for _, t := range c.Topics {
 		if t == "" {

@@ -74,6 +74,7 @@ func New(cfg Config) (*Consumer, error) {
 		log:     cfg.Logger,
 		workers: map[tp]*worker{},
 	}
+	c.cfg.setGuard()
 	c.app = &applier{cfg: &c.cfg, handler: h}
 	return c, nil
 }
@@ -128,7 +129,24 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	c.cl = cl
 	c.mu.Unlock()
-	c.log.InfoContext(ctx, "consumer started", "group", c.cfg.Group, "topics", c.cfg.Topics, "consumer", c.cfg.ConsumerName)
+	c.log.InfoContext(ctx, "consumer started", "group", c.cfg.Group, "topics", c.cfg.Topics, "consumer", c.cfg.ConsumerName,
+		"ordering", c.cfg.Ordering.String())
+
+	// The gap timer runs in every replica until Run returns.
+	timerCtx, stopTimer := context.WithCancel(ctx)
+	timerDone := make(chan struct{})
+	if sg, ok := c.cfg.guard.(*seqGuard); ok {
+		go func() {
+			defer close(timerDone)
+			c.runGapTimer(timerCtx, sg)
+		}()
+	} else {
+		close(timerDone)
+	}
+	defer func() {
+		stopTimer()
+		<-timerDone
+	}()
 
 	fetchBackoff := backoff.NewExponentialBackOff(backoff.WithMaxInterval(5*time.Second), backoff.WithMaxElapsedTime(0))
 	for ctx.Err() == nil {
@@ -362,6 +380,8 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record) e
 	c.m.deadLettered.Add(float64(out.dead))
 	c.m.malformed.Add(float64(out.malformed))
 	c.m.batchSize.Observe(float64(len(recs)))
+	c.m.addGuard(out.guard)
+	c.logGivenUp(ctx, out.guard.givenUp)
 
 	failpoint.Hit(fpAfterPGCommit)
 	c.copyToDLQ(ctx, cl, out.deadItems)

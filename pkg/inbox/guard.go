@@ -2,69 +2,276 @@ package inbox
 
 import (
 	"context"
+	"fmt"
+	"path"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 // This file is the seam for the sequence guard (pkg/seqguard). The engine
-// calls the guard once per new event, inside the inbox transaction, after the
-// event's inbox row was inserted (status 'processed') and before any handler
-// runs. The guard answers what to do with the event and may release earlier
-// parked events that are now due.
+// locks the guard state of a batch's sources once per transaction, after the
+// inbox rows were inserted (status 'processed') and before any handler runs,
+// then admits each new event in offset order. The guard answers with the
+// ordered list of events to apply now: possibly none (the event was parked
+// or held), possibly earlier parked events before or after it. The guard
+// writes its own state (seq state, gaps, parked and held inbox rows) in the
+// same transaction; the engine only runs the handler for what it returns.
 
-// action is what the guard decided for one event.
-type action int
+// Ordering chooses how a consumer orders each source's events.
+type Ordering int
 
 const (
-	// actApply runs the handler for the event now.
-	actApply action = iota
-	// actApplyLate runs the handler with Event.Late set and marks the inbox
-	// row late (the event's gap had already been given up).
-	actApplyLate
-	// actPark keeps the event for later: the engine sets its inbox row to
-	// status 'parked' with headers and payload kept; no handler runs.
-	actPark
-	// actHold keeps the event for an operator: status 'held', payload kept.
-	actHold
+	// OrderSeq applies each source's events in seq order through the
+	// sequence guard (pkg/seqguard): an event ahead of a gap is parked in
+	// Postgres until the gap fills or times out. The default.
+	OrderSeq Ordering = iota
+	// OrderArrival applies events in the order they arrive, seq ignored.
+	OrderArrival
 )
 
-func (a action) String() string {
-	switch a {
-	case actApply:
-		return "apply"
-	case actApplyLate:
-		return "apply-late"
-	case actPark:
-		return "park"
-	case actHold:
-		return "hold"
+// String returns the ordering's configuration name.
+func (o Ordering) String() string {
+	switch o {
+	case OrderSeq:
+		return "seq"
+	case OrderArrival:
+		return "arrival"
 	}
-	return "unknown"
+	return fmt.Sprintf("Ordering(%d)", int(o))
 }
 
-// verdict is the guard's answer for one event.
-type verdict struct {
-	Action action
-	// Then are previously parked events that become due because of this
-	// one, in the order to apply them, after it. The engine runs the handler
-	// for each and sets its inbox row to 'processed' (clearing the kept
-	// headers and payload, and setting late when Event.Late is true).
-	Then []Event
+// ParseOrdering parses "seq" or "arrival".
+func ParseOrdering(s string) (Ordering, error) {
+	for _, o := range []Ordering{OrderSeq, OrderArrival} {
+		if o.String() == s {
+			return o, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown ordering %q (want seq or arrival)", s)
 }
 
-// guard decides, per source, whether an event may be applied now. Admit runs
-// in tx, in offset order for one partition; it may read and write its own
-// tables (seq state, gaps) through tx, and loads released parked events from
-// onceflow.inbox itself. An error aborts the whole batch (it is treated as
-// infrastructure trouble and retried, never dead-lettered).
+// GapTimeout is the gap timeout of an event-type class: the first rule whose
+// Pattern (a path.Match glob, e.g. "billing.*") matches an event's type
+// gives the timeout of the gaps that event opens.
+type GapTimeout struct {
+	Pattern string
+	Timeout time.Duration
+}
+
+// ParseGapTimeouts parses a comma-separated list of glob=duration rules,
+// e.g. "billing.*=5m,agent.*=10s". An empty string is no rules.
+func ParseGapTimeouts(s string) ([]GapTimeout, error) {
+	var out []GapTimeout
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		pat, dur, ok := strings.Cut(part, "=")
+		if !ok {
+			return nil, fmt.Errorf("rule %q: want glob=duration", part)
+		}
+		d, err := time.ParseDuration(strings.TrimSpace(dur))
+		if err != nil {
+			return nil, fmt.Errorf("rule %q: %v", part, err)
+		}
+		r := GapTimeout{Pattern: strings.TrimSpace(pat), Timeout: d}
+		if err := r.validate(); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (r GapTimeout) validate() error {
+	if r.Pattern == "" {
+		return fmt.Errorf("rule %q: empty pattern", r.Pattern+"="+r.Timeout.String())
+	}
+	if _, err := path.Match(r.Pattern, ""); err != nil {
+		return fmt.Errorf("rule %q: bad pattern: %v", r.Pattern, err)
+	}
+	if r.Timeout <= 0 {
+		return fmt.Errorf("rule %q: timeout must be positive, got %v", r.Pattern, r.Timeout)
+	}
+	return nil
+}
+
+// guard decides, per source, which events may be applied now.
 type guard interface {
-	Admit(ctx context.Context, tx pgx.Tx, consumer string, ev Event) (verdict, error)
+	// lock is called once per transaction, after the inbox insert, with
+	// the batch's new valid events (in offset order). An error aborts the
+	// whole batch (infrastructure trouble: retried, never dead-lettered).
+	lock(ctx context.Context, tx pgx.Tx, evs []*item) (admitter, error)
 }
 
-// arrivalOrder is the guard used until pkg/seqguard lands: every event is
-// applied in the order it arrives.
+// admitter admits the new events of one transaction, in offset order.
+type admitter interface {
+	admit(ctx context.Context, it *item) (admitted, error)
+}
+
+// admitted is the guard's answer for one event.
+type admitted struct {
+	// apply are the events to run the handler for now, in order (Late set
+	// where the guard says so).
+	apply []Event
+	// steps are the guard's decisions, for the counters and the ERROR log
+	// of given-up gaps after the commit.
+	steps guardSteps
+}
+
+// guardSteps tallies guard decisions of committed transactions.
+type guardSteps struct {
+	counts  seqguard.Counts
+	givenUp []givenUpGap
+}
+
+type givenUpGap struct {
+	source string
+	step   seqguard.Step
+}
+
+func (g *guardSteps) addOutcome(o seqguard.Outcome) {
+	c := seqguard.Count(o.Steps)
+	g.counts.Applied += c.Applied
+	g.counts.Late += c.Late
+	g.counts.Held += c.Held
+	g.counts.Parked += c.Parked
+	g.counts.GapsOpened += c.GapsOpened
+	g.counts.GapsGivenUp += c.GapsGivenUp
+	for _, st := range o.GivenUp() {
+		g.givenUp = append(g.givenUp, givenUpGap{source: o.Source, step: st})
+	}
+}
+
+func (g *guardSteps) add(o guardSteps) {
+	g.counts.Applied += o.counts.Applied
+	g.counts.Late += o.counts.Late
+	g.counts.Held += o.counts.Held
+	g.counts.Parked += o.counts.Parked
+	g.counts.GapsOpened += o.counts.GapsOpened
+	g.counts.GapsGivenUp += o.counts.GapsGivenUp
+	g.givenUp = append(g.givenUp, o.givenUp...)
+}
+
+// arrivalOrder applies every event in the order it arrives.
 type arrivalOrder struct{}
 
-func (arrivalOrder) Admit(context.Context, pgx.Tx, string, Event) (verdict, error) {
-	return verdict{Action: actApply}, nil
+func (arrivalOrder) lock(context.Context, pgx.Tx, []*item) (admitter, error) { return arrivalOrder{}, nil }
+
+func (arrivalOrder) admit(_ context.Context, it *item) (admitted, error) {
+	return admitted{apply: []Event{it.ev}}, nil
+}
+
+// seqGuard is the sequence guard backed by seqguard.PGStore.
+type seqGuard struct {
+	store *seqguard.PGStore
+	cfg   *Config
+}
+
+func newSeqGuard(cfg *Config) *seqGuard {
+	return &seqGuard{store: &seqguard.PGStore{Consumer: cfg.ConsumerName}, cfg: cfg}
+}
+
+// policy is the guard policy of an event type's class.
+func (g *seqGuard) policy(eventType string) seqguard.Policy {
+	p := seqguard.Policy{FirstSeen: g.cfg.FirstSeen, GapTimeout: g.cfg.GapTimeout, Late: g.cfg.LatePolicy, MaxParked: g.cfg.MaxParked}
+	for _, r := range g.cfg.GapTimeouts {
+		if ok, _ := path.Match(r.Pattern, eventType); ok {
+			p.GapTimeout = r.Timeout
+			break
+		}
+	}
+	return p
+}
+
+func (g *seqGuard) lock(ctx context.Context, tx pgx.Tx, evs []*item) (admitter, error) {
+	now := time.Now()
+	sources := make([]string, len(evs))
+	for i, it := range evs {
+		sources[i] = it.ev.Source
+	}
+	l, err := g.store.Lock(ctx, tx, sources, now)
+	if err != nil {
+		return nil, err
+	}
+	return &seqLocked{g: g, l: l, now: now}, nil
+}
+
+type seqLocked struct {
+	g   *seqGuard
+	l   *seqguard.Locked
+	now time.Time
+}
+
+func (s *seqLocked) admit(ctx context.Context, it *item) (admitted, error) {
+	ev := it.ev
+	out, err := s.l.Receive(ctx, seqguard.Event{
+		EventID: ev.EventID, Source: ev.Source, Seq: ev.Seq, EventType: ev.EventType,
+		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset,
+		Headers: recordHeaders(it.rec), Payload: nonNil(it.rec.Value),
+	}, s.now, s.g.policy(ev.EventType))
+	if err != nil {
+		return admitted{}, err
+	}
+	apply, err := s.g.events(out, &ev)
+	if err != nil {
+		return admitted{}, err
+	}
+	var steps guardSteps
+	steps.addOutcome(out)
+	return admitted{apply: apply, steps: steps}, nil
+}
+
+// events turns an outcome's Apply list into handler events, in order. cur
+// is the event passed to Receive (nil for the gap timer).
+func (g *seqGuard) events(out seqguard.Outcome, cur *Event) ([]Event, error) {
+	evs := make([]Event, 0, len(out.Apply))
+	for _, a := range out.Apply {
+		var ev Event
+		if a.Current {
+			if cur == nil {
+				return nil, fmt.Errorf("sequence guard: source %q: a current event without one", out.Source)
+			}
+			ev = *cur
+		} else {
+			var err error
+			if ev, err = releasedEvent(a.Event); err != nil {
+				return nil, err
+			}
+		}
+		ev.Late = a.Late
+		evs = append(evs, ev)
+	}
+	return evs, nil
+}
+
+// releasedEvent rebuilds a parked event from what its inbox row kept.
+func releasedEvent(e seqguard.Event) (Event, error) {
+	rec, err := recordFromRow(e.Topic, e.Partition, e.Offset, e.Headers, e.Payload)
+	if err != nil {
+		return Event{}, fmt.Errorf("released event %s: %w", e.EventID, err)
+	}
+	env, err := envelope.Decode(rec, len(e.Payload)+1)
+	if err != nil {
+		return Event{}, fmt.Errorf("released event %s: %w", e.EventID, err)
+	}
+	ev := eventFromEnvelope(env, e.Topic, e.Partition, e.Offset)
+	if len(ev.Key) == 0 {
+		ev.Key = []byte(ev.Source) // the key is not kept; the relay keys by source
+	}
+	return ev, nil
+}
+
+// nonNil makes an empty payload an empty (not NULL) bytea when it is kept.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }

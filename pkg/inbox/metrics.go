@@ -16,6 +16,19 @@ type metrics struct {
 	batchDuration prometheus.Histogram
 	lag           *prometheus.GaugeVec
 	inFlight      prometheus.Gauge
+
+	// Sequence guard. The totals count what this process committed; the
+	// gauges are read from Postgres by the gap timer, so every replica
+	// reports the same values (alert on max, not sum).
+	parked      prometheus.Counter
+	late        prometheus.Counter
+	held        prometheus.Counter
+	gapsOpened  prometheus.Counter
+	gapsGivenUp prometheus.Counter
+	gapsOpen    prometheus.Gauge
+	oldestGap   prometheus.Gauge
+	parkedNow   prometheus.Gauge
+	heldNow     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -42,10 +55,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			[]string{"topic", "partition"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "in_flight_batches",
 			Help: "Partition batches being applied right now."}),
+
+		parked: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "parked_total",
+			Help: "Events parked behind a sequence gap."}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "late_events_total",
+			Help: "Events applied marked late (they arrived after their sequence gap was given up)."}),
+		held: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "held_total",
+			Help: "Late events (or seq conflicts) held for an operator instead of applied."}),
+		gapsOpened: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "seq_gaps_opened_total",
+			Help: "Sequence gaps opened."}),
+		gapsGivenUp: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "seq_gaps_given_up_total",
+			Help: "Sequence gaps given up (timeout or parked bound): the events after them were applied without the missing ones."}),
+		gapsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "seq_gaps_open",
+			Help: "Sequence gaps open now (this logical consumer, all replicas)."}),
+		oldestGap: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "seq_oldest_open_gap_age_seconds",
+			Help: "Age of the oldest open sequence gap (0 when none is open)."}),
+		parkedNow: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "parked_events",
+			Help: "Events parked behind a sequence gap now."}),
+		heldNow: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "held_events",
+			Help: "Events held for an operator now."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.processed, m.duplicates, m.deadLettered, m.handlerErrors, m.malformed,
-			m.batchSize, m.batchDuration, m.lag, m.inFlight)
+			m.batchSize, m.batchDuration, m.lag, m.inFlight,
+			m.parked, m.late, m.held, m.gapsOpened, m.gapsGivenUp,
+			m.gapsOpen, m.oldestGap, m.parkedNow, m.heldNow)
 	}
 	return m
 }
@@ -59,4 +93,13 @@ func (m *metrics) setLag(topic string, partition int32, lag int64) {
 
 func (m *metrics) dropLag(topic string, partition int32) {
 	m.lag.DeleteLabelValues(topic, strconv.Itoa(int(partition)))
+}
+
+// addGuard adds committed guard decisions to the totals.
+func (m *metrics) addGuard(g guardSteps) {
+	m.parked.Add(float64(g.counts.Parked))
+	m.late.Add(float64(g.counts.Late))
+	m.held.Add(float64(g.counts.Held))
+	m.gapsOpened.Add(float64(g.counts.GapsOpened))
+	m.gapsGivenUp.Add(float64(g.counts.GapsGivenUp))
 }

@@ -38,16 +38,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'dead', $9, $10, $11, $12)
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id`
 
-// qKeep turns a just-inserted row into a parked or held one.
-const qKeep = `
-UPDATE onceflow.inbox
-SET status = $3, processed_at = NULL, headers = $4, payload = $5
-WHERE consumer = $1 AND event_id = $2`
-
-// qMarkLate flags a row applied late.
-const qMarkLate = `UPDATE onceflow.inbox SET late = true WHERE consumer = $1 AND event_id = $2`
-
-// qMarkApplied marks a released parked (or replayed) row processed and drops
+// qMarkApplied marks a replayed row processed and drops
 // what was kept for it.
 const qMarkApplied = `
 UPDATE onceflow.inbox
