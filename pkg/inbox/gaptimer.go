@@ -112,4 +112,3 @@ func (c *Consumer) logGivenUp(ctx context.Context, gaps []givenUpGap) {
 			"reason", string(g.step.Reason))
 	}
 }
-

@@ -162,7 +162,9 @@ func (g *guardSteps) add(o guardSteps) {
 // arrivalOrder applies every event in the order it arrives.
 type arrivalOrder struct{}
 
-func (arrivalOrder) lock(context.Context, pgx.Tx, []*item) (admitter, error) { return arrivalOrder{}, nil }
+func (arrivalOrder) lock(context.Context, pgx.Tx, []*item) (admitter, error) {
+	return arrivalOrder{}, nil
+}
 
 func (arrivalOrder) admit(_ context.Context, it *item) (admitted, error) {
 	return admitted{apply: []Event{it.ev}}, nil
