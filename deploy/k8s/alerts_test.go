@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
@@ -211,11 +212,14 @@ func ruleMetrics(rules []alertRule) map[string][]string {
 }
 
 // TestSeqGapOpenLongIsHalfTheGapTimeout ties the warning's threshold to the
-// sequence guard's real default gap timeout: it must fire at (or before)
-// half of it, and not at once.
+// gap timeouts the consumer really runs with: ONCEFLOW_GAP_TIMEOUT and
+// every ONCEFLOW_GAP_TIMEOUTS class of each overlay (or, unset, the
+// sequence guard's default). It must fire at or before half of the smallest,
+// and not at once.
 func TestSeqGapOpenLongIsHalfTheGapTimeout(t *testing.T) {
 	t.Parallel()
 	_, rules := rulesFile(t)
+	threshold := -1.0
 	for _, r := range rules {
 		if r.Alert != "SeqGapOpenLong" {
 			continue
@@ -224,15 +228,40 @@ func TestSeqGapOpenLongIsHalfTheGapTimeout(t *testing.T) {
 		if m == nil {
 			t.Fatalf("SeqGapOpenLong expr %q: cannot find the `> seconds` threshold", r.Expr)
 		}
-		threshold, err := strconv.ParseFloat(m[1], 64)
+		v, err := strconv.ParseFloat(m[1], 64)
 		if err != nil {
 			t.Fatal(err)
 		}
-		half := (seqguard.DefaultGapTimeout / 2).Seconds()
-		if threshold <= 0 || threshold > half {
-			t.Errorf("SeqGapOpenLong fires at %gs; want (0, %gs], half of seqguard.DefaultGapTimeout (%s)", threshold, half, seqguard.DefaultGapTimeout)
-		}
-		return
+		threshold = v
 	}
-	t.Fatal("no SeqGapOpenLong alert")
+	if threshold < 0 {
+		t.Fatal("no SeqGapOpenLong alert")
+	}
+	for _, dir := range overlays {
+		m := build(t, dir)
+		smallest := seqguard.DefaultGapTimeout
+		where := "seqguard.DefaultGapTimeout"
+		if v := envValue(m, m.Deployments["onceflow-consumer"], "ONCEFLOW_GAP_TIMEOUT"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				t.Fatalf("%s: ONCEFLOW_GAP_TIMEOUT %q: %v", dir, v, err)
+			}
+			smallest, where = d, "ONCEFLOW_GAP_TIMEOUT"
+		}
+		if v := envValue(m, m.Deployments["onceflow-consumer"], "ONCEFLOW_GAP_TIMEOUTS"); v != "" {
+			for _, class := range strings.Split(v, ",") {
+				_, dur, ok := strings.Cut(strings.TrimSpace(class), "=")
+				d, err := time.ParseDuration(dur)
+				if !ok || err != nil {
+					t.Fatalf("%s: ONCEFLOW_GAP_TIMEOUTS entry %q is not glob=duration", dir, class)
+				}
+				if d < smallest {
+					smallest, where = d, "ONCEFLOW_GAP_TIMEOUTS "+class
+				}
+			}
+		}
+		if half := (smallest / 2).Seconds(); threshold <= 0 || threshold > half {
+			t.Errorf("%s: SeqGapOpenLong fires at %gs; want (0, %gs], half of the smallest gap timeout (%s, %s)", dir, threshold, half, smallest, where)
+		}
+	}
 }
