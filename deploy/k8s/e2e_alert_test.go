@@ -113,60 +113,116 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-var reDeadLettered = regexp.MustCompile(`(?i)dead.?letter`)
+// e2e is a real consumer, run with the prod overlay's settings against the
+// test services, scraped every second by a real Prometheus that loads the
+// alert rules.
+type e2e struct {
+	ctx      context.Context
+	topic    string
+	consumer *testkit.Proc
+	prom     *prometheusServer
+}
 
-// TestDeadLettersAlertFiresInPrometheus is the alert path end to end: a real
-// Prometheus scrapes the real consumer (run with the prod overlay's
-// settings) whose handler fails, the event is dead-lettered, and the
-// DeadLetters alert reaches `firing` with its runbook link.
-func TestDeadLettersAlertFiresInPrometheus(t *testing.T) {
-	needServices(t)
-	t.Parallel()
+// startE2E starts the consumer with handlersJSON and the extra settings,
+// then Prometheus, and waits until Prometheus has scraped the consumer's
+// metric seen (at its initial value: increase() needs a sample from before
+// the event) and the consumer is ready.
+func startE2E(t *testing.T, handlersJSON string, extra map[string]string, seen string) *e2e {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	db := testkit.NewDB(t)
 	topic := testkit.Topic(t, "deploy-e2e", 1, nil)
-
 	handlers := filepath.Join(t.TempDir(), "handlers.json")
-	// A handler that always fails: the event is dead-lettered after one try.
-	if err := os.WriteFile(handlers, []byte(`{"handlers":[{"event_type":"*","kind":"sql","sql":"SELECT 1/0"}]}`), 0o644); err != nil {
+	if err := os.WriteFile(handlers, []byte(handlersJSON), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	env := map[string]string{
+		"ONCEFLOW_DATABASE_URL":  db.URL,
+		"ONCEFLOW_KAFKA_BROKERS": testkit.KafkaBrokers(t),
+		"ONCEFLOW_TOPICS":        topic,
+		"ONCEFLOW_GROUP":         "deploy-e2e-" + topic,
+		"ONCEFLOW_HANDLERS_FILE": handlers,
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
 	ct := findContainer(t, "overlays/prod", "Deployment/onceflow-consumer")
-	consumer, consumerURL := startFromManifest(t, ct, map[string]string{
-		"ONCEFLOW_DATABASE_URL":       db.URL,
-		"ONCEFLOW_KAFKA_BROKERS":      testkit.KafkaBrokers(t),
-		"ONCEFLOW_TOPICS":             topic,
-		"ONCEFLOW_GROUP":              "deploy-e2e-" + topic,
-		"ONCEFLOW_HANDLERS_FILE":      handlers,
-		"ONCEFLOW_RETRY_MAX_ATTEMPTS": "1",
-	})
+	consumer, consumerURL := startFromManifest(t, ct, env)
 	prom := startPrometheus(t, "e2e", map[string]string{"onceflow-consumer": strings.TrimPrefix(consumerURL, "http://")})
-
-	// Let Prometheus see the counter at 0 before it moves: increase() needs
-	// two samples.
-	if _, err := getUntil(ctx, prom.URL+"/api/v1/query?query=onceflow_consumer_dead_lettered_total", func(code int, body string) bool {
-		return code == 200 && strings.Contains(body, `"onceflow_consumer_dead_lettered_total"`)
+	if _, err := getUntil(ctx, prom.URL+"/api/v1/query?query="+seen, func(code int, body string) bool {
+		return code == 200 && strings.Contains(body, `"`+seen+`"`)
 	}); err != nil {
-		t.Fatalf("prometheus never scraped the consumer: %v", err)
+		t.Fatalf("prometheus never scraped %s from the consumer: %v", seen, err)
 	}
 	if _, err := getUntil(ctx, consumerURL+"/readyz", func(code int, _ string) bool { return code == 200 }); err != nil {
 		t.Fatalf("consumer not ready: %v", err)
 	}
+	return &e2e{ctx: ctx, topic: topic, consumer: consumer, prom: prom}
+}
 
-	ev := envelope.Envelope{EventID: "e2e-1", Source: "e2e-source", Seq: 1, EventType: "e2e.poison",
-		ContentType: "application/json", Payload: []byte(`{"n":1}`)}
-	if err := testkit.Client(t).ProduceSync(ctx, ev.Record(topic)).FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
+func (e *e2e) produce(t *testing.T, evs ...envelope.Envelope) {
+	t.Helper()
+	cl := testkit.Client(t)
+	for _, ev := range evs {
+		if err := cl.ProduceSync(e.ctx, ev.Record(e.topic)).FirstErr(); err != nil {
+			t.Fatalf("produce %s: %v", ev.EventID, err)
+		}
 	}
-	if _, err := consumer.WaitFor(ctx, reDeadLettered); err != nil {
+}
+
+// checkFired waits for alert to fire and checks its labels and runbook.
+func (e *e2e) checkFired(t *testing.T, alert, severity string) {
+	t.Helper()
+	labels, ann := e.prom.waitFiring(e.ctx, t, alert)
+	if labels["severity"] != severity || labels["namespace"] != "e2e" || labels["job"] != "onceflow-consumer" {
+		t.Errorf("%s labels = %v, want severity=%s namespace=e2e job=onceflow-consumer", alert, labels, severity)
+	}
+	if !strings.HasSuffix(ann["runbook_url"], "docs/runbooks/"+alert+".md") {
+		t.Errorf("%s runbook_url = %q", alert, ann["runbook_url"])
+	}
+}
+
+func event(source string, seq int64) envelope.Envelope {
+	return envelope.Envelope{EventID: fmt.Sprintf("%s-%d", source, seq), Source: source, Seq: seq,
+		EventType: "e2e.test", ContentType: "application/json", Payload: []byte(`{"n":1}`)}
+}
+
+var (
+	reDeadLettered = regexp.MustCompile(`"msg":"event dead-lettered"`)
+	reGapGivenUp   = regexp.MustCompile(`"level":"ERROR","msg":"sequence gap given up`)
+)
+
+// TestSeqGapGivenUpAlertFiresInPrometheus is the on-call path of C4 end to
+// end: the real consumer (sequence guards on, gap timeout shortened to 2s)
+// gets seq 1 and 3 of a source, gives the gap 2–2 up, and the SeqGapGivenUp
+// alert, evaluated by a real Prometheus scraping it, reaches `firing`.
+func TestSeqGapGivenUpAlertFiresInPrometheus(t *testing.T) {
+	needServices(t)
+	t.Parallel()
+	e := startE2E(t, `{"handlers":[{"event_type":"*","kind":"log"}]}`, map[string]string{
+		"ONCEFLOW_GAP_TIMEOUT":        "2s",
+		"ONCEFLOW_GAP_CHECK_INTERVAL": "200ms",
+	}, "onceflow_consumer_seq_gaps_given_up_total")
+	e.produce(t, event("e2e-source", 1), event("e2e-source", 3))
+	if _, err := e.consumer.WaitFor(e.ctx, reGapGivenUp); err != nil {
+		t.Fatalf("consumer never gave the gap up: %v", err)
+	}
+	e.checkFired(t, "SeqGapGivenUp", "critical")
+}
+
+// TestDeadLettersAlertFiresInPrometheus: the real consumer's handler fails,
+// the event is dead-lettered after one try, and DeadLetters fires in a real
+// Prometheus.
+func TestDeadLettersAlertFiresInPrometheus(t *testing.T) {
+	needServices(t)
+	t.Parallel()
+	e := startE2E(t, `{"handlers":[{"event_type":"*","kind":"sql","sql":"SELECT 1/0"}]}`, map[string]string{
+		"ONCEFLOW_RETRY_MAX_ATTEMPTS": "1",
+	}, "onceflow_consumer_dead_lettered_total")
+	e.produce(t, event("e2e-poison", 1))
+	if _, err := e.consumer.WaitFor(e.ctx, reDeadLettered); err != nil {
 		t.Fatalf("consumer never dead-lettered the event: %v", err)
 	}
-	labels, ann := prom.waitFiring(ctx, t, "DeadLetters")
-	if labels["severity"] != "warning" || labels["namespace"] != "e2e" || labels["job"] != "onceflow-consumer" {
-		t.Errorf("DeadLetters labels = %v, want severity=warning namespace=e2e job=onceflow-consumer", labels)
-	}
-	if !strings.HasSuffix(ann["runbook_url"], "docs/runbooks/DeadLetters.md") {
-		t.Errorf("DeadLetters runbook_url = %q", ann["runbook_url"])
-	}
+	e.checkFired(t, "DeadLetters", "warning")
 }
