@@ -36,6 +36,10 @@ lint: ## gofmt check, go vet and staticcheck.
 bench: ## Run the benchmarks against real services; prints figures beside same-run ceilings.
 	@$(WITH_SERVICES) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./bench/
 
+.PHONY: bench-smoke
+bench-smoke: ## Run the benchmark harness with tiny sizes (< 60 s); checks the figures are produced. Part of `make test`.
+	@$(WITH_SERVICES) $(GO) test -race -count=1 -run '^TestBenchSmoke$$' -timeout 5m ./bench/
+
 DEMO_ARGS ?=
 .PHONY: demo
 demo: build ## Run onceflow end to end on embedded defaults, with chaos; KAFKA=local uses the real broker. DEMO_ARGS="-duration 60s -rate 500".

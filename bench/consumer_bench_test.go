@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,19 +19,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
-
-// consumerBenchEvents is the size of the pre-filled topic
-// (ONCEFLOW_BENCH_CONSUMER_EVENTS overrides it).
-func consumerBenchEvents(b *testing.B) int {
-	if v := os.Getenv("ONCEFLOW_BENCH_CONSUMER_EVENTS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("ONCEFLOW_BENCH_CONSUMER_EVENTS=%q: want a positive integer", v)
-		}
-		return n
-	}
-	return 500_000
-}
 
 const (
 	benchPartitions = 4
@@ -49,7 +35,14 @@ const (
 // group with the same consumer name re-reads the topic: every record is a
 // duplicate, and its speed is compared with the first delivery.
 func BenchmarkConsumerDrain(b *testing.B) {
-	n := consumerBenchEvents(b)
+	sz := benchSizes(b)
+	consumerDrain(b, benchReport, sz.ConsumerEvents, sz.ConsumerFull)
+}
+
+// consumerDrain measures the raw consume and raw insert ceilings and the
+// consumer's first delivery of n events, and with full the replays and the
+// set-based handler; it records the figures in rep.
+func consumerDrain(b testing.TB, rep *report, n int, full bool) {
 	ctx := context.Background()
 	db := testkit.NewDB(b)
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.bench_state (source text PRIMARY KEY, seq bigint NOT NULL, n bigint NOT NULL)`); err != nil {
@@ -57,30 +50,34 @@ func BenchmarkConsumerDrain(b *testing.B) {
 	}
 	topic := testkit.Topic(b, "bench-consumer", benchPartitions, nil)
 	ids, perPartition := prefill(b, topic, n)
+	consumeCeiling := rawConsumeCeiling(b, rep, topic, n)
 
-	for range b.N {
+	{
 		// Ceiling: raw batched inbox inserts of the same ids.
+		record := rep.measure()
 		ceiling := rawInsertCeiling(b, db.Pool, perPartition, 500)
+		record(figure{Name: "ceiling: raw batched inbox insert (unnest, ON CONFLICT DO NOTHING)", Value: float64(n) / ceiling.Seconds(), Unit: "events/s",
+			Notes: []string{fmt.Sprintf("%d rows, %d goroutines, batches of 500", n, benchPartitions)}})
 		for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets`, `VACUUM ANALYZE onceflow.inbox`} {
 			if _, err := db.Pool.Exec(ctx, q); err != nil {
 				b.Fatal(err)
 			}
 		}
 
-		handlers := filepath.Join(b.TempDir(), "handlers.json")
-		spec := `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
-			"INSERT INTO public.bench_state (source, seq, n) VALUES (:source, :seq, 1) ON CONFLICT (source) DO UPDATE SET seq = EXCLUDED.seq, n = bench_state.n + 1 WHERE bench_state.seq < EXCLUDED.seq"}]}`
-		if os.Getenv("ONCEFLOW_BENCH_CONSUMER_HANDLER") == "log" { // to see where the time goes
-			spec = `{"handlers": [{"event_type": "*", "kind": "log"}]}`
-		}
-		if err := os.WriteFile(handlers, []byte(spec), 0o600); err != nil {
-			b.Fatal(err)
-		}
-		h, err := inbox.LoadHandlerFile(handlers)
-		if err != nil {
-			b.Fatal(err)
-		}
+		h := sqlUpsertHandler(b)
+		record = rep.measure()
 		first, firstJoin := drain(b, db.Pool, topic, "first", h, "onceflow_consumer_processed_total", n)
+		firstRate, ceilRate := float64(n)/first.Seconds(), float64(n)/ceiling.Seconds()
+		lowest, lowestName := ceilRate, "raw inbox insert"
+		if consumeCeiling < lowest {
+			lowest, lowestName = consumeCeiling, "raw consume"
+		}
+		record(figure{Name: "consumer drain (sql upsert handler)", Value: firstRate, Unit: "events/s", CeilingName: lowestName, Ceiling: lowest,
+			Target: ">= 25k ev/s and >= 0.60 of ceiling", Met: met(firstRate >= 25_000 && firstRate >= 0.6*lowest),
+			Notes: []string{fmt.Sprintf("group join + first fetch %s (not timed); ceiling is the lower of raw consume and raw insert", firstJoin.Round(time.Millisecond))}})
+		if !full {
+			return
+		}
 		// Replay right after the first delivery: the new rows may not be
 		// all-visible yet (autovacuum has not processed the table), so each
 		// probe visits the heap.
@@ -102,25 +99,27 @@ func BenchmarkConsumerDrain(b *testing.B) {
 
 		// The same with a Go BatchHandler doing the upsert set-based: one
 		// statement per batch instead of one per event.
-		for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
+		for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_gaps, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
 			if _, err := db.Pool.Exec(ctx, q); err != nil {
 				b.Fatal(err)
 			}
 		}
+		record = rep.measure()
 		setBased, _ := drain(b, db.Pool, topic, "setbased", upsertBatch{}, "onceflow_consumer_processed_total", n)
+		setRate := float64(n) / setBased.Seconds()
+		record(figure{Name: "consumer drain (Go set-based BatchHandler)", Value: setRate, Unit: "events/s", CeilingName: lowestName, Ceiling: lowest})
 
-		firstRate := float64(n) / first.Seconds()
-		ceilRate := float64(n) / ceiling.Seconds()
 		dupRate := float64(n) / dups.Seconds()
 		warmRate := float64(n) / warmDups.Seconds()
-		setRate := float64(n) / setBased.Seconds()
-		b.ReportMetric(firstRate, "events/s")
-		b.ReportMetric(ceilRate, "ceiling_events/s")
-		b.ReportMetric(100*firstRate/ceilRate, "%_of_ceiling")
-		b.ReportMetric(dupRate, "duplicates/s")
-		b.ReportMetric(dupRate/firstRate, "duplicate_speedup")
-		b.ReportMetric(warmRate/firstRate, "vacuumed_duplicate_speedup")
-		b.ReportMetric(setRate, "setbased_events/s")
+		if bb, ok := b.(*testing.B); ok {
+			bb.ReportMetric(firstRate, "events/s")
+			bb.ReportMetric(ceilRate, "ceiling_events/s")
+			bb.ReportMetric(100*firstRate/ceilRate, "%_of_ceiling")
+			bb.ReportMetric(dupRate, "duplicates/s")
+			bb.ReportMetric(dupRate/firstRate, "duplicate_speedup")
+			bb.ReportMetric(warmRate/firstRate, "vacuumed_duplicate_speedup")
+			bb.ReportMetric(setRate, "setbased_events/s")
+		}
 		fmt.Printf("consumer drain: %d events (%d B payloads, %d partitions, batches of 500)\n"+
 			"  first delivery, sql handler (one upsert per event): %.0f ev/s in %s (+ group join %s)\n"+
 			"  ceiling, raw batched INSERT … unnest … ON CONFLICT DO NOTHING: %.0f ev/s in %s -> %.0f%% of ceiling\n"+
@@ -138,7 +137,7 @@ func BenchmarkConsumerDrain(b *testing.B) {
 
 // prefill produces n events with 256-byte payloads and returns their ids,
 // also grouped by the partition they landed on.
-func prefill(b *testing.B, topic string, n int) ([]string, [][]benchRow) {
+func prefill(b testing.TB, topic string, n int) ([]string, [][]benchRow) {
 	b.Helper()
 	cl := testkit.Client(b, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(5*time.Millisecond),
 		kgo.MaxBufferedRecords(100_000), kgo.ProducerBatchMaxBytes(1<<20))
@@ -214,7 +213,7 @@ type benchRow struct {
 
 // rawInsertCeiling inserts the ids into onceflow.inbox the fastest plain way
 // (one goroutine per partition, batches of size) and returns the time.
-func rawInsertCeiling(b *testing.B, pool *pgxpool.Pool, per [][]benchRow, size int) time.Duration {
+func rawInsertCeiling(b testing.TB, pool *pgxpool.Pool, per [][]benchRow, size int) time.Duration {
 	b.Helper()
 	const q = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
 		SELECT 'ceiling', e.id, e.source, e.seq, 'bench.event', 'bench', $1, e.off, 'processed', now()
@@ -252,7 +251,7 @@ func rawInsertCeiling(b *testing.B, pool *pgxpool.Pool, per [][]benchRow, size i
 // drain runs a consumer in a fresh group until metric reaches n and returns
 // the time from the first applied batch to the last, and the time before
 // the first batch (group join and first fetch).
-func drain(b *testing.B, pool *pgxpool.Pool, topic, group string, h inbox.BatchHandler, metric string, n int) (time.Duration, time.Duration) {
+func drain(b testing.TB, pool *pgxpool.Pool, topic, group string, h inbox.BatchHandler, metric string, n int) (time.Duration, time.Duration) {
 	b.Helper()
 	reg := prometheus.NewRegistry()
 	c, err := inbox.New(inbox.Config{
@@ -266,22 +265,7 @@ func drain(b *testing.B, pool *pgxpool.Pool, topic, group string, h inbox.BatchH
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- c.Run(ctx) }()
-	var firstAt time.Time
-	deadline := time.Now().Add(30 * time.Minute)
-	for {
-		v := gauge(reg, metric)
-		if v > 0 && firstAt.IsZero() {
-			firstAt = time.Now()
-		}
-		if v >= float64(n) {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%s: %s reached %v of %d", group, metric, v, n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	end := time.Now()
+	firstAt, end := waitCounter(b, reg, metric, 0, float64(n), 30*time.Minute)
 	cancel()
 	if err := <-done; err != nil {
 		b.Fatal(err)
@@ -289,16 +273,51 @@ func drain(b *testing.B, pool *pgxpool.Pool, topic, group string, h inbox.BatchH
 	return end.Sub(firstAt), firstAt.Sub(start)
 }
 
-func gauge(reg *prometheus.Registry, name string) float64 {
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			var s float64
-			for _, m := range mf.GetMetric() {
-				s += m.GetCounter().GetValue()
-			}
-			return s
-		}
+// rawConsumeCeiling reads the n records of topic with a plain read_committed
+// franz-go consumer and records the rate.
+func rawConsumeCeiling(tb testing.TB, rep *report, topic string, n int) float64 {
+	tb.Helper()
+	record := rep.measure()
+	cl, err := kgo.NewClient(append(relayKafkaOpts(tb), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return 0
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start, seen := time.Now(), 0
+	for seen < n {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			tb.Fatalf("raw consume: %d of %d records: %v", seen, n, err)
+		}
+		fs.EachError(func(t string, p int32, err error) { tb.Fatalf("raw consume %s/%d: %v", t, p, err) })
+		seen += fs.NumRecords()
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	record(figure{Name: "ceiling: raw franz-go consume (read_committed)", Value: rate, Unit: "events/s",
+		Notes: []string{fmt.Sprintf("%d records of %d B from %d partitions, from client start", n, benchPayload, benchPartitions)}})
+	return rate
+}
+
+// sqlUpsertHandler is the sql handler of the consumer benchmarks: one upsert
+// per event with the monotonic guard (ONCEFLOW_BENCH_CONSUMER_HANDLER=log
+// swaps in the ledger-only log handler, to see where the time goes).
+func sqlUpsertHandler(tb testing.TB) inbox.BatchHandler {
+	tb.Helper()
+	handlers := filepath.Join(tb.TempDir(), "handlers.json")
+	spec := `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+		"INSERT INTO public.bench_state (source, seq, n) VALUES (:source, :seq, 1) ON CONFLICT (source) DO UPDATE SET seq = EXCLUDED.seq, n = bench_state.n + 1 WHERE bench_state.seq < EXCLUDED.seq"}]}`
+	if os.Getenv("ONCEFLOW_BENCH_CONSUMER_HANDLER") == "log" {
+		spec = `{"handlers": [{"event_type": "*", "kind": "log"}]}`
+	}
+	if err := os.WriteFile(handlers, []byte(spec), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	h, err := inbox.LoadHandlerFile(handlers)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return h
 }

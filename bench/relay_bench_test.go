@@ -3,12 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,43 +24,6 @@ const (
 	relayBenchBatch   = 1000
 )
 
-func relayBenchEvents(b *testing.B) int {
-	if v := os.Getenv("ONCEFLOW_BENCH_RELAY_EVENTS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("ONCEFLOW_BENCH_RELAY_EVENTS=%q: want a positive integer", v)
-		}
-		return n
-	}
-	return 200_000
-}
-
-func relayKafkaOpts(b *testing.B) []kgo.Opt {
-	return []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(b), ",")...)}
-}
-
-func startBenchRelay(b *testing.B, db *testkit.DB, batch int, deleteOnPublish, listen bool) (stop func()) {
-	b.Helper()
-	ckpt := testkit.Topic(b, "bench-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
-	r, err := outbox.New(outbox.Config{
-		BatchMaxRows:          batch,
-		CheckpointTopic:       ckpt,
-		DB:                    db.Pool,
-		DeleteOnPublish:       deleteOnPublish,
-		Listen:                listen,
-		KafkaOpts:             relayKafkaOpts(b),
-		Logger:                benchLogger(),
-		TransactionalIDPrefix: "bench-" + ckpt + "-",
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = r.Run(ctx); close(done) }()
-	return func() { cancel(); <-done }
-}
-
 // BenchmarkRelayDrain drains a backlog of 200k events with 256-byte payloads
 // and reports events/s beside a ceiling measured in the same run: raw
 // franz-go transactional produce of the same records, in the same batch
@@ -70,12 +32,14 @@ func startBenchRelay(b *testing.B, db *testkit.DB, batch int, deleteOnPublish, l
 // Two modes: "mark" (the default: published_at is set, rows are pruned after
 // the retention) and "delete" (Config.DeleteOnPublish).
 func BenchmarkRelayDrain(b *testing.B) {
-	b.Run("mark", func(b *testing.B) { benchRelayDrain(b, false) })
-	b.Run("delete", func(b *testing.B) { benchRelayDrain(b, true) })
+	sz := benchSizes(b)
+	b.Run("mark", func(b *testing.B) { relayDrain(b, benchReport, sz.RelayEvents, false) })
+	b.Run("delete", func(b *testing.B) { relayDrain(b, benchReport, sz.RelayEvents, true) })
 }
 
-func benchRelayDrain(b *testing.B, deleteOnPublish bool) {
-	n := relayBenchEvents(b)
+// relayDrain measures the ceiling and the relay on a backlog of n events and
+// records both in rep.
+func relayDrain(b testing.TB, rep *report, n int, deleteOnPublish bool) {
 	ctx := context.Background()
 	db := testkit.NewDB(b)
 	topic := testkit.Topic(b, "bench-relay", 4, nil)
@@ -107,7 +71,8 @@ func benchRelayDrain(b *testing.B, deleteOnPublish bool) {
 		b.Fatal(err)
 	}
 	defer prod.Close()
-	b.ResetTimer()
+	resetTimer(b)
+	record := rep.measure()
 	t0 := time.Now()
 	for off := 0; off < n; off += relayBenchBatch {
 		if err := prod.BeginTransaction(); err != nil {
@@ -121,11 +86,15 @@ func benchRelayDrain(b *testing.B, deleteOnPublish bool) {
 		}
 	}
 	ceiling := float64(n) / time.Since(t0).Seconds()
+	mode := map[bool]string{false: "mark", true: "delete"}[deleteOnPublish]
+	record(figure{Name: "ceiling: raw franz-go transactional produce (" + mode + " run)", Value: ceiling, Unit: "events/s",
+		Notes: []string{fmt.Sprintf("%d records of %d B in transactions of %d", n, relayBenchPayload, relayBenchBatch)}})
 
 	// The relay, from start-up (lease, producer init, checkpoint read) to
 	// the last row marked.
+	record = rep.measure()
 	t1 := time.Now()
-	stop := startBenchRelay(b, db, relayBenchBatch, deleteOnPublish, false)
+	stop := startBenchRelay(b, db, relayBenchBatch, deleteOnPublish, false, nil)
 	defer stop()
 	for {
 		var left int
@@ -138,10 +107,18 @@ func benchRelayDrain(b *testing.B, deleteOnPublish bool) {
 		time.Sleep(10 * time.Millisecond) // polling a condition
 	}
 	rate := float64(n) / time.Since(t1).Seconds()
-	b.StopTimer()
-	b.ReportMetric(rate, "events/s")
-	b.ReportMetric(ceiling, "ceiling_events/s")
-	b.ReportMetric(rate/ceiling, "ratio")
+	f := figure{Name: "relay drain (" + mode + ")", Value: rate, Unit: "events/s", CeilingName: "raw txn produce", Ceiling: ceiling,
+		Target: ">= 30k ev/s and >= 0.60 of ceiling", Met: met(rate >= 30_000 && rate >= 0.6*ceiling)}
+	if deleteOnPublish {
+		f.Target, f.Met = "", nil // the target is for the default mode
+	}
+	record(f)
+	if bb, ok := b.(*testing.B); ok {
+		bb.StopTimer()
+		bb.ReportMetric(rate, "events/s")
+		bb.ReportMetric(ceiling, "ceiling_events/s")
+		bb.ReportMetric(rate/ceiling, "ratio")
+	}
 	b.Logf("relay drained %d events at %.0f events/s; raw transactional produce %.0f events/s; ratio %.2f", n, rate, ceiling, rate/ceiling)
 }
 
@@ -165,7 +142,7 @@ func benchRelayLatency(b *testing.B, listen bool) {
 			b.Fatal(err)
 		}
 	}
-	stop := startBenchRelay(b, db, relayBenchBatch, false, listen)
+	stop := startBenchRelay(b, db, relayBenchBatch, false, listen, nil)
 	defer stop()
 
 	// Idle cost: transactions committed per second in this database while
@@ -276,6 +253,9 @@ func benchRelayLatency(b *testing.B, listen bool) {
 	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
 	b.ReportMetric(float64(p99.Microseconds())/1000, "p99_ms")
 	b.ReportMetric(idle, "idle_db_xacts/s")
+	mode := map[bool]string{false: "poll", true: "listen"}[listen]
+	benchReport.measure()(figure{Name: "relay commit-to-visible p99 at 1k ev/s, closed loop (" + mode + ")", Value: float64(p99.Microseconds()) / 1000, Unit: "ms",
+		Notes: []string{fmt.Sprintf("p50 %s; producer commit -> read_committed reader; idle relay %.1f DB xacts/s", p50, idle)}})
 	b.Logf("commit-to-visible at %d events/s: p50 %s, p99 %s (n=%d); idle relay: %.1f DB transactions/s", rate, p50, p99, len(lat), idle)
 }
 
@@ -284,29 +264,68 @@ func benchRelayLatency(b *testing.B, listen bool) {
 // concurrent producers and one event per transaction; then again with the
 // NOTIFY trigger enabled.
 func BenchmarkRelaySourceThroughput(b *testing.B) {
+	relaySourceThroughput(b, benchReport, benchSizes(b).EnqueueFor)
+}
+
+// relaySourceThroughput measures the single-row commit ceiling, then Enqueue
+// throughput, each for d.
+func relaySourceThroughput(tb testing.TB, rep *report, d time.Duration) {
 	ctx := context.Background()
-	db := testkit.NewDB(b)
+	db := testkit.NewDB(tb)
+	commits := pgCommitCeiling(tb, rep, db, d)
 	for _, notify := range []bool{false, true} {
 		if notify {
 			if _, err := db.Pool.Exec(ctx, `ALTER TABLE onceflow.outbox ENABLE TRIGGER outbox_notify`); err != nil {
-				b.Fatal(err)
+				tb.Fatal(err)
 			}
 		}
 		suffix := ""
 		if notify {
 			suffix = "_notify"
 		}
-		benchEnqueueSources(b, db, suffix)
+		benchEnqueueSources(tb, rep, db, suffix, d, commits)
 	}
 }
 
-func benchEnqueueSources(b *testing.B, db *testkit.DB, suffix string) {
+// pgCommitCeiling is the rate of single-row INSERT commits (autocommit) by 8
+// concurrent connections for d: the ceiling of one-event-per-transaction
+// enqueues.
+func pgCommitCeiling(tb testing.TB, rep *report, db *testkit.DB, d time.Duration) float64 {
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.bench_commit (id bigserial PRIMARY KEY, v text NOT NULL)`); err != nil {
+		tb.Fatal(err)
+	}
+	record := rep.measure()
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				if _, err := db.Pool.Exec(ctx, `INSERT INTO public.bench_commit (v) VALUES ('x')`); err != nil {
+					tb.Error(err)
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	rate := float64(n.Load()) / d.Seconds()
+	record(figure{Name: "ceiling: Postgres single-row commits (8 conns)", Value: rate, Unit: "commits/s"})
+	return rate
+}
+
+func benchEnqueueSources(tb testing.TB, rep *report, db *testkit.DB, suffix string, d time.Duration, commits float64) {
 	ctx := context.Background()
 	for _, sources := range []int{1, 16} {
+		record := rep.measure()
 		var n int64
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		deadline := time.Now().Add(3 * time.Second)
+		deadline := time.Now().Add(d)
 		for w := range 8 {
 			wg.Add(1)
 			go func() {
@@ -318,7 +337,7 @@ func benchEnqueueSources(b *testing.B, db *testkit.DB, suffix string) {
 						return err
 					})
 					if err != nil {
-						b.Error(err)
+						tb.Error(err)
 						return
 					}
 					k++
@@ -329,15 +348,11 @@ func benchEnqueueSources(b *testing.B, db *testkit.DB, suffix string) {
 			}()
 		}
 		wg.Wait()
-		b.ReportMetric(float64(n)/3, fmt.Sprintf("enqueue_%dsrc%s_events/s", sources, suffix))
+		rate := float64(n) / d.Seconds()
+		if b, ok := tb.(*testing.B); ok {
+			b.ReportMetric(rate, fmt.Sprintf("enqueue_%dsrc%s_events/s", sources, suffix))
+		}
+		record(figure{Name: fmt.Sprintf("enqueue, 1 event/txn, %d source(s)%s", sources, strings.ReplaceAll(suffix, "_", ", ")), Value: rate, Unit: "events/s",
+			CeilingName: "pg single-row commits", Ceiling: commits})
 	}
-}
-
-// benchLogger discards logs unless ONCEFLOW_BENCH_RELAY_DEBUG is set, which
-// prints the relay's per-batch timings (fetch, kafka, mark) to stderr.
-func benchLogger() *slog.Logger {
-	if os.Getenv("ONCEFLOW_BENCH_RELAY_DEBUG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
 }

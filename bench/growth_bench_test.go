@@ -1,0 +1,116 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+)
+
+// BenchmarkGrowth measures how throughput holds up as tables grow:
+//
+//   - consumer: the drain of the same topic with an empty inbox and with the
+//     inbox pre-filled (ONCEFLOW_BENCH_INBOX_ROWS, default 10M rows, one
+//     INSERT … SELECT generate_series);
+//   - relay: the rate with a 1M-row backlog (ONCEFLOW_BENCH_RELAY_PENDING;
+//     the first ONCEFLOW_BENCH_RELAY_WINDOW events timed) against backlogs of
+//     10k (five rounds), each timed from the backlog's commit.
+func BenchmarkGrowth(b *testing.B) {
+	sz := benchSizes(b)
+	b.Run("consumer", func(b *testing.B) { consumerGrowth(b, benchReport, sz.GrowthEvents, sz.InboxRows) })
+	b.Run("relay", func(b *testing.B) { relayGrowth(b, benchReport, sz) })
+}
+
+func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
+	ctx := context.Background()
+	db := testkit.NewDB(tb)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.bench_state (source text PRIMARY KEY, seq bigint NOT NULL, n bigint NOT NULL)`); err != nil {
+		tb.Fatal(err)
+	}
+	topic := testkit.Topic(tb, "bench-growth", benchPartitions, nil)
+	prefill(tb, topic, n)
+	h := sqlUpsertHandler(tb)
+	exec := func(qs ...string) {
+		for _, q := range qs {
+			if _, err := db.Pool.Exec(ctx, q); err != nil {
+				tb.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+	exec(`VACUUM ANALYZE onceflow.inbox`)
+	record := rep.measure()
+	empty, _ := drain(tb, db.Pool, topic, "empty", h, "onceflow_consumer_processed_total", n)
+	emptyRate := float64(n) / empty.Seconds()
+	record(figure{Name: "consumer drain, empty inbox", Value: emptyRate, Unit: "events/s", Notes: []string{fmt.Sprintf("%d events", n)}})
+
+	exec(`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_gaps, public.bench_state`)
+	t0 := time.Now()
+	exec(fmt.Sprintf(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
+		SELECT 'default', 'old-' || g, 'old-' || (g %% 100000), g / 100000 + 1, 'bench.event', 'old', g %% 4, g, 'processed', now()
+		  FROM generate_series(1, %d) g`, inboxRows))
+	fill := time.Since(t0)
+	t1 := time.Now()
+	exec(`VACUUM ANALYZE onceflow.inbox`)
+	vacuum := time.Since(t1)
+
+	record = rep.measure()
+	filled, _ := drain(tb, db.Pool, topic, "filled", h, "onceflow_consumer_processed_total", n)
+	filledRate := float64(n) / filled.Seconds()
+	ratio := filledRate / emptyRate
+	record(figure{Name: fmt.Sprintf("growth: consumer drain, inbox pre-filled with %d rows", inboxRows), Value: filledRate, Unit: "events/s",
+		CeilingName: "empty inbox", Ceiling: emptyRate, Target: "ratio >= 0.8", Met: met(ratio >= 0.8),
+		Notes: []string{fmt.Sprintf("pre-fill %s, VACUUM ANALYZE %s (not timed)", fill.Round(time.Second), vacuum.Round(time.Second))}})
+}
+
+func relayGrowth(tb testing.TB, rep *report, sz sizes) {
+	ctx := context.Background()
+	db := testkit.NewDB(tb)
+	topic := testkit.Topic(tb, "bench-growth-relay", benchPartitions, nil)
+	reg := prometheus.NewRegistry()
+	stop := startBenchRelay(tb, db, relayBenchBatch, false, false, reg)
+	defer stop()
+	const published = "onceflow_relay_published_total"
+	next := 0
+	backlog := func(n int) time.Time {
+		if _, err := db.Pool.Exec(ctx, `
+			INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, payload)
+			SELECT 'ev-' || g, $1, 'src-' || (g % 256), g + 1, 'bench.event', 'application/octet-stream',
+			       decode(repeat('ab', $4::int), 'hex')
+			  FROM generate_series($2::bigint, $2::bigint + $3::bigint - 1) g`, topic, next, n, relayBenchPayload); err != nil {
+			tb.Fatal(err)
+		}
+		next += n
+		return time.Now()
+	}
+	// Warm up: the relay's lease, producer id and topic metadata.
+	backlog(1)
+	waitCounter(tb, reg, published, 0, 1, 3*time.Minute)
+
+	record := rep.measure()
+	var small time.Duration
+	for range sz.RelayRounds {
+		before := gauge(reg, published)
+		t0 := backlog(sz.RelayBase)
+		_, done := waitCounter(tb, reg, published, before, before+float64(sz.RelayBase), 10*time.Minute)
+		small += done.Sub(t0)
+	}
+	smallRate := float64(sz.RelayBase*sz.RelayRounds) / small.Seconds()
+	record(figure{Name: fmt.Sprintf("relay drain, %d pending (x%d)", sz.RelayBase, sz.RelayRounds), Value: smallRate, Unit: "events/s",
+		Notes: []string{"in-process relay, mark mode, timed from the backlog's commit to its last row published"}})
+
+	before := gauge(reg, published)
+	t1 := time.Now()
+	t0 := backlog(sz.RelayPending)
+	insert := t0.Sub(t1)
+	record = rep.measure()
+	_, done := waitCounter(tb, reg, published, before, before+float64(sz.RelayWindow), 30*time.Minute)
+	bigRate := float64(sz.RelayWindow) / done.Sub(t0).Seconds()
+	ratio := bigRate / smallRate
+	record(figure{Name: fmt.Sprintf("growth: relay drain, %d pending", sz.RelayPending), Value: bigRate, Unit: "events/s",
+		CeilingName: fmt.Sprintf("%d pending", sz.RelayBase), Ceiling: smallRate, Target: "ratio >= 0.8", Met: met(ratio >= 0.8),
+		Notes: []string{fmt.Sprintf("first %d events timed from the backlog's commit; backlog INSERT took %s (not timed)", sz.RelayWindow, insert.Round(time.Second))}})
+}

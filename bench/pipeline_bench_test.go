@@ -1,0 +1,336 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+// BenchmarkPipeline runs the relay and consumer binaries against one
+// database and topic, with a handler that upserts one row per source and
+// NOTIFYs the event id: a notification arrives when the consumer's
+// transaction commits. It measures
+//
+//   - the drain of a bulk backlog through both binaries: end-to-end maximum
+//     throughput and CPU seconds per 1M events of each process (relay,
+//     consumer, every PostgreSQL process, the Kafka JVM) from /proc;
+//   - end-to-end latency, open loop, at 1k events/s and at 50% of that
+//     maximum: a scheduler enqueues each event at its planned time whether or
+//     not earlier writes completed, and latency runs from the planned time to
+//     the consumer's commit, so a stall counts against every event it delays.
+func BenchmarkPipeline(b *testing.B) { pipeline(b, benchReport, benchSizes(b)) }
+
+const e2eChannel = "bench_e2e"
+
+type pipe struct {
+	db       *testkit.DB
+	producer *pgxpool.Pool
+	topic    string
+	relay    *testkit.Proc
+	consumer *testkit.Proc
+
+	mu       sync.Mutex
+	onNotify func(id string, at time.Time)
+}
+
+func pipeline(tb testing.TB, rep *report, sz sizes) {
+	p := startPipe(tb)
+
+	maxRate := p.drainCPU(tb, rep, sz.PipelineEvents)
+
+	p.openLoop(tb, rep, "1k", 1000, sz.LatencyFor, true)
+	half := math.Max(1, math.Round(maxRate/2))
+	p.openLoop(tb, rep, "half", half, sz.LatencyFor, false)
+
+	for _, pr := range []*testkit.Proc{p.relay, p.consumer} {
+		pr.Signal(syscall.SIGTERM)
+		if err := pr.Wait(30 * time.Second); err != nil {
+			tb.Logf("%s: %v", pr.Name, err)
+		}
+	}
+}
+
+func startPipe(tb testing.TB) *pipe {
+	tb.Helper()
+	ctx := context.Background()
+	p := &pipe{db: testkit.NewDB(tb)}
+	if _, err := p.db.Pool.Exec(ctx, `CREATE TABLE public.bench_state (source text PRIMARY KEY, seq bigint NOT NULL, n bigint NOT NULL)`); err != nil {
+		tb.Fatal(err)
+	}
+	p.topic = testkit.Topic(tb, "bench-e2e", benchPartitions, nil)
+	ckpt := testkit.Topic(tb, "bench-e2e-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
+
+	cfg, err := pgxpool.ParseConfig(p.db.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	if p.producer, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(p.producer.Close)
+
+	// The listener: one connection, LISTEN, a notification per applied event.
+	conn, err := pgx.Connect(ctx, p.db.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+e2eChannel); err != nil {
+		tb.Fatal(err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			n, err := conn.WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			at := time.Now()
+			p.mu.Lock()
+			if p.onNotify != nil {
+				p.onNotify(n.Payload, at)
+			}
+			p.mu.Unlock()
+		}
+	}()
+	// Registered before NewDB's cleanup runs (cleanups run last-first), so
+	// the connection is gone before the database is dropped.
+	tb.Cleanup(func() { cancel(); <-done; _ = conn.Close(context.Background()) })
+
+	handlers := filepath.Join(tb.TempDir(), "handlers.json")
+	spec := `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+		"WITH u AS (INSERT INTO public.bench_state (source, seq, n) VALUES (:source, :seq, 1) ON CONFLICT (source) DO UPDATE SET seq = EXCLUDED.seq, n = bench_state.n + 1 WHERE bench_state.seq < EXCLUDED.seq) SELECT pg_notify('` + e2eChannel + `', :event_id)"}]}`
+	if err := os.WriteFile(handlers, []byte(spec), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	brokers := testkit.KafkaBrokers(tb)
+	p.relay = testkit.Start(tb, "relay", testkit.Binary(tb, "relay"), nil, "run",
+		"-database-url", p.db.URL, "-kafka-brokers", brokers, "-checkpoint-topic", ckpt,
+		"-transactional-id-prefix", "bench-"+p.topic+"-", "-http-addr", "", "-log-level", "warn")
+	p.consumer = testkit.Start(tb, "consumer", testkit.Binary(tb, "consumer"), nil, "run",
+		"-database-url", p.db.URL, "-kafka-brokers", brokers, "-group", "bench-"+p.topic, "-topics", p.topic,
+		"-handlers-file", handlers, "-http-addr", "", "-log-level", "warn")
+
+	// Warm up: one event through both binaries (lease, producer id, group
+	// join, partition assignment).
+	got := make(chan struct{})
+	var once sync.Once
+	p.notify(func(id string, _ time.Time) {
+		if id == "warmup" {
+			once.Do(func() { close(got) })
+		}
+	})
+	if err := pgx.BeginFunc(ctx, p.producer, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: p.topic, Source: "warmup", EventType: "bench.event", EventID: "warmup", Payload: []byte(`{}`)})
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	select {
+	case <-got:
+	case <-time.After(3 * time.Minute):
+		tb.Fatalf("warm-up event not applied in 3m\nrelay:\n%s\nconsumer:\n%s", p.relay.Output(), p.consumer.Output())
+	}
+	return p
+}
+
+func (p *pipe) notify(f func(id string, at time.Time)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onNotify = f
+}
+
+// cpuSample is the CPU seconds of each process at one moment.
+type cpuSample map[string]float64
+
+func (p *pipe) cpu(tb testing.TB) cpuSample {
+	s := cpuSample{"relay": cpuOf(p.relay.Cmd.Process.Pid), "consumer": cpuOf(p.consumer.Cmd.Process.Pid)}
+	// The postmaster is the parent of any backend, e.g. this connection's.
+	var backend int
+	if err := p.db.Pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		tb.Fatal(err)
+	}
+	if _, _, pm, err := procStat(backend); err == nil {
+		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pm)); err == nil && strings.HasPrefix(string(comm), "postgres") {
+			s["postgres"] = cpuTree(pm)
+		}
+	}
+	if k := kafkaPid(); k > 0 {
+		s["kafka"] = cpuOf(k)
+	}
+	return s
+}
+
+// drainCPU inserts n events into the outbox in one statement and times them
+// through relay and consumer to the last notification; it records the rate
+// and CPU seconds per 1M events per process, and returns the rate.
+func (p *pipe) drainCPU(tb testing.TB, rep *report, n int) float64 {
+	ctx := context.Background()
+	all := make(chan struct{})
+	var seen int
+	p.notify(func(id string, _ time.Time) {
+		if strings.HasPrefix(id, "bulk-") {
+			if seen++; seen == n {
+				close(all)
+			}
+		}
+	})
+	record := rep.measure()
+	if _, err := p.db.Pool.Exec(ctx, `
+		INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, payload)
+		SELECT 'bulk-' || g, $1, 'bulk-' || (g % 256), g / 256 + 1, 'bench.event', 'application/json',
+		       convert_to('{"pad":"' || repeat('x', $3 - 10) || '"}', 'UTF8')
+		  FROM generate_series(0, $2 - 1) g`, p.topic, n, benchPayload); err != nil {
+		tb.Fatal(err)
+	}
+	before, t0 := p.cpu(tb), time.Now()
+	select {
+	case <-all:
+	case <-time.After(30 * time.Minute):
+		tb.Fatalf("pipeline drain: %d of %d applied", seen, n)
+	}
+	elapsed := time.Since(t0)
+	after := p.cpu(tb)
+	rate := float64(n) / elapsed.Seconds()
+	note := fmt.Sprintf("%d events from one bulk INSERT to the last consumer commit, relay and consumer binaries with default flags", n)
+	record(figure{Name: "pipeline drain, relay + consumer binaries (max)", Value: rate, Unit: "events/s", Notes: []string{note}})
+	var total float64
+	for _, proc := range []string{"relay", "consumer", "postgres", "kafka"} {
+		b, ok1 := before[proc]
+		a, ok2 := after[proc]
+		if !ok1 || !ok2 || math.IsNaN(a-b) {
+			tb.Logf("CPU of %s: process not found", proc)
+			continue
+		}
+		per := (a - b) / float64(n) * 1e6
+		total += per
+		f := figure{Name: "CPU per 1M events: " + proc, Value: per, Unit: "CPU s",
+			Notes: []string{fmt.Sprintf("%.2f CPU s over %s wall", a-b, elapsed.Round(time.Millisecond))}}
+		if proc == "postgres" {
+			f.Notes = append(f.Notes, "postmaster + all children (backends, walwriter, checkpointer, autovacuum; reaped children via cutime): includes other databases' work on a shared server")
+		}
+		record(f)
+	}
+	record(figure{Name: "CPU per 1M events: all four", Value: total, Unit: "CPU s",
+		Notes: []string{fmt.Sprintf("wall per 1M events %.1f s on %d CPUs", elapsed.Seconds()/float64(n)*1e6, rep.Machine.NProc)}})
+	return rate
+}
+
+// openLoop offers rate events/s for d: every millisecond the events whose
+// planned time has come are enqueued in one transaction, on their own
+// goroutine, whether or not earlier transactions finished. Latency is from
+// each event's planned time to its notification.
+func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, d time.Duration, target bool) {
+	ctx := context.Background()
+	n := max(1, int(rate*d.Seconds()))
+	prefix := "lat" + tag + "-"
+	lat := make([]time.Duration, 0, n)
+	all := make(chan struct{})
+	var start time.Time
+	planned := func(i int) time.Time { return start.Add(time.Duration(float64(i) / rate * float64(time.Second))) }
+	record := rep.measure()
+	start = time.Now().Add(10 * time.Millisecond)
+	p.notify(func(id string, at time.Time) {
+		s, ok := strings.CutPrefix(id, prefix)
+		if !ok {
+			return
+		}
+		i, err := strconv.Atoi(s)
+		if err != nil {
+			return
+		}
+		lat = append(lat, at.Sub(planned(i)))
+		if len(lat) == n {
+			close(all)
+		}
+	})
+	payload := []byte(`{"pad":"` + strings.Repeat("x", benchPayload-10) + `"}`)
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var firstErr error
+	var maxInFlight, inFlight int
+	for next := 0; next < n; {
+		if w := time.Until(planned(next)); w > 0 {
+			time.Sleep(w)
+		}
+		due := min(n, int(time.Since(start).Seconds()*rate)+1)
+		if due <= next {
+			due = next + 1
+		}
+		msgs := make([]outbox.Message, 0, due-next)
+		for i := next; i < due; i++ {
+			msgs = append(msgs, outbox.Message{Topic: p.topic, Source: prefix + strconv.Itoa(i%64), EventType: "bench.event",
+				EventID: prefix + strconv.Itoa(i), Payload: payload})
+		}
+		next = due
+		wg.Add(1)
+		errMu.Lock()
+		inFlight++
+		maxInFlight = max(maxInFlight, inFlight)
+		errMu.Unlock()
+		go func() {
+			defer wg.Done()
+			err := pgx.BeginFunc(ctx, p.producer, func(tx pgx.Tx) error {
+				_, err := outbox.EnqueueBatch(ctx, tx, msgs)
+				return err
+			})
+			errMu.Lock()
+			inFlight--
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			errMu.Unlock()
+		}()
+	}
+	issued := time.Since(start)
+	wg.Wait()
+	if firstErr != nil {
+		tb.Fatalf("open loop %s: enqueue: %v", tag, firstErr)
+	}
+	timedOut := false
+	select {
+	case <-all:
+	case <-time.After(d + 2*time.Minute):
+		timedOut = true
+	}
+	p.mu.Lock()
+	got := sortedDurations(lat)
+	p.onNotify = nil
+	p.mu.Unlock()
+	if len(got) < n/2 {
+		tb.Fatalf("open loop %s: %d of %d events applied", tag, len(got), n)
+	}
+	notes := []string{fmt.Sprintf("offered %.0f ev/s for %s (%d events, issued in %s, at most %d producer transactions in flight); from planned time to consumer commit (NOTIFY)",
+		rate, d, n, issued.Round(time.Millisecond), maxInFlight)}
+	if timedOut {
+		notes = append(notes, fmt.Sprintf("%d events not applied within %s: percentiles exclude them", n-len(got), d+2*time.Minute))
+	}
+	label := fmt.Sprintf("e2e latency @ %.0f ev/s", rate)
+	if tag == "half" {
+		label = fmt.Sprintf("e2e latency @ %.0f ev/s (50%% of max)", rate)
+	}
+	p50, p99, p999 := percentileMs(got, 50), percentileMs(got, 99), percentileMs(got, 99.9)
+	record(figure{Name: label + " p50", Value: p50, Unit: "ms", Notes: notes})
+	f := figure{Name: label + " p99", Value: p99, Unit: "ms"}
+	if target {
+		f.Target, f.Met = "<= 50 ms", met(p99 <= 50)
+	}
+	record(f)
+	record(figure{Name: label + " p99.9", Value: p999, Unit: "ms"})
+}
