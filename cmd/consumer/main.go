@@ -5,6 +5,8 @@
 //	consumer migrate  apply the database migrations
 //	consumer dlq list             list dead-lettered and held events
 //	consumer dlq replay EVENT-ID  re-drive one through the handlers, once
+//	consumer gaps list            open and recently given-up sequence gaps
+//	consumer gaps resolve SOURCE FROM-TO -note "…"  record what was done
 //
 // Every flag has an ONCEFLOW_* environment fallback (see -help of each
 // command and docs/consumer.md). Invalid configuration exits with status 2.
@@ -51,6 +53,10 @@ commands:
   migrate                 apply database migrations
   dlq list                list dead-lettered and held events
   dlq replay EVENT-ID     re-drive one event through the handlers
+  gaps list               list open sequence gaps and recently given-up ones
+                          (-all: every given-up gap; -since 24h)
+  gaps resolve SOURCE FROM-TO -note "…"
+                          record what was done about a given-up gap
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -74,6 +80,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return runDLQReplay(ctx, args[2:], stdout, stderr)
 		}
 		return usage("dlq: unknown command %q (want list or replay)", args[1])
+	case "gaps":
+		if len(args) < 2 {
+			return usage("gaps: want list or resolve")
+		}
+		switch args[1] {
+		case "list":
+			return runGapsList(ctx, args[2:], stdout, stderr)
+		case "resolve":
+			return runGapsResolve(ctx, args[2:], stdout, stderr)
+		}
+		return usage("gaps: unknown command %q (want list or resolve)", args[1])
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, help)
 		return nil

@@ -12,7 +12,8 @@ import (
 // Invalid configuration fails at start with one line naming the setting and
 // its environment variable, as a usage error (exit status 2).
 func TestRunRejectsBadConfig(t *testing.T) {
-	for _, k := range []string{"DATABASE_URL", "KAFKA_BROKERS", "GROUP", "TOPICS", "HANDLERS_FILE", "CONSUMER_NAME", "RETRY_MAX_ATTEMPTS"} {
+	for _, k := range []string{"DATABASE_URL", "KAFKA_BROKERS", "GROUP", "TOPICS", "HANDLERS_FILE", "CONSUMER_NAME", "RETRY_MAX_ATTEMPTS",
+		"ORDERING", "FIRST_SEEN", "LATE_POLICY", "GAP_TIMEOUTS", "GAP_TIMEOUT", "GAP_CHECK_INTERVAL", "MAX_PARKED", "NOTE"} {
 		t.Setenv("ONCEFLOW_"+k, "") // restored after the test
 		os.Unsetenv("ONCEFLOW_" + k)
 	}
@@ -30,6 +31,16 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"brokers", append(append([]string{"run"}, base...), "-kafka-brokers", "nohost"), "ONCEFLOW_KAFKA_BROKERS"},
 		{"retry", append(append([]string{"run"}, base...), "-retry-max-attempts", "0"), "-retry-max-attempts (ONCEFLOW_RETRY_MAX_ATTEMPTS)"},
 		{"duration", append(append([]string{"run"}, base...), "-retry-max-elapsed", "-1s"), "-retry-max-elapsed (ONCEFLOW_RETRY_MAX_ELAPSED)"},
+		{"ordering", append(append([]string{"run"}, base...), "-ordering", "random"), "-ordering (ONCEFLOW_ORDERING)"},
+		{"first seen", append(append([]string{"run"}, base...), "-first-seen", "any"), "-first-seen (ONCEFLOW_FIRST_SEEN)"},
+		{"late policy", append(append([]string{"run"}, base...), "-late-policy", "drop"), "-late-policy (ONCEFLOW_LATE_POLICY)"},
+		{"gap timeouts", append(append([]string{"run"}, base...), "-gap-timeouts", "billing.*"), "-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS)"},
+		{"gap timeout", append(append([]string{"run"}, base...), "-gap-timeout", "0s"), "-gap-timeout (ONCEFLOW_GAP_TIMEOUT)"},
+		{"gap check interval", append(append([]string{"run"}, base...), "-gap-check-interval", "-1s"), "-gap-check-interval (ONCEFLOW_GAP_CHECK_INTERVAL)"},
+		{"max parked", append(append([]string{"run"}, base...), "-max-parked", "0"), "-max-parked (ONCEFLOW_MAX_PARKED)"},
+		{"gaps subcommand", []string{"gaps", "purge"}, `unknown command "purge"`},
+		{"gaps resolve range", []string{"gaps", "resolve", "src", "9-7", "-note", "x"}, `range "9-7"`},
+		{"gaps resolve note", []string{"gaps", "resolve", "src", "7-9"}, "-note (ONCEFLOW_NOTE)"},
 		{"handlers file", append([]string{"run"}, base...), "-handlers-file (ONCEFLOW_HANDLERS_FILE)"},
 		{"bad flag", []string{"run", "-nope"}, "flag provided but not defined"},
 		{"replay without id", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null"}, "EVENT-ID"},

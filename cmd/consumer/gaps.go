@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/pgconn"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/seqguard"
+)
+
+// gapsConfig is the configuration of `consumer gaps …`.
+type gapsConfig struct {
+	DB           pgconn.Config
+	Log          logConfig
+	All          bool
+	ConsumerName string
+	Note         string
+	Since        time.Duration
+}
+
+// RegisterFlags registers the flags of the gaps commands.
+func (c *gapsConfig) RegisterFlags(fs *flag.FlagSet, resolve bool) {
+	c.DB.RegisterFlags(fs)
+	c.Log.RegisterFlags(fs)
+	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
+	if resolve {
+		fs.StringVar(&c.Note, "note", "", "what was done about the missing events (required)")
+		return
+	}
+	fs.BoolVar(&c.All, "all", false, "list every given-up gap, however old and whether resolved or not")
+	fs.DurationVar(&c.Since, "since", 24*time.Hour, "also list resolved given-up gaps given up within this window")
+}
+
+// parseInterleaved parses flags that may come before, between or after the
+// positional arguments, and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string, stderr io.Writer) ([]string, error) {
+	var pos []string
+	for {
+		if err := parse(fs, args, stderr); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("consumer gaps list", flag.ContinueOnError)
+	var cfg gapsConfig
+	cfg.RegisterFlags(fs, false)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usage("consumer gaps list: unexpected argument %q", fs.Arg(0))
+	}
+	if err := cfg.DB.Validate(); err != nil {
+		return &usageError{err}
+	}
+	if err := cli.PositiveDuration("since", cfg.Since); err != nil && !cfg.All {
+		return &usageError{err}
+	}
+	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+	since := time.Now().Add(-cfg.Since)
+	if cfg.All {
+		since = time.Time{}
+	}
+	store := &seqguard.PGStore{Consumer: cfg.ConsumerName}
+	gaps, err := store.ListGaps(ctx, pool, true, since)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SOURCE\tRANGE\tSTATE\tOPENED\tDEADLINE / GIVEN UP\tREASON\tRESOLVED\tNOTE")
+	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	for _, g := range gaps {
+		when, reason, resolved := "deadline "+ts(g.Deadline), "-", "-"
+		if g.State == "given_up" {
+			reason = string(g.Reason)
+			if g.ClosedAt != nil {
+				when = ts(*g.ClosedAt)
+			}
+			resolved = "no"
+			if g.ResolvedAt != nil {
+				resolved = ts(*g.ResolvedAt)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d-%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Source, g.From, g.To, g.State, ts(g.OpenedAt), when,
+			reason, resolved, oneLine(g.ResolvedNote))
+	}
+	return tw.Flush()
+}
+
+func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("consumer gaps resolve", flag.ContinueOnError)
+	var cfg gapsConfig
+	cfg.RegisterFlags(fs, true)
+	pos, err := parseInterleaved(fs, args, stderr)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return usage("consumer gaps resolve: want SOURCE FROM-TO (e.g. orders:42 7-9) and -note")
+	}
+	from, to, err := parseRange(pos[1])
+	if err != nil {
+		return usage("consumer gaps resolve: range %q: %v", pos[1], err)
+	}
+	if strings.TrimSpace(cfg.Note) == "" {
+		return usage("-note (ONCEFLOW_NOTE) is required: say what was done about the missing events")
+	}
+	if err := cfg.DB.Validate(); err != nil {
+		return &usageError{err}
+	}
+	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+	store := &seqguard.PGStore{Consumer: cfg.ConsumerName}
+	n, err := store.ResolveGap(ctx, pool, pos[0], from, to, cfg.Note, time.Now())
+	if errors.Is(err, seqguard.ErrGapNotFound) {
+		return fmt.Errorf("%s %d-%d: no unresolved given-up gap in that range (see consumer gaps list)", pos[0], from, to)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s %d-%d: resolved %d gap(s)\n", pos[0], from, to, n)
+	return nil
+}
+
+// parseRange parses "7-9" or "7".
+func parseRange(s string) (int64, int64, error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		b = a
+	}
+	from, err := strconv.ParseInt(a, 10, 64)
+	if err != nil {
+		return 0, 0, errors.New("want FROM-TO, two seqs")
+	}
+	to, err := strconv.ParseInt(b, 10, 64)
+	if err != nil {
+		return 0, 0, errors.New("want FROM-TO, two seqs")
+	}
+	if from < 1 || to < from {
+		return 0, 0, errors.New("want 1 <= FROM <= TO")
+	}
+	return from, to, nil
+}
