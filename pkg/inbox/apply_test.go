@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -265,5 +266,60 @@ func TestApplyIsolatedDeadLetters(t *testing.T) {
 	}
 	if _, err := Replay(ctx, s.db.Pool, "c1", s.rec, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("replay of an unknown id: %v", err)
+	}
+}
+
+// TestReplayThroughGuard: with the sequence guard, a dead-lettered event
+// leaves a gap: its successor is parked. Replayed before the gap is given
+// up, it is applied and releases the successor in order; replayed after
+// the give-up, it is delivered marked late.
+func TestReplayThroughGuard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupApply(t, nil)
+	s.app.cfg.RetryMaxAttempts = 2
+	s.app.cfg.RetryInitialInterval, s.app.cfg.RetryMaxInterval = 1, 1
+	s.app.handler = asBatch(HandlerFunc(func(_ context.Context, _ pgx.Tx, ev Event) error {
+		if strings.HasPrefix(ev.EventID, "bad") {
+			return errors.New("nope")
+		}
+		return nil
+	}))
+	srcRec := func(src, id string, seq, offset int64) *kgo.Record {
+		ev := envelope.Envelope{EventID: id, Source: src, Seq: seq, EventType: "t", Payload: []byte(`{}`)}
+		r := ev.Record("topic")
+		r.Offset = offset
+		return r
+	}
+	out, err := s.app.applyIsolated(ctx, items(srcRec("a", "a1", 1, 0), srcRec("a", "bad-a2", 2, 1), srcRec("a", "a3", 3, 2),
+		srcRec("b", "b1", 1, 3), srcRec("b", "bad-b2", 2, 4), srcRec("b", "b3", 3, 5)), nil, func(error) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.processed != 2 || out.dead != 2 || out.guard.counts.Parked != 2 {
+		t.Fatalf("isolated: %+v", out)
+	}
+	s.rec.got = nil
+	if res, err := Replay(ctx, s.db.Pool, "c1", s.rec, "bad-a2"); err != nil || res != Replayed {
+		t.Fatalf("replay a2: %v %v", res, err)
+	}
+	// Source b's gap is given up (its deadline is past for this clock):
+	// b3 is applied without b2.
+	gone, err := s.app.giveUpExpired(ctx, s.app.cfg.guard.(*seqGuard), time.Now().Add(time.Hour))
+	if err != nil || gone.processed != 1 || len(gone.guard.givenUp) != 1 || gone.guard.givenUp[0].source != "b" {
+		t.Fatalf("give up b: %+v %v", gone, err)
+	}
+	if res, err := Replay(ctx, s.db.Pool, "c1", s.rec, "bad-b2"); err != nil || res != ReplayedLate {
+		t.Fatalf("replay b2: %v %v", res, err)
+	}
+	var got []string
+	for _, ev := range s.rec.got {
+		got = append(got, fmt.Sprintf("%s/%v", ev.EventID, ev.Late))
+	}
+	if fmt.Sprint(got) != "[bad-a2/false a3/false bad-b2/true]" {
+		t.Fatalf("replayed %v", got)
+	}
+	if rows := inboxRows(t, s.db); rows != "map[a1:processed false false a3:processed false false b1:processed false false b3:processed false false bad-a2:processed false false bad-b2:processed true false]" {
+		t.Fatalf("rows %s", rows)
 	}
 }

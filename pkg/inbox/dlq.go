@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 // DeadLetter is an inbox row that needs an operator: status "dead" (handler
@@ -57,6 +58,13 @@ type ReplayResult string
 const (
 	// Replayed: the handler ran and the row is now processed.
 	Replayed ReplayResult = "replayed"
+	// ReplayedLate: the handler ran with Event.Late set (the sequence
+	// guard had applied later seqs of its source already: its gap was given
+	// up), and the row is now processed and marked late.
+	ReplayedLate ReplayResult = "replayed late"
+	// ReplayParked: the sequence guard parked the event behind a gap of
+	// earlier seqs; it is applied when the gap fills or is given up.
+	ReplayParked ReplayResult = "parked behind a sequence gap"
 	// AlreadyProcessed: the event had been applied; nothing was done.
 	AlreadyProcessed ReplayResult = "already processed"
 )
@@ -68,6 +76,14 @@ const (
 // waits for the first's lock and then finds it processed). When h fails, the
 // row stays dead with attempts incremented and last_error updated, and the
 // error is returned.
+//
+// A dead event of a source the sequence guard tracks (the consumer runs
+// with OrderSeq) goes through the guard, as if it had just arrived: if it is
+// the next seq it is applied and releases the events parked behind it (the
+// handler runs for each, in order, in the same transaction); if its gap was
+// given up meanwhile it is delivered marked late; if earlier seqs are still
+// missing it is parked. A held event (a late event kept for an operator) is
+// delivered marked late.
 //
 // A malformed record is decoded again from its kept headers and payload; if
 // it is still malformed, Replay fails without calling h.
@@ -116,13 +132,32 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHan
 	ev := eventFromEnvelope(env, topic, partition, offset)
 	ev.Key = []byte(ev.Source)
 
+	// Which events to apply, in order.
+	evs, res := []Event{ev}, Replayed
+	if status == "held" {
+		evs[0].Late, res = true, ReplayedLate
+	} else {
+		var guarded bool
+		if err := tx.QueryRow(ctx, qHasSeqState, consumer, ev.Source).Scan(&guarded); err != nil {
+			return "", fmt.Errorf("read seq state: %w", err)
+		}
+		if guarded {
+			if evs, res, err = replayThroughGuard(ctx, tx, consumer, ev, headers, payload); err != nil {
+				return "", err
+			}
+		}
+	}
+
 	herr := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = fmt.Errorf("panic: %v", r)
 			}
 		}()
-		return h.HandleBatch(ctx, tx, []Event{ev})
+		if len(evs) == 0 {
+			return nil
+		}
+		return h.HandleBatch(ctx, tx, evs)
 	}()
 	if herr != nil {
 		_ = tx.Rollback(ctx)
@@ -131,13 +166,57 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHan
 		}
 		return "", &HandlerError{EventID: eventID, Err: herr}
 	}
-	if _, err := tx.Exec(ctx, qMarkApplied, consumer, eventID, false); err != nil {
-		return "", fmt.Errorf("mark replayed event processed: %w", err)
+	if res != ReplayParked {
+		if _, err := tx.Exec(ctx, qMarkApplied, consumer, eventID, res == ReplayedLate); err != nil {
+			return "", fmt.Errorf("mark replayed event processed: %w", err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return "", fmt.Errorf("commit: %w", err)
 	}
-	return Replayed, nil
+	return res, nil
+}
+
+// replayThroughGuard admits a dead event to the sequence guard as if it had
+// just arrived and returns the events to apply, in order.
+func replayThroughGuard(ctx context.Context, tx pgx.Tx, consumer string, ev Event, headers, payload []byte) ([]Event, ReplayResult, error) {
+	// The guard expects the row as the inbox insert leaves it.
+	if _, err := tx.Exec(ctx, qReplayAdmit, consumer, ev.EventID); err != nil {
+		return nil, "", fmt.Errorf("replay: %w", err)
+	}
+	now := time.Now()
+	cfg := Config{ConsumerName: consumer}.WithDefaults()
+	g := newSeqGuard(&cfg)
+	l, err := g.store.Lock(ctx, tx, []string{ev.Source}, now)
+	if err != nil {
+		return nil, "", fmt.Errorf("sequence guard: %w", err)
+	}
+	// Deliver-late whatever the consumer's policy: an operator asked for it.
+	out, err := l.Receive(ctx, seqguard.Event{EventID: ev.EventID, Source: ev.Source, Seq: ev.Seq, EventType: ev.EventType,
+		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset, Headers: headers, Payload: payload},
+		now, g.policy(ev.EventType))
+	if err != nil {
+		return nil, "", fmt.Errorf("sequence guard: %w", err)
+	}
+	evs, err := g.events(out, &ev)
+	if err != nil {
+		return nil, "", err
+	}
+	res := ReplayParked
+	for _, a := range out.Apply {
+		if a.Current {
+			res = Replayed
+			if a.Late {
+				res = ReplayedLate
+			}
+		}
+	}
+	for _, st := range out.Steps {
+		if st.Kind == seqguard.StepHold || st.Kind == seqguard.StepSeqConflict {
+			return nil, "", fmt.Errorf("event %s: the sequence guard holds it (seq conflict): see consumer dlq list", ev.EventID)
+		}
+	}
+	return evs, res, nil
 }
 
 // AsBatchHandler returns h as a BatchHandler (h itself when it already is

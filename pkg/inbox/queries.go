@@ -80,3 +80,13 @@ FROM onceflow.inbox
 WHERE consumer = $1 AND status = ANY($2::text[])
 ORDER BY received_at, event_id
 LIMIT $3`
+
+// qHasSeqState reports whether the sequence guard tracks a source.
+const qHasSeqState = `
+SELECT EXISTS (SELECT 1 FROM onceflow.seq_state WHERE consumer = $1 AND source = $2)`
+
+// qReplayAdmit makes a dead row look like a just-inserted one before the
+// sequence guard sees it (it keeps headers and payload for parking).
+const qReplayAdmit = `
+UPDATE onceflow.inbox SET status = 'processed', processed_at = now()
+WHERE consumer = $1 AND event_id = $2`
