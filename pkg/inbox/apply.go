@@ -56,6 +56,8 @@ type outcome struct {
 	deadItems []deadLetter
 	// guard tallies the sequence guard's decisions.
 	guard guardSteps
+	// deadReleased are released parked events the gap timer dead-lettered.
+	deadReleased []deadReleased
 }
 
 func (o *outcome) add(p outcome) {

@@ -305,7 +305,7 @@ func TestReplayThroughGuard(t *testing.T) {
 	}
 	// Source b's gap is given up (its deadline is past for this clock):
 	// b3 is applied without b2.
-	gone, err := s.app.giveUpExpired(ctx, s.app.cfg.guard.(*seqGuard), time.Now().Add(time.Hour))
+	gone, err := s.app.giveUpExpired(ctx, s.app.cfg.guard.(*seqGuard), time.Now().Add(time.Hour), nil)
 	if err != nil || gone.processed != 1 || len(gone.guard.givenUp) != 1 || gone.guard.givenUp[0].source != "b" {
 		t.Fatalf("give up b: %+v %v", gone, err)
 	}
@@ -321,5 +321,54 @@ func TestReplayThroughGuard(t *testing.T) {
 	}
 	if rows := inboxRows(t, s.db); rows != "map[a1:processed false false a3:processed false false b1:processed false false b3:processed false false bad-a2:processed false false bad-b2:processed true false]" {
 		t.Fatalf("rows %s", rows)
+	}
+}
+
+// TestGapTimerDeadLettersFailingReleased: a parked event whose handler
+// fails when the gap timer releases it rolls the give-up back (the gap
+// stays open) until it has failed RetryMaxAttempts times; then the timer
+// dead-letters it, applies the rest and gives the gap up. A replay then
+// delivers it marked late.
+func TestGapTimerDeadLettersFailingReleased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupApply(t, nil)
+	s.app.cfg.RetryMaxAttempts = 2
+	s.app.handler = asBatch(HandlerFunc(func(_ context.Context, _ pgx.Tx, ev Event) error {
+		if ev.EventID == "e3" {
+			return errors.New("nope")
+		}
+		return s.rec.HandleBatch(ctx, nil, []Event{ev})
+	}))
+	if _, err := s.app.applyTx(ctx, items(rec("e1", 1, 0), rec("e3", 3, 1), rec("e4", 4, 2))); err != nil {
+		t.Fatal(err)
+	}
+	g := s.app.cfg.guard.(*seqGuard)
+	failures := map[string]int{}
+	later := time.Now().Add(time.Hour)
+	_, err := s.app.giveUpExpired(ctx, g, later, failures)
+	var he *HandlerError
+	if !errors.As(err, &he) || he.EventID != "e3" || failures["e3"] != 1 {
+		t.Fatalf("first tick: %v, failures %v", err, failures)
+	}
+	if n := countRows(t, s.db, `SELECT count(*) FROM onceflow.seq_gaps WHERE state = 'open'`); n != 1 {
+		t.Fatalf("%d open gaps after the failed tick, want 1", n)
+	}
+	out, err := s.app.giveUpExpired(ctx, g, later, failures)
+	if err != nil || out.processed != 1 || out.dead != 1 || len(out.guard.givenUp) != 1 || len(out.deadReleased) != 1 {
+		t.Fatalf("second tick: %+v %v", out, err)
+	}
+	if rows := inboxRows(t, s.db); rows != "map[e1:processed false false e3:dead false true e4:processed false false]" {
+		t.Fatalf("rows %s", rows)
+	}
+	if res, err := Replay(ctx, s.db.Pool, "c1", s.rec, "e3"); err != nil || res != ReplayedLate {
+		t.Fatalf("replay: %v %v", res, err)
+	}
+	var got []string
+	for _, ev := range s.rec.got {
+		got = append(got, fmt.Sprintf("%s/%v", ev.EventID, ev.Late))
+	}
+	if fmt.Sprint(got) != "[e1/false e4/false e3/true]" {
+		t.Fatalf("applied %v", got)
 	}
 }

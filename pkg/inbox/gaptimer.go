@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 // gapTimerLimit is how many sources one timer run gives up gaps for; more
@@ -18,26 +20,33 @@ const gapTimerLimit = 100
 func (c *Consumer) runGapTimer(ctx context.Context, g *seqGuard) {
 	t := time.NewTicker(c.cfg.GapCheckInterval)
 	defer t.Stop()
+	failures := map[string]int{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		c.gapTick(ctx, g)
+		c.gapTick(ctx, g, failures)
 	}
 }
 
 // gapTick is one run of the gap timer. Errors are logged; the next tick
 // tries again (a gap whose give-up rolled back stays open and expired).
-func (c *Consumer) gapTick(ctx context.Context, g *seqGuard) {
+func (c *Consumer) gapTick(ctx context.Context, g *seqGuard, failures map[string]int) {
 	now := time.Now()
-	out, err := c.app.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return c.app.giveUpExpired(ctx, g, now) })
+	out, err := c.app.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return c.app.giveUpExpired(ctx, g, now, failures) })
 	switch {
 	case err == nil:
 		c.m.processed.Add(float64(out.processed))
+		c.m.deadLettered.Add(float64(out.dead))
 		c.m.addGuard(out.guard)
 		c.logGivenUp(ctx, out.guard.givenUp)
+		for _, d := range out.deadReleased {
+			c.log.ErrorContext(ctx, "event dead-lettered", "event_id", d.EventID, "source", d.Source, "seq", d.Seq,
+				"attempts", failures[d.EventID], "error", d.reason, "released_by", "gap timer")
+			delete(failures, d.EventID)
+		}
 	case ctx.Err() != nil:
 		return // stopping
 	default:
@@ -64,8 +73,14 @@ func (c *Consumer) gapTick(ctx context.Context, g *seqGuard) {
 }
 
 // giveUpExpired gives up the gaps expired at now and applies the parked
-// events behind them, in order, in one transaction.
-func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time) (out outcome, err error) {
+// events behind them, in order, in one transaction. The handler runs for
+// each event under its own savepoint. A handler failure rolls everything
+// back (the next tick tries again) and is counted in failures by event id;
+// once an event has failed RetryMaxAttempts times, the next try
+// dead-letters it instead (status dead with its headers and payload, for
+// `consumer dlq replay`, which then delivers it marked late) and applies
+// the rest.
+func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time, failures map[string]int) (out outcome, err error) {
 	tx, err := a.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return out, fmt.Errorf("begin: %w", err)
@@ -83,24 +98,60 @@ func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time)
 		return out, tx.Commit(ctx)
 	}
 	var apply []Event
+	released := map[string]seqguard.Event{}
 	for _, o := range outs {
 		evs, err := g.events(o, nil)
 		if err != nil {
 			return out, err
 		}
 		apply = append(apply, evs...)
+		for _, a := range o.Apply {
+			released[a.Event.EventID] = a.Event
+		}
 		out.guard.addOutcome(o)
 	}
-	if len(apply) > 0 {
-		if err := a.runHandler(ctx, tx, apply); err != nil {
-			return out, err
+	for _, ev := range apply {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return out, fmt.Errorf("savepoint: %w", err)
 		}
+		herr := a.runHandler(ctx, sp, []Event{ev})
+		if herr == nil {
+			if err := sp.Commit(ctx); err != nil {
+				return out, fmt.Errorf("release savepoint: %w", err)
+			}
+			out.processed++
+			continue
+		}
+		var he *HandlerError
+		if !errors.As(herr, &he) || failures == nil || failures[ev.EventID]+1 < a.cfg.RetryMaxAttempts {
+			if failures != nil && he != nil {
+				failures[ev.EventID]++
+			}
+			return out, herr
+		}
+		failures[ev.EventID]++
+		if err := sp.Rollback(ctx); err != nil {
+			return out, fmt.Errorf("rollback to savepoint: %w", err)
+		}
+		reason := he.Err.Error()
+		if _, err := tx.Exec(ctx, qReleasedDead, a.cfg.ConsumerName, ev.EventID, failures[ev.EventID], safeText(reason),
+			released[ev.EventID].Headers, nonNil(released[ev.EventID].Payload)); err != nil {
+			return out, fmt.Errorf("dead-letter released event: %w", err)
+		}
+		out.dead++
+		out.deadReleased = append(out.deadReleased, deadReleased{Event: ev, reason: reason})
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return out, fmt.Errorf("commit: %w", err)
 	}
-	out.processed = len(apply)
 	return out, nil
+}
+
+// deadReleased is a released parked event the gap timer dead-lettered.
+type deadReleased struct {
+	Event
+	reason string
 }
 
 // logGivenUp logs each given-up gap at ERROR, after its commit.

@@ -90,3 +90,10 @@ SELECT EXISTS (SELECT 1 FROM onceflow.seq_state WHERE consumer = $1 AND source =
 const qReplayAdmit = `
 UPDATE onceflow.inbox SET status = 'processed', processed_at = now()
 WHERE consumer = $1 AND event_id = $2`
+
+// qReleasedDead dead-letters a released parked event whose handler kept
+// failing in the gap timer; headers and payload are kept again for replay.
+const qReleasedDead = `
+UPDATE onceflow.inbox
+SET status = 'dead', processed_at = NULL, attempts = $3, last_error = $4, headers = $5, payload = $6
+WHERE consumer = $1 AND event_id = $2`
