@@ -10,10 +10,14 @@
 //     the envelope's event-id) with INSERT … ON CONFLICT DO NOTHING
 //     RETURNING; a row that already exists is a duplicate and costs one
 //     index probe;
-//  2. the sequence-guard step for each new event (today: apply in arrival
-//     order);
-//  3. the Handler (or BatchHandler) for the new events, with the
-//     transaction, so its writes commit with the inbox rows;
+//  2. the sequence guard (package seqguard; Config.Ordering, default
+//     OrderSeq): each source's events are applied in seq order; an event
+//     ahead of a gap is parked in Postgres until the gap fills or its
+//     timeout gives it up (a gap timer runs in every replica), an event
+//     behind a given-up gap is delivered with Event.Late set or held;
+//     OrderArrival applies events as they arrive;
+//  3. the Handler (or BatchHandler) for the events the guard releases, in
+//     order, with the transaction, so its writes commit with the inbox rows;
 //  4. the partition's next offset (onceflow.consumer_offsets);
 //
 // then commits, and only then commits the offset to Kafka. A crash anywhere
