@@ -27,3 +27,29 @@ func TestMetricsLint(t *testing.T) {
 		t.Fatalf("gathered %d metrics, err %v", n, err)
 	}
 }
+
+// The guard's metrics exist from start, at 0, under the names the alert
+// rules use (deploy/k8s/base/prometheusrule.yaml).
+func TestMetricsGuardExportedFromStart(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	newMetrics(reg)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = len(mf.GetMetric()) == 1
+	}
+	for _, name := range []string{
+		"onceflow_consumer_seq_gaps_open", "onceflow_consumer_seq_oldest_open_gap_age_seconds",
+		"onceflow_consumer_parked_events", "onceflow_consumer_held_events",
+		"onceflow_consumer_parked_total", "onceflow_consumer_late_events_total", "onceflow_consumer_held_total",
+		"onceflow_consumer_seq_gaps_opened_total", "onceflow_consumer_seq_gaps_given_up_total",
+	} {
+		if !got[name] {
+			t.Errorf("%s is not exported from start", name)
+		}
+	}
+}
