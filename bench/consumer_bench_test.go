@@ -36,6 +36,7 @@ const (
 // duplicate, and its speed is compared with the first delivery.
 func BenchmarkConsumerDrain(b *testing.B) {
 	sz := benchSizes(b)
+	benchReport.setSizes(sz)
 	consumerDrain(b, benchReport, sz.ConsumerEvents, sz.ConsumerFull)
 }
 
@@ -254,10 +255,14 @@ func rawInsertCeiling(b testing.TB, pool *pgxpool.Pool, per [][]benchRow, size i
 func drain(b testing.TB, pool *pgxpool.Pool, topic, group string, h inbox.BatchHandler, metric string, n int) (time.Duration, time.Duration) {
 	b.Helper()
 	reg := prometheus.NewRegistry()
-	c, err := inbox.New(inbox.Config{
+	cfg := inbox.Config{
 		BatchHandler: h, Group: group + "-" + topic, Topics: []string{topic}, Pool: pool, Registerer: reg,
 		KafkaOpts: []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(b), ",")...)},
-	})
+	}
+	if os.Getenv("ONCEFLOW_BENCH_CONSUMER_ORDERING") == "arrival" { // to measure the sequence guard's cost
+		cfg.Ordering = inbox.OrderArrival
+	}
+	c, err := inbox.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 //     10k (five rounds), each timed from the backlog's commit.
 func BenchmarkGrowth(b *testing.B) {
 	sz := benchSizes(b)
+	benchReport.setSizes(sz)
 	b.Run("consumer", func(b *testing.B) { consumerGrowth(b, benchReport, sz.GrowthEvents, sz.InboxRows) })
 	b.Run("relay", func(b *testing.B) { relayGrowth(b, benchReport, sz) })
 }

@@ -33,6 +33,7 @@ const (
 // the retention) and "delete" (Config.DeleteOnPublish).
 func BenchmarkRelayDrain(b *testing.B) {
 	sz := benchSizes(b)
+	benchReport.setSizes(sz)
 	b.Run("mark", func(b *testing.B) { relayDrain(b, benchReport, sz.RelayEvents, false) })
 	b.Run("delete", func(b *testing.B) { relayDrain(b, benchReport, sz.RelayEvents, true) })
 }
