@@ -48,6 +48,9 @@ func (r *run) start(ctx context.Context, name string) error {
 		args = []string{"run", "-database-url", r.dbURL, "-kafka-brokers", brokers,
 			"-http-addr", fmt.Sprintf("127.0.0.1:%d", port), "-group", "onceflow-demo",
 			"-topics", topic, "-consumer-name", consumerN,
+			// Static membership: a restarted replica takes its place in the
+			// group at once instead of waiting out the dead one's session.
+			"-instance-id", name,
 			"-handlers-file", filepath.Join(r.logDir, "handlers.json")}
 		if r.cfg.GapTimeout > 0 {
 			args = append(args, "-gap-timeout", r.cfg.GapTimeout.String())

@@ -83,7 +83,10 @@ type Summary struct {
 	DuplicatesSuppressed int64
 	Restarts             int
 	GivenUpGaps          []string
-	Violations           []string
+	FilledGaps           []string
+	// AlertLine is the consumer's ERROR log line for the given-up gap.
+	AlertLine  string
+	Violations []string
 }
 
 // OK reports whether every invariant held.

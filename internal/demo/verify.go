@@ -3,6 +3,8 @@ package demo
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 )
@@ -108,6 +110,22 @@ func (r *run) verify(ctx context.Context) (*Summary, error) {
 	if err := gaps.Err(); err != nil {
 		return nil, err
 	}
+	filled, err := r.pool.Query(ctx, `SELECT source, from_seq, to_seq FROM onceflow.seq_gaps WHERE state = 'filled' ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	for filled.Next() {
+		var src string
+		var from, to int64
+		if err := filled.Scan(&src, &from, &to); err != nil {
+			return nil, err
+		}
+		s.FilledGaps = append(s.FilledGaps, fmt.Sprintf("%s seq %d–%d", src, from, to))
+	}
+	if err := filled.Err(); err != nil {
+		return nil, err
+	}
+	s.AlertLine = r.alertLine()
 	if r.cfg.Chaos && len(s.GivenUpGaps) == 0 {
 		s.Violations = append(s.Violations, "C4 gaps are loud: the never-filled gap of "+gapSource+" was not given up")
 	}
@@ -130,8 +148,14 @@ func (r *run) report(s *Summary) {
 	r.printf("  duplicate copies injected        %d (of %d events; %d of them still applied exactly once)\n",
 		s.DuplicatesInjected, s.DuplicateEvents, s.DuplicatesSuppressed)
 	r.printf("  relays and consumers SIGKILLed   %d (all restarted)\n", s.Restarts)
+	for _, g := range s.FilledGaps {
+		r.printf("  gap filled in time (parked, then applied in order, no alert) %s\n", g)
+	}
 	for _, g := range s.GivenUpGaps {
 		r.printf("  gap given up (on-call alerted)   %s\n", g)
+	}
+	if s.AlertLine != "" {
+		r.printf("  the consumer's alert line:\n    %s\n", s.AlertLine)
 	}
 	if s.OK() {
 		r.printf("\nOK: side effects executed == distinct events (%d), no duplicate applied, every source in seq order.\n", s.Applied)
@@ -141,4 +165,21 @@ func (r *run) report(s *Summary) {
 	for _, v := range s.Violations {
 		r.printf("  - %s\n", v)
 	}
+}
+
+// alertLine is the consumer's ERROR log line for a given-up gap, if any.
+func (r *run) alertLine() string {
+	logs, _ := filepath.Glob(filepath.Join(r.logDir, "consumer-*.log"))
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, "gap given up") {
+				return line
+			}
+		}
+	}
+	return ""
 }
