@@ -491,3 +491,59 @@ func TestAlertMetricsExportedByBinaries(t *testing.T) {
 			strings.Join(missing, "\n  "), strings.Join(have, "\n  "))
 	}
 }
+
+var runbookCommand = regexp.MustCompile(`/usr/local/bin/(relay|consumer)((?:\s+[^\s|&;]+)*)`)
+
+// TestRunbookCommandsExist: every `/usr/local/bin/relay …` or
+// `/usr/local/bin/consumer …` command in docs/runbooks names a real
+// subcommand (its -help prints flags) and only flags it has, so on-call
+// never meets "unknown command" in the middle of an incident.
+func TestRunbookCommandsExist(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob(filepath.Join("..", "..", "docs", "runbooks", "*.md"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no runbooks (%v)", err)
+	}
+	seen := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			for _, m := range runbookCommand.FindAllStringSubmatch(line, -1) {
+				bin, words := m[1], strings.Fields(m[2])
+				var sub, flags []string
+				for i, w := range words {
+					if !regexp.MustCompile(`^[a-z]+$`).MatchString(w) {
+						for _, rest := range words[i:] {
+							if strings.HasPrefix(rest, "-") {
+								name, _, _ := strings.Cut(strings.TrimLeft(rest, "-"), "=")
+								flags = append(flags, name)
+							}
+						}
+						break
+					}
+					sub = append(sub, w)
+				}
+				if len(sub) == 0 {
+					continue
+				}
+				seen++
+				fs := binaryFlags(t, bin, sub)
+				if len(fs.Env) == 0 {
+					t.Errorf("%s: `%s %s` is not a command of the binary (its -help prints no flags)", filepath.Base(f), bin, strings.Join(sub, " "))
+					continue
+				}
+				for _, fl := range flags {
+					if _, ok := fs.Defaults[fl]; !ok {
+						t.Errorf("%s: `%s %s` has no flag -%s", filepath.Base(f), bin, strings.Join(sub, " "), fl)
+					}
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Error("no /usr/local/bin/relay or /usr/local/bin/consumer command found in the runbooks")
+	}
+}
