@@ -328,6 +328,10 @@ func (r *run) produce(ctx context.Context) {
 }
 
 func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, rollback bool) error {
+	// Once begun, a transaction is finished even if the producing phase
+	// ends: a commit cut off by cancellation has an unknown outcome, and the
+	// demo must know exactly which events it wrote.
+	ctx = context.WithoutCancel(ctx)
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -349,7 +353,11 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 		return tx.Rollback(ctx)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return err
+		// The outcome is unknown: ask the database.
+		var committed bool
+		if qerr := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM onceflow.outbox WHERE event_id = $1)`, id).Scan(&committed); qerr != nil || !committed {
+			return fmt.Errorf("commit: %w", err)
+		}
 	}
 	r.written.Add(1)
 	r.writtenIDs.Store(id, src)
