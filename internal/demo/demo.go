@@ -75,6 +75,8 @@ var eventTypes = []string{"agent.run.requested", "billing.refund_issued", "email
 // Summary is what a run proved.
 type Summary struct {
 	Written, RolledBack, Published, Applied int64
+	// Foreign counts events a non-onceflow producer wrote straight to Kafka.
+	Foreign int64
 	// DuplicatesInjected counts the extra copies produced; DuplicateEvents
 	// the distinct events they were copies of; DuplicatesSuppressed those of
 	// them still applied exactly once.
@@ -105,6 +107,7 @@ type run struct {
 	written    atomic.Int64
 	rolledBack atomic.Int64
 	dupsIn     atomic.Int64
+	foreign    atomic.Int64
 	restarts   atomic.Int64
 	writtenIDs sync.Map // event id -> source
 	dupIDs     sync.Map // event id -> struct{}
@@ -380,6 +383,7 @@ func (r *run) injectOrderChaos(ctx context.Context) {
 			r.printf("  chaos: produce: %v\n", err)
 		}
 		r.writtenIDs.Store(e.EventID, src)
+		r.foreign.Add(1)
 	}
 	for _, seq := range []int64{1, 2, 4, 3, 5} {
 		send(oooSource, seq)

@@ -11,7 +11,7 @@ import (
 
 // verify checks the invariants against the database.
 func (r *run) verify(ctx context.Context) (*Summary, error) {
-	s := &Summary{Written: r.written.Load(), RolledBack: r.rolledBack.Load(),
+	s := &Summary{Written: r.written.Load(), RolledBack: r.rolledBack.Load(), Foreign: r.foreign.Load(),
 		DuplicatesInjected: r.dupsIn.Load(), Restarts: int(r.restarts.Load())}
 	if err := r.pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL),
@@ -141,7 +141,7 @@ func first(ids []string, n int) []string {
 
 func (r *run) report(s *Summary) {
 	r.printf("\n== summary\n")
-	r.printf("  events written (committed)       %d\n", s.Written)
+	r.printf("  events written (committed)       %d through the outbox, %d straight to Kafka by a foreign producer\n", s.Written, s.Foreign)
 	r.printf("  events rolled back (never sent)  %d\n", s.RolledBack)
 	r.printf("  published by the relay           %d\n", s.Published)
 	r.printf("  side effects executed            %d\n", s.Applied)
@@ -158,7 +158,7 @@ func (r *run) report(s *Summary) {
 		r.printf("  the consumer's alert line:\n    %s\n", s.AlertLine)
 	}
 	if s.OK() {
-		r.printf("\nOK: side effects executed == distinct events (%d), no duplicate applied, every source in seq order.\n", s.Applied)
+		r.printf("\nOK: side effects executed (%d) == events written (%d), no duplicate applied, every source in seq order.\n", s.Applied, s.Written+s.Foreign)
 		return
 	}
 	r.printf("\nFAILED:\n")
