@@ -160,6 +160,9 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 			apply = append(apply, v.apply...)
 			out.guard.add(v.steps)
 		}
+		if err := adm.flush(ctx); err != nil {
+			return out, fmt.Errorf("sequence guard: %w", err)
+		}
 	}
 	// 4. The handler, in the same transaction.
 	if len(apply) > 0 {

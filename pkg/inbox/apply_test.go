@@ -36,6 +36,8 @@ func (g *scriptedGuard) lock(_ context.Context, _ pgx.Tx, evs []*item) (admitter
 	return g, nil
 }
 
+func (g *scriptedGuard) flush(context.Context) error { return nil }
+
 func (g *scriptedGuard) admit(_ context.Context, it *item) (admitted, error) {
 	g.known[it.ev.EventID] = it.ev
 	ids, ok := g.script[it.ev.EventID]

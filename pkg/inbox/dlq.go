@@ -198,6 +198,9 @@ func replayThroughGuard(ctx context.Context, tx pgx.Tx, consumer string, ev Even
 	if err != nil {
 		return nil, "", fmt.Errorf("sequence guard: %w", err)
 	}
+	if err := l.Flush(ctx); err != nil {
+		return nil, "", fmt.Errorf("sequence guard: %w", err)
+	}
 	evs, err := g.events(out, &ev)
 	if err != nil {
 		return nil, "", err

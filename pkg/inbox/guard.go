@@ -113,6 +113,9 @@ type guard interface {
 // admitter admits the new events of one transaction, in offset order.
 type admitter interface {
 	admit(ctx context.Context, it *item) (admitted, error)
+	// flush writes what admit deferred; called once, after the last admit
+	// and before the handler runs.
+	flush(ctx context.Context) error
 }
 
 // admitted is the guard's answer for one event.
@@ -170,6 +173,8 @@ func (arrivalOrder) admit(_ context.Context, it *item) (admitted, error) {
 	return admitted{apply: []Event{it.ev}}, nil
 }
 
+func (arrivalOrder) flush(context.Context) error { return nil }
+
 // seqGuard is the sequence guard backed by seqguard.PGStore.
 type seqGuard struct {
 	store *seqguard.PGStore
@@ -177,7 +182,9 @@ type seqGuard struct {
 }
 
 func newSeqGuard(cfg *Config) *seqGuard {
-	return &seqGuard{store: &seqguard.PGStore{Consumer: cfg.ConsumerName}, cfg: cfg}
+	// In-order events (the common case) cost no round trip each: their
+	// last_applied is written once per transaction by flush.
+	return &seqGuard{store: &seqguard.PGStore{Consumer: cfg.ConsumerName, DeferInOrder: true}, cfg: cfg}
 }
 
 // policy is the guard policy of an event type's class.
@@ -229,6 +236,8 @@ func (s *seqLocked) admit(ctx context.Context, it *item) (admitted, error) {
 	steps.addOutcome(out)
 	return admitted{apply: apply, steps: steps}, nil
 }
+
+func (s *seqLocked) flush(ctx context.Context) error { return s.l.Flush(ctx) }
 
 // events turns an outcome's Apply list into handler events, in order. cur
 // is the event passed to Receive (nil for the gap timer).

@@ -80,6 +80,12 @@ func (o Outcome) GivenUp() []Step {
 type PGStore struct {
 	// Consumer names the logical consumer, as in onceflow.inbox.consumer.
 	Consumer string
+	// DeferInOrder makes Receive of an in-order event with nothing else to
+	// do (the common case: no gap, no parked successor, not late) change
+	// only the cached state, without a round trip; the caller must then call
+	// Locked.Flush before it commits (and before it takes a savepoint it may
+	// roll back to). Default false: every Receive writes at once.
+	DeferInOrder bool
 }
 
 // Locked is the guard state of the sources a transaction has locked. It
@@ -90,6 +96,9 @@ type Locked struct {
 	tx      pgx.Tx
 	sources []string
 	states  map[string]State
+	// dirty are sources whose cached last_applied is not written yet
+	// (DeferInOrder).
+	dirty map[string]bool
 }
 
 // Lock locks the seq_state rows of sources (creating missing ones) in
@@ -113,7 +122,35 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now tim
 // Reload re-reads the locked sources' state (after a rollback to a
 // savepoint).
 func (l *Locked) Reload(ctx context.Context) error {
+	l.dirty = nil
 	return l.load(ctx, sqlLockState, l.sources)
+}
+
+// Flush writes the state that Receive deferred (PGStore.DeferInOrder) in one
+// statement. Call it before committing; it is a no-op when nothing is
+// pending.
+func (l *Locked) Flush(ctx context.Context) error {
+	if len(l.dirty) == 0 {
+		return nil
+	}
+	srcs := make([]string, 0, len(l.dirty))
+	for src := range l.dirty {
+		srcs = append(srcs, src)
+	}
+	slices.Sort(srcs)
+	lasts := make([]int64, len(srcs))
+	for i, src := range srcs {
+		lasts[i] = l.states[src].LastApplied
+	}
+	ct, err := l.tx.Exec(ctx, sqlSaveStates, l.store.Consumer, srcs, lasts, time.Now())
+	if err != nil {
+		return fmt.Errorf("save seq state: %w", err)
+	}
+	if ct.RowsAffected() != int64(len(srcs)) {
+		return fmt.Errorf("save seq state: %d rows changed, want %d", ct.RowsAffected(), len(srcs))
+	}
+	l.dirty = nil
+	return nil
 }
 
 // State returns the loaded state of a locked source.
@@ -231,6 +268,18 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 	if len(steps) == 0 {
 		return out, nil
 	}
+	if l.store.DeferInOrder && cur != nil && len(steps) == 1 && steps[0].Kind == StepApply && steps[0].Current && !steps[0].Late {
+		// In order, nothing else to write: Flush saves last_applied.
+		if next.Started != prev.Started || next.LastApplied != prev.LastApplied {
+			if l.dirty == nil {
+				l.dirty = map[string]bool{}
+			}
+			l.dirty[src] = true
+		}
+		l.states[src] = next
+		out.Apply = []Apply{{Event: *cur, Current: true}}
+		return out, nil
+	}
 	var unpark []int64
 	b := &pgx.Batch{}
 	one := func(what string) func(pgconn.CommandTag) error {
@@ -286,12 +335,13 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 			return err
 		})
 	}
-	if next.Started != prev.Started || next.LastApplied != prev.LastApplied {
+	if next.Started != prev.Started || next.LastApplied != prev.LastApplied || l.dirty[src] {
 		b.Queue(sqlSaveState, c, src, next.LastApplied, now).Exec(one("save seq state"))
 	}
 	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
 		return Outcome{}, fmt.Errorf("seq guard %q: %w", src, err)
 	}
+	delete(l.dirty, src)
 	for _, stp := range steps {
 		if stp.Kind != StepApply {
 			continue

@@ -76,7 +76,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', $9)`,
 			}
 			outs = append(outs, out)
 		}
-		return nil
+		return l.Flush(ctx) // a no-op unless the store defers
 	})
 	if err != nil {
 		t.Fatalf("deliver: %v", err)
@@ -653,5 +653,68 @@ func TestPGStoreSeqConflictIsHeld(t *testing.T) {
 	}
 	if c := seqguard.Count(outs[0].Steps); c.Held != 1 {
 		t.Errorf("counts %+v, want one held", c)
+	}
+}
+
+// TestPGStoreDeferInOrder: with DeferInOrder an in-order Receive writes
+// nothing until Flush; any other step writes the pending state with it; the
+// stored state ends up exactly as without deferral.
+func TestPGStoreDeferInOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.store.DeferInOrder = true
+	p := seqguard.Policy{}
+	last := func(q seqguard.Querier, src string) int64 {
+		t.Helper()
+		var n *int64
+		if err := q.QueryRow(ctx, `SELECT last_applied FROM onceflow.seq_state WHERE consumer = $1 AND source = $2`, consumer, src).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == nil {
+			return -1
+		}
+		return *n
+	}
+	b.deliver(t, b.db.Pool, at(0), p, event("a", 1), event("a", 2), event("b", 1), event("a", 3))
+	if a, bb := last(b.db.Pool, "a"), last(b.db.Pool, "b"); a != 3 || bb != 1 {
+		t.Fatalf("after flush: a %d b %d", a, bb)
+	}
+	// 4 in order (deferred), then 6 parks: the park writes 4 with it.
+	b.deliver(t, b.db.Pool, at(1), p, event("a", 4), event("a", 6))
+	if a := last(b.db.Pool, "a"); a != 4 {
+		t.Fatalf("after park: a %d", a)
+	}
+	outs := b.deliver(t, b.db.Pool, at(2), p, event("a", 5))
+	if len(outs[0].Apply) != 2 || last(b.db.Pool, "a") != 6 {
+		t.Fatalf("release: %+v, a %d", outs, last(b.db.Pool, "a"))
+	}
+	// Inside a transaction: nothing written until Flush.
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		ev := event("a", 7)
+		if _, err := tx.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', now())`, consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset); err != nil {
+			return err
+		}
+		l, err := b.store.Lock(ctx, tx, []string{"a"}, at(3))
+		if err != nil {
+			return err
+		}
+		if _, err := l.Receive(ctx, ev, at(3), p); err != nil {
+			return err
+		}
+		if a := last(tx, "a"); a != 6 {
+			t.Errorf("before Flush: a %d, want 6 (deferred)", a)
+		}
+		if err := l.Flush(ctx); err != nil {
+			return err
+		}
+		if a := last(tx, "a"); a != 7 {
+			t.Errorf("after Flush: a %d, want 7", a)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -38,6 +38,12 @@ ORDER BY source, from_seq`
 UPDATE onceflow.seq_state SET last_applied = $3, updated_at = $4
 WHERE consumer = $1 AND source = $2`
 
+	// Locked.Flush: the deferred last_applied of several sources at once.
+	sqlSaveStates = `
+UPDATE onceflow.seq_state s SET last_applied = u.last_applied, updated_at = $4
+FROM unnest($2::text[], $3::bigint[]) AS u(source, last_applied)
+WHERE s.consumer = $1 AND s.source = u.source`
+
 	// The received event's inbox row (inserted by the consumer) becomes
 	// parked or held, keeping what is needed to apply it later. NULL headers
 	// or payload leave the row's own (the caller may have written them).
