@@ -208,6 +208,11 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
 	c.RegisterFlags(fs)
 	if err := cli.Parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stderr, "usage: relay run [flags]\n")
+			cli.Usage(fs, stderr)
+			return err
+		}
 		return usageError{err}
 	}
 	if err := c.validate(); err != nil {

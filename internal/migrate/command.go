@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,6 +24,10 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 	db.RegisterFlags(fs)
 	to := fs.Int("to", -1, "target version (default: the newest); lower than the current version migrates down")
 	if err := cli.Parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "usage: %s migrate [flags]\n", prog)
+			cli.Usage(fs, stdout)
+		}
 		return err
 	}
 	if err := db.Validate(); err != nil {
