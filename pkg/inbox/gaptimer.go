@@ -121,6 +121,9 @@ func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time,
 				return out, fmt.Errorf("release savepoint: %w", err)
 			}
 			out.processed++
+			if failures != nil {
+				delete(failures, ev.EventID)
+			}
 			continue
 		}
 		var he *HandlerError
