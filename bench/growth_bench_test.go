@@ -33,7 +33,7 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 		tb.Fatal(err)
 	}
 	topic := testkit.Topic(tb, "bench-growth", benchPartitions, nil)
-	prefill(tb, topic, n)
+	_, per := prefill(tb, topic, n)
 	h := sqlUpsertHandler(tb)
 	exec := func(qs ...string) {
 		for _, q := range qs {
@@ -47,6 +47,11 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 	empty, _ := drain(tb, db.Pool, topic, "empty", h, "onceflow_consumer_processed_total", n)
 	emptyRate := float64(n) / empty.Seconds()
 	record(figure{Name: "consumer drain, empty inbox", Value: emptyRate, Unit: "events/s", Notes: []string{fmt.Sprintf("%d events", n)}})
+	// The same ids inserted raw (as consumer 'ceiling', after the drain):
+	// how much of the change is PostgreSQL's index growth alone.
+	record = rep.measure()
+	rawEmpty := float64(n) / rawInsertCeiling(tb, db.Pool, per, 500).Seconds()
+	record(figure{Name: "raw batched inbox insert, empty inbox", Value: rawEmpty, Unit: "events/s"})
 
 	exec(`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_gaps, public.bench_state`)
 	t0 := time.Now()
@@ -65,6 +70,10 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 	record(figure{Name: fmt.Sprintf("growth: consumer drain, inbox pre-filled with %d rows", inboxRows), Value: filledRate, Unit: "events/s",
 		CeilingName: "empty inbox", Ceiling: emptyRate, Target: "ratio >= 0.8", Met: met(ratio >= 0.8),
 		Notes: []string{fmt.Sprintf("pre-fill %s, VACUUM ANALYZE %s (not timed)", fill.Round(time.Second), vacuum.Round(time.Second))}})
+	record = rep.measure()
+	rawFilled := float64(n) / rawInsertCeiling(tb, db.Pool, per, 500).Seconds()
+	record(figure{Name: fmt.Sprintf("growth: raw batched inbox insert, %d rows", inboxRows), Value: rawFilled, Unit: "events/s",
+		CeilingName: "empty inbox", Ceiling: rawEmpty})
 }
 
 func relayGrowth(tb testing.TB, rep *report, sz sizes) {

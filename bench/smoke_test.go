@@ -59,7 +59,7 @@ func TestBenchSmoke(t *testing.T) {
 		"ceiling: raw franz-go consume", "ceiling: raw batched inbox insert", "consumer drain (sql upsert handler)",
 		"pipeline drain", "CPU per 1M events: relay", "CPU per 1M events: consumer", "CPU per 1M events: postgres", "CPU per 1M events: kafka",
 		"e2e latency @ 1000 ev/s p50", "e2e latency @ 1000 ev/s p99", "e2e latency @ 1000 ev/s p99.9", "(50% of max) p99",
-		"consumer drain, empty inbox", "growth: consumer drain", "relay drain, 500 pending", "growth: relay drain",
+		"consumer drain, empty inbox", "growth: consumer drain", "growth: raw batched inbox insert", "relay drain, 500 pending", "growth: relay drain",
 	}
 	for _, w := range want {
 		found := false
