@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 // Failpoints a fault test can arm through ONCEFLOW_FAILPOINTS.
@@ -67,6 +68,7 @@ func (o *outcome) add(p outcome) {
 	o.malformed += p.malformed
 	o.deadItems = append(o.deadItems, p.deadItems...)
 	o.guard.add(p.guard)
+	o.deadReleased = append(o.deadReleased, p.deadReleased...)
 }
 
 type deadLetter struct {
@@ -92,6 +94,14 @@ var errStopped = errors.New("inbox: worker stopped")
 // and the transaction was rolled back; any other error is infrastructure
 // trouble.
 func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err error) {
+	return a.applyTxMode(ctx, items, false)
+}
+
+// applyTxMode is applyTx; with deadReleased, the handler runs per event
+// under savepoints and a released parked event whose handler fails is
+// dead-lettered in place while the rest applies (the last try of the
+// isolated path when a failure may be a released event's).
+func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bool) (out outcome, err error) {
 	if len(items) == 0 {
 		return out, nil
 	}
@@ -147,6 +157,7 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 		fresh = append(fresh, it)
 	}
 	var apply []Event
+	kept := map[string]seqguard.Event{}
 	if len(fresh) > 0 {
 		adm, err := a.cfg.guard.lock(ctx, tx, fresh)
 		if err != nil {
@@ -159,18 +170,31 @@ func (a *applier) applyTx(ctx context.Context, items []item) (out outcome, err e
 			}
 			apply = append(apply, v.apply...)
 			out.guard.add(v.steps)
+			for _, e := range v.released {
+				kept[e.EventID] = e
+			}
 		}
 		if err := adm.flush(ctx); err != nil {
 			return out, fmt.Errorf("sequence guard: %w", err)
 		}
 	}
 	// 4. The handler, in the same transaction.
-	if len(apply) > 0 {
-		if err := a.runHandler(ctx, tx, apply); err != nil {
+	switch {
+	case len(apply) == 0:
+	case deadReleased && len(kept) > 0:
+		if err := a.runEach(ctx, tx, apply, kept, func(Event) bool { return true }, &out); err != nil {
 			return out, err
 		}
+	default:
+		if err := a.runHandler(ctx, tx, apply); err != nil {
+			var he *HandlerError
+			if errors.As(err, &he) && len(kept) > 0 {
+				he.withReleased = true
+			}
+			return out, err
+		}
+		out.processed = len(apply)
 	}
-	out.processed = len(apply)
 	failpoint.Hit(fpAfterHandler)
 	if err := tx.Commit(ctx); err != nil {
 		return out, fmt.Errorf("commit: %w", err)
@@ -342,6 +366,24 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 			}
 			onHandlerErr(err)
 			wait := b.NextBackOff()
+			if (attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop) && he.withReleased {
+				// The failure may be a released parked event's: one last try
+				// dead-letters a failing released event in place and applies
+				// the rest; if the event itself fails, it is dead-lettered below.
+				out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return a.applyTxMode(ctx, it, true) })
+				if err == nil {
+					for _, d := range out.deadReleased {
+						a.cfg.Logger.ErrorContext(ctx, "event dead-lettered", "event_id", d.EventID, "source", d.Source, "seq", d.Seq,
+							"attempts", attempt, "error", d.reason, "released_by", items[i].key)
+					}
+					total.add(out)
+					break
+				}
+				if !errors.As(err, &he) {
+					return total, err
+				}
+				onHandlerErr(err)
+			}
 			if attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop {
 				out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) {
 					return a.deadLetterTx(ctx, &items[i], attempt, he.Err.Error())

@@ -374,3 +374,46 @@ func TestGapTimerDeadLettersFailingReleased(t *testing.T) {
 		t.Fatalf("applied %v", got)
 	}
 }
+
+// TestIsolatedDeadLettersFailingReleased: an arriving event releases a
+// parked one whose handler fails. The isolated path's last try dead-letters
+// the released event in place (not the arriving one) and applies the
+// arriving event; a replay then delivers the dead one marked late.
+func TestIsolatedDeadLettersFailingReleased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupApply(t, nil)
+	s.app.cfg.RetryMaxAttempts = 2
+	s.app.cfg.RetryInitialInterval, s.app.cfg.RetryMaxInterval = 1, 1
+	s.app.handler = asBatch(HandlerFunc(func(_ context.Context, _ pgx.Tx, ev Event) error {
+		if ev.EventID == "e3" {
+			return errors.New("nope")
+		}
+		return s.rec.HandleBatch(ctx, nil, []Event{ev})
+	}))
+	if _, err := s.app.applyTx(ctx, items(rec("e1", 1, 0), rec("e3", 3, 1))); err != nil {
+		t.Fatal(err)
+	}
+	errs := 0
+	out, err := s.app.applyIsolated(ctx, items(rec("e2", 2, 2)), nil, func(error) { errs++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.processed != 1 || out.dead != 1 || len(out.deadReleased) != 1 || out.deadReleased[0].EventID != "e3" || errs != 2 {
+		t.Fatalf("out %+v, handler errors %d", out, errs)
+	}
+	if rows := inboxRows(t, s.db); rows != "map[e1:processed false false e2:processed false false e3:dead false true]" {
+		t.Fatalf("rows %s", rows)
+	}
+	if res, err := Replay(ctx, s.db.Pool, "c1", s.rec, "e3"); err != nil || res != ReplayedLate {
+		t.Fatalf("replay: %v %v", res, err)
+	}
+	var got []string
+	for _, ev := range s.rec.got {
+		got = append(got, fmt.Sprintf("%s/%v", ev.EventID, ev.Late))
+	}
+	// e2 ran in each rolled-back try too (the recorder is not transactional).
+	if fmt.Sprint(got) != "[e1/false e2/false e2/false e2/false e3/true]" {
+		t.Fatalf("handler runs %v", got)
+	}
+}

@@ -26,6 +26,10 @@ func (e *ConfigError) Error() string { return fmt.Sprintf("inbox config: %s %s",
 type HandlerError struct {
 	EventID string
 	Err     error
+
+	// withReleased: the failing transaction also applied parked events the
+	// sequence guard released, so the failure may be theirs.
+	withReleased bool
 }
 
 func (e *HandlerError) Error() string {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
@@ -42,9 +44,8 @@ func (c *Consumer) gapTick(ctx context.Context, g *seqGuard, failures map[string
 		c.m.deadLettered.Add(float64(out.dead))
 		c.m.addGuard(out.guard)
 		c.logGivenUp(ctx, out.guard.givenUp)
+		c.logDeadReleased(ctx, out.deadReleased, "gap timer")
 		for _, d := range out.deadReleased {
-			c.log.ErrorContext(ctx, "event dead-lettered", "event_id", d.EventID, "source", d.Source, "seq", d.Seq,
-				"attempts", failures[d.EventID], "error", d.reason, "released_by", "gap timer")
 			delete(failures, d.EventID)
 		}
 	case ctx.Err() != nil:
@@ -110,40 +111,20 @@ func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time,
 		}
 		out.guard.addOutcome(o)
 	}
-	for _, ev := range apply {
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return out, fmt.Errorf("savepoint: %w", err)
-		}
-		herr := a.runHandler(ctx, sp, []Event{ev})
-		if herr == nil {
-			if err := sp.Commit(ctx); err != nil {
-				return out, fmt.Errorf("release savepoint: %w", err)
-			}
-			out.processed++
-			if failures != nil {
-				delete(failures, ev.EventID)
-			}
-			continue
-		}
-		var he *HandlerError
-		if !errors.As(herr, &he) || failures == nil || failures[ev.EventID]+1 < a.cfg.RetryMaxAttempts {
-			if failures != nil && he != nil {
-				failures[ev.EventID]++
-			}
-			return out, herr
+	deadOK := func(ev Event) bool {
+		if failures == nil {
+			return false
 		}
 		failures[ev.EventID]++
-		if err := sp.Rollback(ctx); err != nil {
-			return out, fmt.Errorf("rollback to savepoint: %w", err)
+		return failures[ev.EventID] >= a.cfg.RetryMaxAttempts
+	}
+	if err := a.runEach(ctx, tx, apply, released, deadOK, &out); err != nil {
+		return out, err
+	}
+	for _, ev := range apply {
+		if failures != nil && !out.isDeadReleased(ev.EventID) {
+			delete(failures, ev.EventID)
 		}
-		reason := he.Err.Error()
-		if _, err := tx.Exec(ctx, qReleasedDead, a.cfg.ConsumerName, ev.EventID, failures[ev.EventID], safeText(reason),
-			released[ev.EventID].Headers, nonNil(released[ev.EventID].Payload)); err != nil {
-			return out, fmt.Errorf("dead-letter released event: %w", err)
-		}
-		out.dead++
-		out.deadReleased = append(out.deadReleased, deadReleased{Event: ev, reason: reason})
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return out, fmt.Errorf("commit: %w", err)
@@ -164,5 +145,60 @@ func (c *Consumer) logGivenUp(ctx context.Context, gaps []givenUpGap) {
 			"source", g.source, "from_seq", g.step.Gap.From, "to_seq", g.step.Gap.To,
 			"range", g.step.Gap.String(), "opened_at", g.step.Gap.OpenedAt, "deadline", g.step.Gap.Deadline,
 			"reason", string(g.step.Reason))
+	}
+}
+
+// runEach runs the handler for evs in order, each under its own savepoint,
+// adding to out. When an event's handler fails and deadOK(ev) is true, the
+// event is dead-lettered instead (its inbox row, released from parking,
+// gets status dead with the headers and payload it had kept, from kept) and
+// the rest go on; any other failure is returned, and the caller rolls back.
+func (a *applier) runEach(ctx context.Context, tx pgx.Tx, evs []Event, kept map[string]seqguard.Event, deadOK func(Event) bool, out *outcome) error {
+	for _, ev := range evs {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("savepoint: %w", err)
+		}
+		herr := a.runHandler(ctx, sp, []Event{ev})
+		if herr == nil {
+			if err := sp.Commit(ctx); err != nil {
+				return fmt.Errorf("release savepoint: %w", err)
+			}
+			out.processed++
+			continue
+		}
+		var he *HandlerError
+		k, isKept := kept[ev.EventID]
+		if !errors.As(herr, &he) || !isKept || !deadOK(ev) {
+			return herr
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return fmt.Errorf("rollback to savepoint: %w", err)
+		}
+		reason := he.Err.Error()
+		if _, err := tx.Exec(ctx, qReleasedDead, a.cfg.ConsumerName, ev.EventID, a.cfg.RetryMaxAttempts, safeText(reason),
+			k.Headers, nonNil(k.Payload)); err != nil {
+			return fmt.Errorf("dead-letter released event: %w", err)
+		}
+		out.dead++
+		out.deadReleased = append(out.deadReleased, deadReleased{Event: ev, reason: reason})
+	}
+	return nil
+}
+
+func (o *outcome) isDeadReleased(id string) bool {
+	for _, d := range o.deadReleased {
+		if d.EventID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// logDeadReleased logs released parked events that were dead-lettered.
+func (c *Consumer) logDeadReleased(ctx context.Context, dead []deadReleased, by string) {
+	for _, d := range dead {
+		c.log.ErrorContext(ctx, "event dead-lettered", "event_id", d.EventID, "source", d.Source, "seq", d.Seq,
+			"attempts", c.cfg.RetryMaxAttempts, "error", d.reason, "released_by", by)
 	}
 }

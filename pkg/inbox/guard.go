@@ -126,6 +126,9 @@ type admitted struct {
 	// steps are the guard's decisions, for the counters and the ERROR log
 	// of given-up gaps after the commit.
 	steps guardSteps
+	// released are the released parked events among apply, as the store
+	// returned them (with the headers and payload their rows had kept).
+	released []seqguard.Event
 }
 
 // guardSteps tallies guard decisions of committed transactions.
@@ -234,7 +237,13 @@ func (s *seqLocked) admit(ctx context.Context, it *item) (admitted, error) {
 	}
 	var steps guardSteps
 	steps.addOutcome(out)
-	return admitted{apply: apply, steps: steps}, nil
+	var released []seqguard.Event
+	for _, a := range out.Apply {
+		if !a.Current {
+			released = append(released, a.Event)
+		}
+	}
+	return admitted{apply: apply, steps: steps, released: released}, nil
 }
 
 func (s *seqLocked) flush(ctx context.Context) error { return s.l.Flush(ctx) }
