@@ -1,0 +1,192 @@
+package effects
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/failpoint"
+)
+
+// FailpointAfterCall is armed by fault tests through ONCEFLOW_FAILPOINTS:
+// the call has returned, its result is not recorded yet.
+const FailpointAfterCall = "effects-after-call"
+
+// lockClass is the first key of the two-int advisory lock Do takes on a key
+// (the second is hashtext(key)). Two-int advisory locks never collide with
+// the one-bigint locks used elsewhere (migrations, tests).
+const lockClass = 0x0eff
+
+// Result is what a call returned, recorded in the ledger.
+type Result struct {
+	// Code is a status code (e.g. the HTTP status); result_code.
+	Code int
+	// Summary is a small JSON document describing the response (a hash, a
+	// downstream id); result. Nil is stored as SQL NULL.
+	Summary json.RawMessage
+	// Replayed is true when the result came from the ledger and the call
+	// was not made.
+	Replayed bool
+}
+
+// Status of a ledger row.
+const (
+	StatusIntent = "intent"
+	StatusDone   = "done"
+)
+
+// CallFunc performs the side effect, sending key to the downstream as its
+// idempotency key.
+type CallFunc func(ctx context.Context, key string) (Result, error)
+
+type eventIDKey struct{}
+
+// WithEventID returns ctx carrying the id of the event the effect belongs
+// to; Do stores it in the ledger row (event_id) for operators.
+func WithEventID(ctx context.Context, eventID string) context.Context {
+	return context.WithValue(ctx, eventIDKey{}, eventID)
+}
+
+func eventIDFrom(ctx context.Context) any {
+	if v, ok := ctx.Value(eventIDKey{}).(string); ok && v != "" {
+		return v
+	}
+	return nil
+}
+
+// Do performs call at most once per recorded result for key:
+//
+//  1. It takes a session advisory lock on key (on a connection of its own,
+//     never the caller's transaction), so two callers with the same key never
+//     call at the same time: the second waits and then finds the first's
+//     result. A crash releases the lock with the session.
+//  2. It records the intent (status intent, attempts+1) in its own
+//     auto-committed statement, so the intent survives a crash during the
+//     call. A row that is already done is returned as is, with Replayed set,
+//     and call is not made.
+//  3. It calls call(ctx, key). An error leaves the intent in place (the next
+//     attempt calls again with the same key and the downstream dedups).
+//  4. It records the result (status done, result_code, result, completed_at).
+//
+// Do must not be given the caller's inbox transaction: the intent has to be
+// committed before the call whatever becomes of that transaction.
+func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Result, error) {
+	if err := ValidateKey(key); err != nil {
+		return Result{}, err
+	}
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("effects: acquire connection: %w", err)
+	}
+	locked := false
+	defer func() {
+		if locked {
+			if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, lockClass, key); err != nil {
+				// Never hand a connection holding the lock back to the pool.
+				_ = conn.Conn().Close(context.WithoutCancel(ctx))
+			}
+		}
+		conn.Release()
+	}()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, key); err != nil {
+		// A cancelled wait may leave the session's state unknown.
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		return Result{}, fmt.Errorf("effects: lock key %q: %w", key, err)
+	}
+	locked = true
+
+	var (
+		status string
+		code   *int
+		sum    []byte
+	)
+	err = conn.QueryRow(ctx, qIntent, key, eventIDFrom(ctx)).Scan(&status, &code, &sum)
+	if err != nil {
+		return Result{}, fmt.Errorf("effects: record intent of %q: %w", key, err)
+	}
+	if status == StatusDone {
+		r := Result{Summary: sum, Replayed: true}
+		if code != nil {
+			r.Code = *code
+		}
+		return r, nil
+	}
+
+	res, err := call(ctx, key)
+	failpoint.Hit(FailpointAfterCall)
+	if err != nil {
+		return Result{}, fmt.Errorf("effects: call %q: %w", key, err)
+	}
+	var summary any
+	if len(res.Summary) > 0 {
+		if !json.Valid(res.Summary) {
+			return Result{}, fmt.Errorf("effects: result summary of %q is not JSON", key)
+		}
+		summary = string(res.Summary)
+	}
+	tag, err := conn.Exec(context.WithoutCancel(ctx), qDone, key, res.Code, summary)
+	if err != nil {
+		return Result{}, fmt.Errorf("effects: record result of %q: %w", key, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return Result{}, fmt.Errorf("effects: record result of %q: ledger row missing", key)
+	}
+	res.Replayed = false
+	return res, nil
+}
+
+// qIntent inserts the intent or, when the key is known, counts one more
+// attempt if it is still an intent; it returns the row as it now is.
+const qIntent = `
+INSERT INTO onceflow.effects AS e (idempotency_key, event_id, status, attempts)
+VALUES ($1, $2, 'intent', 1)
+ON CONFLICT (idempotency_key) DO UPDATE
+   SET attempts = e.attempts + CASE WHEN e.status = 'intent' THEN 1 ELSE 0 END,
+       event_id = COALESCE(e.event_id, EXCLUDED.event_id)
+RETURNING status, result_code, result::text`
+
+const qDone = `
+UPDATE onceflow.effects
+   SET status = 'done', result_code = $2, result = $3::jsonb, completed_at = now()
+ WHERE idempotency_key = $1`
+
+// Entry is one ledger row.
+type Entry struct {
+	Key      string
+	EventID  string
+	Status   string
+	Attempts int
+	Result   Result
+}
+
+// Lookup returns the ledger row of key, or ok=false.
+func Lookup(ctx context.Context, db *pgxpool.Pool, key string) (e Entry, ok bool, err error) {
+	var (
+		eventID *string
+		code    *int
+		sum     *string
+	)
+	err = db.QueryRow(ctx, `SELECT idempotency_key, event_id, status, attempts, result_code, result::text
+	  FROM onceflow.effects WHERE idempotency_key = $1`, key).
+		Scan(&e.Key, &eventID, &e.Status, &e.Attempts, &code, &sum)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Entry{}, false, nil
+	}
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("effects: lookup %q: %w", key, err)
+	}
+	if eventID != nil {
+		e.EventID = *eventID
+	}
+	if code != nil {
+		e.Result.Code = *code
+	}
+	if sum != nil {
+		e.Result.Summary = json.RawMessage(*sum)
+	}
+	return e, true, nil
+}
