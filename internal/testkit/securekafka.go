@@ -8,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -159,14 +158,6 @@ func StartSecureKafka(ctx context.Context, o SecureKafkaOptions) (_ *SecureKafka
 	if admin == nil {
 		return nil, errors.New("secure kafka: no Super user to check readiness with")
 	}
-	java, err := exec.LookPath(envOr("ONCEFLOW_JAVA", "java"))
-	if err != nil {
-		return nil, errors.New("secure kafka: java not found: install the Debian package 'openjdk-17-jre-headless' (apt-get install -y openjdk-17-jre-headless)")
-	}
-	cp, err := kafkaClasspath(ctx)
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "onceflow-securekafka-")
 	if err != nil {
 		return nil, err
@@ -203,12 +194,8 @@ func StartSecureKafka(ctx context.Context, o SecureKafkaOptions) (_ *SecureKafka
 			supers.WriteString(";User:" + u.Name)
 		}
 	}
-	props := fmt.Sprintf(`process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:%[3]d
-listeners=SASL_SSL://127.0.0.1:%[1]d,INTERNAL://127.0.0.1:%[2]d,CONTROLLER://127.0.0.1:%[3]d
+	listeners := fmt.Sprintf(`listeners=SASL_SSL://127.0.0.1:%[1]d,INTERNAL://127.0.0.1:%[2]d,CONTROLLER://127.0.0.1:%[3]d
 advertised.listeners=SASL_SSL://127.0.0.1:%[1]d,INTERNAL://127.0.0.1:%[2]d
-controller.listener.names=CONTROLLER
 inter.broker.listener.name=INTERNAL
 listener.security.protocol.map=SASL_SSL:SASL_SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
 sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN
@@ -219,74 +206,27 @@ ssl.keystore.type=PEM
 ssl.keystore.certificate.chain=%[5]s
 ssl.keystore.key=%[6]s
 ssl.client.auth=none
-log.dirs=%[7]s
-num.partitions=1
-auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=4
-group.initial.rebalance.delay.ms=0
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-log.segment.bytes=67108864
-`, port, iport, cport, plainUsers.String(), propertyValue(certPEM), propertyValue(keyPEM), filepath.Join(dir, "data"))
+`, port, iport, cport, plainUsers.String(), propertyValue(certPEM), propertyValue(keyPEM))
 	if o.ACLs {
-		props += "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n" +
+		listeners += "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n" +
 			"allow.everyone.if.no.acl.found=false\n" +
 			"super.users=" + supers.String() + "\n"
 	}
-	propsFile := filepath.Join(dir, "server.properties")
-	if err := os.WriteFile(propsFile, []byte(props), 0o600); err != nil {
-		return nil, err
-	}
-	log4j := fmt.Sprintf(`status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = %s
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%%d] %%p %%m (%%c)%%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka
-logger.kafka.level = warn
-logger.kafkaorg.name = org.apache.kafka
-logger.kafkaorg.level = warn
-logger.state.name = state.change.logger
-logger.state.level = warn
-`, filepath.Join(dir, "server.log"))
-	if err := os.WriteFile(filepath.Join(dir, "log4j2.properties"), []byte(log4j), 0o644); err != nil {
-		return nil, err
-	}
-	jvm := []string{"-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
-		"-Dlog4j2.configurationFile=" + filepath.Join(dir, "log4j2.properties"), "-cp", cp}
-
-	id := make([]byte, 16)
-	_, _ = rand.Read(id)
-	format := append(append([]string{}, jvm...), "kafka.tools.StorageTool", "format",
-		"--cluster-id="+base64.RawURLEncoding.EncodeToString(id), "-c", propsFile)
+	var scramUsers []string
 	for _, u := range o.Users {
 		for _, m := range []string{"SCRAM-SHA-256", "SCRAM-SHA-512"} {
-			format = append(format, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", m, u.Name, u.Password))
+			scramUsers = append(scramUsers, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", m, u.Name, u.Password))
 		}
 	}
-	if out, err := exec.CommandContext(ctx, java, format...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("secure kafka: storage format: %v: %s", err, lastLinesOf(string(out), 5))
-	}
-
-	stdout, err := os.Create(filepath.Join(dir, "stdout.log"))
+	node, err := prepareKafkaNode(ctx, dir, listeners, cport, "512m", scramUsers...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("secure kafka: %w", err)
 	}
-	defer stdout.Close()
-	k.cmd = exec.Command(java, append(jvm, "kafka.Kafka", propsFile)...)
-	k.cmd.Stdout, k.cmd.Stderr = stdout, stdout
-	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := k.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("secure kafka: start: %v", err)
+	var done chan struct{}
+	if k.cmd, done, err = node.start(); err != nil {
+		return nil, fmt.Errorf("secure kafka: %w", err)
 	}
-	go func() { _ = k.cmd.Wait(); close(k.done) }()
+	go func() { <-done; close(k.done) }()
 
 	if err := k.waitReady(ctx, *admin); err != nil {
 		return nil, err
