@@ -27,6 +27,8 @@ import (
 //   - "sql": one SQL statement run in the inbox transaction. Named
 //     parameters (see below) are compiled once to positional $n parameters.
 //   - "log": nothing beyond the inbox row (ledger mode).
+//   - "http": the payload sent to a URL with an Idempotency-Key, fenced by
+//     the effects ledger (see HTTPSpec).
 //
 // "event_type": "*" matches every type without its own entry. An event whose
 // type matches nothing fails as a handler error and is dead-lettered.
@@ -45,9 +47,10 @@ type HandlerFile struct {
 
 // HandlerSpec configures the handler of one event type.
 type HandlerSpec struct {
-	EventType string `json:"event_type"`
-	Kind      string `json:"kind"`
-	SQL       string `json:"sql,omitempty"`
+	EventType string    `json:"event_type"`
+	Kind      string    `json:"kind"`
+	SQL       string    `json:"sql,omitempty"`
+	HTTP      *HTTPSpec `json:"http,omitempty"`
 }
 
 // LoadHandlerFile reads a HandlerFile from path and compiles it.
@@ -89,6 +92,9 @@ func (f HandlerFile) Compile() (BatchHandler, error) {
 			return nil, fmt.Errorf("%s.event_type %q is configured twice", where, s.EventType)
 		}
 		c := &compiled{kind: s.Kind}
+		if s.HTTP != nil && s.Kind != "http" {
+			return nil, fmt.Errorf("%s: kind %s takes no http", where, s.Kind)
+		}
 		switch s.Kind {
 		case "log":
 			if s.SQL != "" {
@@ -100,8 +106,17 @@ func (f HandlerFile) Compile() (BatchHandler, error) {
 				return nil, fmt.Errorf("%s.sql: %w", where, err)
 			}
 			c.stmt = st
+		case "http":
+			if s.SQL != "" {
+				return nil, fmt.Errorf("%s: kind http takes no sql", where)
+			}
+			hh, err := compileHTTP(s.HTTP)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			c.http = hh
 		default:
-			return nil, fmt.Errorf("%s.kind %q: want sql or log", where, s.Kind)
+			return nil, fmt.Errorf("%s.kind %q: want sql, log or http", where, s.Kind)
 		}
 		h.byType[s.EventType] = c
 	}
@@ -115,6 +130,7 @@ type configured struct {
 type compiled struct {
 	kind string
 	stmt *sqlStatement
+	http *httpHandler
 }
 
 func (h *configured) lookup(eventType string) *compiled {
@@ -134,6 +150,12 @@ func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) er
 			return &HandlerError{EventID: evs[i].EventID, Err: fmt.Errorf("no handler configured for event type %q", evs[i].EventType)}
 		}
 		if c.kind == "log" {
+			continue
+		}
+		if c.kind == "http" {
+			if err := c.http.handle(ctx, tx, &evs[i]); err != nil {
+				return &HandlerError{EventID: evs[i].EventID, Err: err}
+			}
 			continue
 		}
 		args, err := c.stmt.args(&evs[i])

@@ -87,7 +87,7 @@ func TestParseHandlerFile(t *testing.T) {
 	t.Parallel()
 	cases := map[string]string{
 		`{"handlers": []}`: "at least one",
-		`{"handlers": [{"event_type": "a", "kind": "http"}]}`:                                    "want sql or log",
+		`{"handlers": [{"event_type": "a", "kind": "grpc"}]}`:                                    "want sql, log or http",
 		`{"handlers": [{"kind": "log"}]}`:                                                        "event_type is required",
 		`{"handlers": [{"event_type": "a", "kind": "log", "sql": "SELECT 1"}]}`:                  "takes no sql",
 		`{"handlers": [{"event_type": "a", "kind": "sql", "sql": "SELECT :bad"}]}`:               "handlers[0].sql: unknown parameter",
