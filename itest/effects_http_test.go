@@ -30,6 +30,9 @@ type idemServer struct {
 	// fail, when set, answers with this status before any business logic.
 	fail func(key string, n int) int
 	seen map[string]int
+	// hang, when it returns true for a key, makes the request wait until
+	// the client gives up (a timeout), before any business logic.
+	hang func(key string) bool
 }
 
 func newIdemServer(t testing.TB) (*idemServer, *httptest.Server) {
@@ -42,11 +45,15 @@ func newIdemServer(t testing.TB) (*idemServer, *httptest.Server) {
 func (s *idemServer) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	key := r.Header.Get("Idempotency-Key")
+	if s.hang != nil && s.hang(key) {
+		<-r.Context().Done()
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests++
-	if want := "event:" + r.Header.Get("X-Onceflow-Event-Id"); key != want {
-		s.t.Errorf("Idempotency-Key %q, want %q", key, want)
+	if id := r.Header.Get("X-Onceflow-Event-Id"); id != "" && key != "event:"+id {
+		s.t.Errorf("Idempotency-Key %q, want %q", key, "event:"+id)
 	}
 	s.seen[key]++
 	if s.fail != nil {

@@ -1,0 +1,136 @@
+package itest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/inbox"
+)
+
+// TestEffectsHTTPStatuses: through the consumer engine with the http
+// handler, a 5xx is retried with the same key until it succeeds, a timeout
+// likewise, and a 4xx is retried to the limit and dead-lettered with the
+// response in the reason, its business logic never run.
+func TestEffectsHTTPStatuses(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL and Kafka")
+	}
+	db := testkit.NewDB(t)
+	srv, hs := newIdemServer(t)
+	var slowTries atomic.Int32
+	srv.hang = func(key string) bool { return key == "event:slow" && slowTries.Add(1) == 1 }
+	srv.fail = func(key string, n int) int {
+		switch {
+		case key == "event:flaky" && n <= 2:
+			return http.StatusServiceUnavailable
+		case key == "event:rejected":
+			return http.StatusUnprocessableEntity
+		}
+		return 0
+	}
+	p := filepath.Join(t.TempDir(), "handlers.json")
+	cfg := fmt.Sprintf(`{"handlers":[{"event_type":"*","kind":"http","http":{"url":%q,"method":"PUT","timeout":"300ms"}}]}`, hs.URL)
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h, err := inbox.LoadHandlerFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := testkit.Topic(t, "effstatus", 1, nil)
+	cl := testkit.Client(t)
+	var evs []envelope.Envelope
+	for _, id := range []string{"good", "flaky", "slow", "rejected"} {
+		evs = append(evs, envelope.Envelope{EventID: id, Source: "s-" + id, Seq: 1, EventType: "x.y", Payload: []byte(`{}`)})
+	}
+	produce(t, cl, topic, evs...)
+	e := startEngine(t, inbox.Config{Pool: db.Pool, Group: "g-" + topic, Topics: []string{topic},
+		BatchHandler: h, RetryMaxAttempts: 3, RetryInitialInterval: 20 * time.Millisecond, RetryMaxInterval: 50 * time.Millisecond})
+	eventually(t, 60*time.Second, "3 applied, 1 dead-lettered", func() (bool, string) {
+		pr, d := e.metric("onceflow_consumer_processed_total"), e.metric("onceflow_consumer_dead_lettered_total")
+		return pr == 3 && d == 1, fmtState("processed ", pr, ", dead ", d)
+	})
+	e.stop(t)
+
+	_, business := srv.snapshot()
+	for _, id := range []string{"good", "flaky", "slow"} {
+		if business["event:"+id] != 1 {
+			t.Errorf("%s: business logic ran %d times, want 1", id, business["event:"+id])
+		}
+	}
+	if business["event:rejected"] != 0 {
+		t.Errorf("rejected: business logic ran %d times", business["event:rejected"])
+	}
+	want := map[string]struct {
+		status   string
+		attempts int
+	}{"good": {"done", 1}, "flaky": {"done", 3}, "slow": {"done", 2}, "rejected": {"intent", 3}}
+	for id, w := range want {
+		got, ok, err := effects.Lookup(context.Background(), db.Pool, "event:"+id)
+		if err != nil || !ok || got.Status != w.status || got.Attempts != w.attempts || got.EventID != id {
+			t.Errorf("%s: ledger %+v (found %v, %v), want status %s attempts %d", id, got, ok, err, w.status, w.attempts)
+		}
+	}
+	var reason string
+	if err := db.Pool.QueryRow(context.Background(), `SELECT last_error FROM onceflow.inbox WHERE event_id = 'rejected' AND status = 'dead'`).Scan(&reason); err != nil {
+		t.Fatalf("rejected is not dead-lettered: %v", err)
+	}
+	if !strings.Contains(reason, "http 422") || !strings.Contains(reason, "injected 422") {
+		t.Errorf("dead-letter reason %q: want the status and the response body", reason)
+	}
+}
+
+// TestEffectsGraphReexecution: an agent-graph task (thread, node, task path)
+// reached again from two different deliveries — different event ids, as
+// when a checkpoint is resumed — sends one request with one key and runs the
+// downstream's business logic once.
+func TestEffectsGraphReexecution(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	db := testkit.NewDB(t)
+	srv, hs := newIdemServer(t)
+	var sent atomic.Int32
+	for _, delivery := range []string{"run-1-event-17", "resumed-run-2-event-93"} {
+		key, err := effects.GraphKey("thread-8f2", "charge_card", "0/3/1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := effects.Do(effects.WithEventID(context.Background(), delivery), db.Pool, key, func(ctx context.Context, key string) (effects.Result, error) {
+			sent.Add(1)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, hs.URL, strings.NewReader(`{}`))
+			if err != nil {
+				return effects.Result{}, err
+			}
+			req.Header.Set("Idempotency-Key", key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return effects.Result{}, err
+			}
+			resp.Body.Close()
+			return effects.Result{Code: resp.StatusCode}, nil
+		})
+		if err != nil || r.Code != http.StatusCreated {
+			t.Fatalf("%s: %+v, %v", delivery, r, err)
+		}
+	}
+	requests, business := srv.snapshot()
+	if sent.Load() != 1 || requests != 1 || len(business) != 1 || business["thread-8f2:charge_card:0/3/1"] != 1 {
+		t.Fatalf("sent %d, requests %d, business %v: want one effect", sent.Load(), requests, business)
+	}
+	if n := count(t, db, `SELECT count(*) FROM onceflow.effects WHERE status = 'done'`); n != 1 {
+		t.Fatalf("%d done ledger rows, want 1", n)
+	}
+}
