@@ -14,3 +14,5 @@ CREATE TABLE onceflow.effects (
     CONSTRAINT effects_status CHECK (status IN ('intent', 'done'))
 );
 CREATE INDEX effects_created_at ON onceflow.effects (created_at);
+-- Retention prunes the done effects of the events whose inbox rows it prunes.
+CREATE INDEX effects_event_id ON onceflow.effects (event_id);
