@@ -54,6 +54,11 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
+	if cfg.RetentionFile != "" {
+		if _, err := loadRetention(cfg.RetentionFile); err != nil {
+			return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
+		}
+	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer")
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)

@@ -51,6 +51,8 @@ const help = `usage: consumer <command> [flags]
 commands:
   run                     consume and apply events
   migrate                 apply database migrations
+  prune                   delete expired inbox, effects and published outbox
+                          rows per the retention file (for a CronJob)
   dlq list                list dead-lettered and held events
   dlq replay EVENT-ID     re-drive one event through the handlers
   gaps list               list open sequence gaps and recently given-up ones
@@ -69,6 +71,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runConsumer(ctx, args[1:], stderr)
 	case "migrate":
 		return runMigrate(ctx, args[1:], stdout, stderr)
+	case "prune":
+		return runPrune(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		if len(args) < 2 {
 			return usage("dlq: want list or replay")
