@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
+	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -54,10 +55,14 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
+	var retention *effects.Retention
 	if cfg.RetentionFile != "" {
-		if _, err := loadRetention(cfg.RetentionFile); err != nil {
+		if retention, err = loadRetention(cfg.RetentionFile); err != nil {
 			return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
 		}
+	}
+	if cfg.PruneInterval < 0 || (cfg.PruneInterval > 0 && retention == nil) {
+		return usage("-prune-interval (ONCEFLOW_PRUNE_INTERVAL) must be positive and needs -retention-file, got %s", cfg.PruneInterval)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer")
 	if err != nil {
@@ -97,6 +102,12 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return c.Run(gctx) })
+	if cfg.PruneInterval > 0 {
+		pm := effects.NewPrunerMetrics(reg)
+		g.Go(func() error {
+			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{}, pm, log)
+		})
+	}
 	g.Go(func() error {
 		return httpserver.Serve(gctx, httpserver.Config{Addr: cfg.HTTPAddr, Gatherer: reg, Ready: c.Ready, Logger: log},
 			func(a net.Addr) { log.InfoContext(ctx, "http listening", slog.String("addr", a.String())) })

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/onceflow/onceflow/pkg/effects"
 )
 
@@ -187,5 +190,44 @@ func TestPruneInsertLatency(t *testing.T) {
 	t.Logf("pruned %d rows in %s (batches of 500); %d concurrent inbox inserts: p50 %s, p99 %s, max %s", st.Inbox, took.Round(time.Millisecond), len(lat), lat[len(lat)/2], p99, maxLat)
 	if maxLat > time.Second {
 		t.Fatalf("an inbox insert took %s while pruning", maxLat)
+	}
+}
+
+// TestRunPruner: the periodic pruner counts pruned rows by table and passes
+// by result, and stops with its context.
+func TestRunPruner(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, received_at)
+	  SELECT 'default', 'old-' || g, 'src', 'ping.a', 't', 0, g, 'processed', now() - interval '2h' FROM generate_series(1, 30) g`); err != nil {
+		t.Fatal(err)
+	}
+	r, err := effects.ParseRetention([]byte(retentionJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m := effects.NewPrunerMetrics(reg)
+	done := make(chan error, 1)
+	go func() {
+		done <- effects.RunPruner(ctx, db.Pool, r, time.Hour, effects.PruneOptions{BatchSize: 8}, m, nil)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for testutil.ToFloat64(m.Runs.WithLabelValues("ok")) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("no pruning pass within 30s")
+		}
+		<-tick.C
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.Pruned.WithLabelValues("inbox")); got != 30 {
+		t.Fatalf("onceflow_retention_pruned_total{table=inbox} = %v, want 30", got)
 	}
 }

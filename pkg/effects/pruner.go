@@ -1,0 +1,74 @@
+package effects
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// PrunerMetrics are the counters of RunPruner.
+type PrunerMetrics struct {
+	// Pruned counts deleted rows by table (inbox, effects, outbox).
+	Pruned *prometheus.CounterVec
+	// Runs counts passes by result (ok, skipped, error).
+	Runs *prometheus.CounterVec
+}
+
+// NewPrunerMetrics registers the pruner's counters on reg (nil: not
+// registered).
+func NewPrunerMetrics(reg prometheus.Registerer) *PrunerMetrics {
+	m := &PrunerMetrics{
+		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_retention_pruned_total",
+			Help: "Rows deleted by retention pruning, by table."}, []string{"table"}),
+		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_retention_prune_runs_total",
+			Help: "Retention pruning passes by result (ok, skipped: another replica held the lock, error)."}, []string{"result"}),
+	}
+	for _, t := range []string{"inbox", "effects", "outbox"} {
+		m.Pruned.WithLabelValues(t)
+	}
+	for _, r := range []string{"ok", "skipped", "error"} {
+		m.Runs.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.Pruned, m.Runs)
+	}
+	return m
+}
+
+// RunPruner runs Prune every interval (the first pass right away) until ctx
+// ends, counting into m. Errors are logged and counted, never fatal.
+func RunPruner(ctx context.Context, db *pgxpool.Pool, r *Retention, interval time.Duration, o PruneOptions, m *PrunerMetrics, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		st, err := Prune(ctx, db, r, o)
+		m.Pruned.WithLabelValues("inbox").Add(float64(st.Inbox))
+		m.Pruned.WithLabelValues("effects").Add(float64(st.Effects))
+		m.Pruned.WithLabelValues("outbox").Add(float64(st.Outbox))
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			m.Runs.WithLabelValues("error").Inc()
+			log.WarnContext(ctx, "retention prune", slog.String("error", err.Error()))
+		case st.Skipped:
+			m.Runs.WithLabelValues("skipped").Inc()
+		default:
+			m.Runs.WithLabelValues("ok").Inc()
+			if st.Inbox+st.Effects+st.Outbox > 0 {
+				log.InfoContext(ctx, "retention pruned", slog.Int64("inbox", st.Inbox), slog.Int64("effects", st.Effects), slog.Int64("outbox", st.Outbox))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
