@@ -21,9 +21,9 @@ type PrunerMetrics struct {
 // registered).
 func NewPrunerMetrics(reg prometheus.Registerer) *PrunerMetrics {
 	m := &PrunerMetrics{
-		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_retention_pruned_total",
+		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_pruned_total",
 			Help: "Rows deleted by retention pruning, by table."}, []string{"table"}),
-		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_retention_prune_runs_total",
+		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_prune_runs_total",
 			Help: "Retention pruning passes by result (ok, skipped: another replica held the lock, error)."}, []string{"result"}),
 	}
 	for _, t := range []string{"inbox", "effects", "outbox"} {

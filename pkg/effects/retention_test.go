@@ -228,6 +228,6 @@ func TestRunPruner(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := testutil.ToFloat64(m.Pruned.WithLabelValues("inbox")); got != 30 {
-		t.Fatalf("onceflow_retention_pruned_total{table=inbox} = %v, want 30", got)
+		t.Fatalf("onceflow_consumer_retention_pruned_total{table=inbox} = %v, want 30", got)
 	}
 }
