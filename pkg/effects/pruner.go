@@ -15,7 +15,15 @@ type PrunerMetrics struct {
 	Pruned *prometheus.CounterVec
 	// Runs counts passes by result (ok, skipped, error).
 	Runs *prometheus.CounterVec
+	// OldestAge is the age of the oldest processed inbox row per retention
+	// class (label: the class's glob; "(unclassified)" for types no class
+	// matches), refreshed after every pass. A TTL class whose oldest row is
+	// much older than its TTL is not being pruned.
+	OldestAge *prometheus.GaugeVec
 }
+
+// Unclassified labels event types that no retention class matches.
+const Unclassified = "(unclassified)"
 
 // NewPrunerMetrics registers the pruner's counters on reg (nil: not
 // registered).
@@ -25,6 +33,8 @@ func NewPrunerMetrics(reg prometheus.Registerer) *PrunerMetrics {
 			Help: "Rows deleted by retention pruning, by table."}, []string{"table"}),
 		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_prune_runs_total",
 			Help: "Retention pruning passes by result (ok, skipped: another replica held the lock, error)."}, []string{"result"}),
+		OldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "onceflow_consumer_retention_oldest_row_age_seconds",
+			Help: "Age of the oldest processed inbox row per retention class."}, []string{"class"}),
 	}
 	for _, t := range []string{"inbox", "effects", "outbox"} {
 		m.Pruned.WithLabelValues(t)
@@ -33,7 +43,7 @@ func NewPrunerMetrics(reg prometheus.Registerer) *PrunerMetrics {
 		m.Runs.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Pruned, m.Runs)
+		reg.MustRegister(m.Pruned, m.Runs, m.OldestAge)
 	}
 	return m
 }
@@ -65,10 +75,47 @@ func RunPruner(ctx context.Context, db *pgxpool.Pool, r *Retention, interval tim
 				log.InfoContext(ctx, "retention pruned", slog.Int64("inbox", st.Inbox), slog.Int64("effects", st.Effects), slog.Int64("outbox", st.Outbox))
 			}
 		}
+		if ages, err := OldestAgeByClass(ctx, db, r); err == nil {
+			m.OldestAge.Reset()
+			for class, age := range ages {
+				m.OldestAge.WithLabelValues(class).Set(age.Seconds())
+			}
+		} else if ctx.Err() == nil {
+			log.WarnContext(ctx, "retention: oldest row age", slog.String("error", err.Error()))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// OldestAgeByClass returns, per retention class (its glob, or Unclassified),
+// the age of the oldest processed inbox row. It reads one aggregate over the
+// processed inbox rows grouped by event type (a scan of the inbox: run it at
+// the pruning interval, not more often).
+func OldestAgeByClass(ctx context.Context, db *pgxpool.Pool, r *Retention) (map[string]time.Duration, error) {
+	rows, err := db.Query(ctx, `SELECT event_type, (extract(epoch FROM now() - min(received_at)) * 1e6)::bigint
+		FROM onceflow.inbox WHERE status = 'processed' GROUP BY event_type`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	ages := map[string]time.Duration{}
+	for rows.Next() {
+		var typ string
+		var micros int64
+		if err := rows.Scan(&typ, &micros); err != nil {
+			return nil, err
+		}
+		class := Unclassified
+		if c, ok := r.ClassOf(typ); ok {
+			class = c.Match
+		}
+		if age := time.Duration(micros) * time.Microsecond; age > ages[class] {
+			ages[class] = age
+		}
+	}
+	return ages, rows.Err()
 }
