@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
@@ -42,6 +43,7 @@ type manifests struct {
 	ConfigMaps      map[string]*corev1.ConfigMap
 	Deployments     map[string]*appsv1.Deployment
 	Jobs            map[string]*batchv1.Job
+	CronJobs        map[string]*batchv1.CronJob
 	NetworkPolicies map[string]*networkingv1.NetworkPolicy
 	PDBs            map[string]*policyv1.PodDisruptionBudget
 	PrometheusRules map[string]*monitoringv1.PrometheusRule
@@ -58,7 +60,7 @@ type manifests struct {
 func newManifests() *manifests {
 	return &manifests{
 		ConfigMaps: map[string]*corev1.ConfigMap{}, Deployments: map[string]*appsv1.Deployment{},
-		Jobs: map[string]*batchv1.Job{}, NetworkPolicies: map[string]*networkingv1.NetworkPolicy{},
+		Jobs: map[string]*batchv1.Job{}, CronJobs: map[string]*batchv1.CronJob{}, NetworkPolicies: map[string]*networkingv1.NetworkPolicy{},
 		PDBs: map[string]*policyv1.PodDisruptionBudget{}, PrometheusRules: map[string]*monitoringv1.PrometheusRule{},
 		Secrets: map[string]*corev1.Secret{}, ServiceAccounts: map[string]*corev1.ServiceAccount{},
 		ServiceMonitors: map[string]*monitoringv1.ServiceMonitor{}, Services: map[string]*corev1.Service{},
@@ -102,6 +104,9 @@ func (m *manifests) decode(where string, data []byte) error {
 		case "batch/v1/Job":
 			o := &batchv1.Job{}
 			obj, ns = o, o.GetNamespace
+		case "batch/v1/CronJob":
+			o := &batchv1.CronJob{}
+			obj, ns = o, o.GetNamespace
 		case "policy/v1/PodDisruptionBudget":
 			o := &policyv1.PodDisruptionBudget{}
 			obj, ns = o, o.GetNamespace
@@ -144,6 +149,8 @@ func (m *manifests) decode(where string, data []byte) error {
 			m.Deployments[name] = o
 		case *batchv1.Job:
 			m.Jobs[name] = o
+		case *batchv1.CronJob:
+			m.CronJobs[name] = o
 		case *policyv1.PodDisruptionBudget:
 			m.PDBs[name] = o
 		case *networkingv1.NetworkPolicy:
@@ -175,6 +182,9 @@ func (m *manifests) podSpecs() map[string]*corev1.PodTemplateSpec {
 	}
 	for n, j := range m.Jobs {
 		out["Job/"+n] = &j.Spec.Template
+	}
+	for n, c := range m.CronJobs {
+		out["CronJob/"+n] = &c.Spec.JobTemplate.Spec.Template
 	}
 	return out
 }
@@ -278,7 +288,7 @@ func TestOverlaysBuild(t *testing.T) {
 			t.Parallel()
 			m := build(t, dir)
 			for _, want := range []string{
-				"Deployment/onceflow-relay", "Deployment/onceflow-consumer", "Job/onceflow-migrate",
+				"Deployment/onceflow-relay", "Deployment/onceflow-consumer", "Job/onceflow-migrate", "CronJob/onceflow-prune",
 				"ServiceMonitor/onceflow", "PrometheusRule/onceflow", "NetworkPolicy/onceflow",
 				"PodDisruptionBudget/onceflow-relay", "PodDisruptionBudget/onceflow-consumer",
 				"Service/onceflow-relay-metrics", "Service/onceflow-consumer-metrics",
@@ -796,6 +806,22 @@ func TestDockerignoreKeepsBuildInputs(t *testing.T) {
 			if p := ignored(rel); p != "" {
 				t.Errorf(".dockerignore pattern %q drops %s, which the binaries' build needs", p, rel)
 			}
+		}
+	}
+}
+
+// TestRetentionConfigParses: the prune CronJob's retention file is one the
+// binary accepts (classes parse, no TTL below a declared horizon).
+func TestRetentionConfigParses(t *testing.T) {
+	t.Parallel()
+	for _, dir := range overlays {
+		m := build(t, dir)
+		cm := m.ConfigMaps["onceflow-retention"]
+		if cm == nil {
+			t.Fatalf("%s: no ConfigMap onceflow-retention for the prune CronJob", dir)
+		}
+		if _, err := effects.ParseRetention([]byte(cm.Data["retention.json"])); err != nil {
+			t.Errorf("%s: onceflow-retention retention.json: %v", dir, err)
 		}
 	}
 }
