@@ -1,0 +1,113 @@
+"""Idempotency keys from stable identity, byte for byte as Go builds them.
+
+``event_key(event_id)`` is ``"event:<event id>"``; ``graph_key(thread_id,
+node, task_path)`` is ``"<thread_id>:<node>:<task_path>"``. The rules are
+those of Go's ``pkg/effects`` (``ValidateKey``, ``EventKey``, ``GraphKey``)
+and of the SQL functions ``onceflow.effect_key_error`` /
+``effect_event_key`` / ``effect_graph_key``; all three are tested against
+``pkg/effects/testdata/keys.json``, which Go generates.
+
+Lengths are counted in UTF-8 bytes, as in Go. A key built from anything
+per-execution (an attempt number, a timestamp, a random or run id) would
+make a replay look new: use stable identity only.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SEP", "MAX_KEY_LEN", "event_key", "graph_key", "validate_key"]
+
+from .errors import InvalidKeyError
+
+SEP = ":"
+"""Separates the parts of a key."""
+
+MAX_KEY_LEN = 600
+"""Upper bound of a key, in UTF-8 bytes (room for ``event:`` and the
+envelope's longest event id, 512 bytes)."""
+
+_MAX_PART_LEN = 190
+_EVENT_PREFIX = "event"
+
+# The characters Go's strings.TrimSpace removes: Unicode White_Space (not
+# Python's str.isspace, which also counts U+001C..U+001F).
+_WHITE_SPACE = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680"
+    "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+def _blank(v: str) -> bool:
+    return all(c in _WHITE_SPACE for c in v)
+
+
+def _utf8_len(name: str, v: str) -> int:
+    try:
+        return len(v.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates: not valid UTF-8
+        raise InvalidKeyError(f"invalid idempotency key: {name} is not valid UTF-8") from None
+
+
+def _check_chars(name: str, v: str) -> None:
+    _utf8_len(name, v)
+    for c in v:
+        if c < "\x20" or c == "\x7f":
+            raise InvalidKeyError(f"invalid idempotency key: {name} contains a control character")
+
+
+def _check_part(name: str, v: str) -> None:
+    if not isinstance(v, str):
+        raise InvalidKeyError(f"invalid idempotency key: {name} is {type(v).__name__}, not str")
+    if _blank(v):
+        raise InvalidKeyError(f"invalid idempotency key: {name} is empty")
+    if SEP in v:
+        raise InvalidKeyError(f"invalid idempotency key: {name} {v!r} contains the separator {SEP!r}")
+    n = _utf8_len(name, v)
+    if n > _MAX_PART_LEN:
+        raise InvalidKeyError(f"invalid idempotency key: {name} is {n} bytes, at most {_MAX_PART_LEN}")
+    _check_chars(name, v)
+
+
+def validate_key(key: str) -> None:
+    """Raise :class:`InvalidKeyError` unless ``key`` is a valid idempotency
+    key: non-empty, valid UTF-8, no control characters, at most
+    :data:`MAX_KEY_LEN` bytes."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"invalid idempotency key: {type(key).__name__}, not str")
+    if key == "":
+        raise InvalidKeyError("invalid idempotency key: empty")
+    n = _utf8_len("key", key)
+    if n > MAX_KEY_LEN:
+        raise InvalidKeyError(f"invalid idempotency key: {n} bytes, at most {MAX_KEY_LEN}")
+    _check_chars("key", key)
+
+
+def event_key(event_id: str) -> str:
+    """The key of the side effect of one event: ``"event:<event id>"``.
+
+    The event id is the envelope's, the same on every delivery; it may
+    itself contain ``:`` (the prefix keeps it unambiguous)."""
+    if not isinstance(event_id, str) or _blank(event_id):
+        raise InvalidKeyError("invalid idempotency key: event id is empty")
+    key = _EVENT_PREFIX + SEP + event_id
+    validate_key(key)
+    return key
+
+
+def graph_key(thread_id: str, node: str, task_path: str) -> str:
+    """The key of one task of an agent graph:
+    ``"<thread_id>:<node>:<task_path>"``.
+
+    The same task reached again (a resumed checkpoint, a replay, another
+    delivery) must give the same parts: ``task_path`` is the task's stable
+    identity within the thread, never an attempt or run id. No part may be
+    blank, contain ``:`` or a control character, or exceed 190 bytes; the
+    thread id ``event`` is reserved for event keys."""
+    _check_part("thread id", thread_id)
+    _check_part("node", node)
+    _check_part("task path", task_path)
+    if thread_id == _EVENT_PREFIX:
+        raise InvalidKeyError(f"invalid idempotency key: thread id {_EVENT_PREFIX!r} is reserved for event keys")
+    key = SEP.join((thread_id, node, task_path))
+    validate_key(key)
+    return key
