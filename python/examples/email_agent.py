@@ -14,7 +14,11 @@ Run as a program (the tests do, and SIGKILL it)::
     python email_agent.py --db URL --mail-url URL --thread T --to ann@example.com [--no-fencing]
 
 It resumes the thread when its last checkpoint has work left, otherwise it
-starts it with the request. The last line printed is the final state, JSON.
+starts it with the request. It runs with ``durability="sync"``: each step's
+checkpoint is written before the next step starts, so a crash loses exactly
+the running step (with LangGraph's default, "async", it may lose the step
+before too; the fence covers that the same way: the same input, the same
+key). The last line printed is the final state, JSON.
 """
 
 from __future__ import annotations
@@ -119,9 +123,9 @@ def main(argv: list[str]) -> int:
         snapshot = app.get_state(cfg)
         if snapshot.next:
             print(f"resuming thread {args.thread} at {list(snapshot.next)}", flush=True)
-            out = app.invoke(None, cfg)
+            out = app.invoke(None, cfg, durability="sync")
         else:
-            out = app.invoke({"request": args.request, "to": args.to}, cfg)
+            out = app.invoke({"request": args.request, "to": args.to}, cfg, durability="sync")
     print(json.dumps(out, sort_keys=True), flush=True)
     return 0
 

@@ -57,7 +57,7 @@ def _template(admin: str) -> str:
             with psycopg.connect(with_database(admin, name)) as tc:
                 tc.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
                 for p in ups:
-                    tc.execute(p.read_text().encode())  # type: ignore[call-overload]
+                    tc.execute(p.read_text().encode())
                 tc.commit()
             conn.execute(sql.SQL("ALTER DATABASE {} WITH is_template true").format(sql.Identifier(name)))
             return name
