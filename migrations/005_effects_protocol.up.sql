@@ -152,6 +152,14 @@ BEGIN
     IF effect_claim.scope IS NULL THEN
         RAISE EXCEPTION 'onceflow.effect_claim: scope is NULL (use '''' for none)' USING ERRCODE = '22023';
     END IF;
+    -- Scopes as effects.ValidateScope: at most 512 bytes, no control characters.
+    IF octet_length(effect_claim.scope) > 512 THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: scope is % bytes, at most 512', octet_length(effect_claim.scope)
+            USING ERRCODE = '22023';
+    END IF;
+    IF effect_claim.scope ~ '[\x01-\x1f\x7f]' THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: scope contains a control character' USING ERRCODE = '22023';
+    END IF;
     IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
         RAISE EXCEPTION 'onceflow.effect_claim: called in a transaction that has already written; claim on a connection of its own, outside the business transaction, so that the intent commits before the call'
             USING ERRCODE = '25001';

@@ -209,6 +209,14 @@ def test_invalid_key_and_scope(db_url: str) -> None:
             pass
     with pytest.raises(FenceError):
         fenced("k", scope=None, db=db_url)  # type: ignore[arg-type]
+    for bad_scope in ("s" * 513, "tab\there"):
+        with pytest.raises(InvalidKeyError, match="scope"):
+            with fenced("k", bad_scope, db=db_url):
+                pass
+    with psycopg.connect(db_url, autocommit=True) as conn:  # the SQL function checks the same
+        for bad_scope in ("s" * 513, "tab\there"):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="scope"):
+                conn.execute("SELECT onceflow.effect_claim('k', %s)", (bad_scope,))
     with pytest.raises(FenceError, match="decorator form"):
         with fenced(lambda: "k", db=db_url):
             pass

@@ -157,7 +157,7 @@ def test_task_key_from_the_running_node() -> None:
         return {}
 
     sub: StateGraph[Inner, Any, Inner, Inner] = StateGraph(Inner)
-    sub.add_node("leaf", leaf)  # type: ignore[call-overload]
+    sub.add_node("leaf", leaf)  # type: ignore[call-overload,arg-type,unused-ignore]
     sub.add_edge(START, "leaf")
     sub.add_edge("leaf", END)
 
@@ -166,7 +166,7 @@ def test_task_key_from_the_running_node() -> None:
         return {}
 
     g: StateGraph[Inner, Any, Inner, Inner] = StateGraph(Inner)
-    g.add_node("top", top)  # type: ignore[call-overload]
+    g.add_node("top", top)  # type: ignore[call-overload,arg-type,unused-ignore]
     g.add_node("outer", sub.compile())
     g.add_edge(START, "top")
     g.add_edge("top", "outer")

@@ -20,11 +20,12 @@ from .errors import (
     OnceflowError,
     RetryableError,
 )
-from .keys import MAX_KEY_LEN, event_key, graph_key, validate_key
+from .keys import MAX_KEY_LEN, MAX_SCOPE_LEN, event_key, graph_key, validate_key, validate_scope
 from .outbox import Enqueued, TraceparentDroppedWarning, aenqueue, enqueue
 
 __all__ = [
     "MAX_KEY_LEN",
+    "MAX_SCOPE_LEN",
     "AsyncConnectionSource",
     "ConnectionSource",
     "DuplicateEventError",
@@ -44,4 +45,5 @@ __all__ = [
     "fenced",
     "graph_key",
     "validate_key",
+    "validate_scope",
 ]

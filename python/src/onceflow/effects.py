@@ -47,7 +47,7 @@ from psycopg.types.json import Jsonb
 
 from . import failpoint
 from .errors import FenceError, InvalidKeyError
-from .keys import validate_key
+from .keys import validate_key, validate_scope
 
 __all__ = [
     "DATABASE_URL_ENV",
@@ -243,6 +243,7 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
     def _start(self) -> Fence:
         if self._fence is not None:
             raise FenceError("this fenced(...) is already in use; make one per block")
+        validate_scope(self.scope)
         f = Fence(self._key_str(), self.scope)
         self._fence = f
         return f

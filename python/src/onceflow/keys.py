@@ -14,7 +14,7 @@ make a replay look new: use stable identity only.
 
 from __future__ import annotations
 
-__all__ = ["SEP", "MAX_KEY_LEN", "event_key", "graph_key", "validate_key"]
+__all__ = ["SEP", "MAX_KEY_LEN", "MAX_SCOPE_LEN", "event_key", "graph_key", "validate_key", "validate_scope"]
 
 from .errors import InvalidKeyError
 
@@ -24,6 +24,9 @@ SEP = ":"
 MAX_KEY_LEN = 600
 """Upper bound of a key, in UTF-8 bytes (room for ``event:`` and the
 envelope's longest event id, 512 bytes)."""
+
+MAX_SCOPE_LEN = 512
+"""Upper bound of a ledger scope, in UTF-8 bytes."""
 
 _MAX_PART_LEN = 190
 _EVENT_PREFIX = "event"
@@ -111,3 +114,15 @@ def graph_key(thread_id: str, node: str, task_path: str) -> str:
     key = SEP.join((thread_id, node, task_path))
     validate_key(key)
     return key
+
+
+def validate_scope(scope: str) -> None:
+    """Raise :class:`InvalidKeyError` unless ``scope`` is a valid ledger
+    scope: at most :data:`MAX_SCOPE_LEN` bytes, valid UTF-8, no control
+    characters. The empty scope is valid (Go's ``effects.Do`` uses it)."""
+    if not isinstance(scope, str):
+        raise InvalidKeyError(f"invalid idempotency key: scope is {type(scope).__name__}, not str")
+    n = _utf8_len("scope", scope)
+    if n > MAX_SCOPE_LEN:
+        raise InvalidKeyError(f"invalid idempotency key: scope is {n} bytes, at most {MAX_SCOPE_LEN}")
+    _check_chars("scope", scope)
