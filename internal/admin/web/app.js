@@ -486,6 +486,8 @@
     $("filter-form").addEventListener("submit", readFilter);
     $("filter-clear").addEventListener("click", () => { $("filter-form").reset(); readFilter(); });
     $("replay-form").addEventListener("submit", confirmReplay);
+    $("replay-note").addEventListener("input", () => { $("replay-error").textContent = ""; });
+    $("resolve-note").addEventListener("input", () => { $("resolve-error").textContent = ""; });
     $("replay-cancel").addEventListener("click", () => { if (!(replay && replay.busy)) $("replay-dialog").close(); });
     $("replay-dialog").addEventListener("cancel", (ev) => { if (replay && replay.busy) ev.preventDefault(); });
     $("replay-dialog").addEventListener("close", () => { replay = null; afterDialog(); });
