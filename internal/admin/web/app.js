@@ -153,7 +153,15 @@
       " · signed in as " + s.actor + " (" + s.via + ")";
     await refresh();
     schedule();
-    if (document.activeElement === document.body || document.activeElement === $("token")) $("main").focus();
+    // Runbooks link to a panel: /#gaps, /#dead-letters, /#lag, /#relay.
+    const target = location.hash && document.getElementById(location.hash.slice(1));
+    if (target && target.closest("#console")) {
+      target.scrollIntoView();
+      const h = target.querySelector("h2");
+      if (h) { h.tabIndex = -1; h.focus(); }
+    } else if (document.activeElement === document.body || document.activeElement === $("token")) {
+      $("main").focus();
+    }
   }
 
   // ---- refresh --------------------------------------------------------------
