@@ -379,6 +379,18 @@ func startFromManifest(t *testing.T, ct container, refs map[string]string) (*tes
 				t.Errorf("%s: admin API with token %q: %d %s, want %d", ct.Where, c.token, resp.StatusCode, b, c.want)
 			}
 		}
+		// The relay status, as both binaries serve it; the relay adds its role.
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "session")+"relay", nil)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		if resp, err := http.DefaultClient.Do(req); err != nil {
+			t.Errorf("%s: admin API relay status: %v", ct.Where, err)
+		} else {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"pending_rows"`) || (bin == "relay") != strings.Contains(string(b), `"self":{"role":`) {
+				t.Errorf("%s: admin API relay status: %d %s", ct.Where, resp.StatusCode, b)
+			}
+		}
 		if strings.Contains(p.Output(), adminToken) {
 			t.Errorf("%s: the admin token appears in the output", ct.Where)
 		}
