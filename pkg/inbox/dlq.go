@@ -153,15 +153,15 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHan
 		// Recorded like the engine records a dead letter's reason (without
 		// the "handler for event …" wrapping), so that the event keeps its
 		// error group.
-		reason := herr.Error()
+		cause := herr
 		var he *HandlerError
 		if errors.As(herr, &he) {
-			reason = he.Err.Error()
+			cause = he.Err
 		}
-		if _, err := pool.Exec(ctx, qReplayFailed, consumer, eventID, safeText(reason)); err != nil {
-			return "", errors.Join(&HandlerError{EventID: eventID, Err: herr}, fmt.Errorf("record failed replay: %w", err))
+		if _, err := pool.Exec(ctx, qReplayFailed, consumer, eventID, safeText(cause.Error())); err != nil {
+			return "", errors.Join(&HandlerError{EventID: eventID, Err: cause}, fmt.Errorf("record failed replay: %w", err))
 		}
-		return "", &HandlerError{EventID: eventID, Err: herr}
+		return "", &HandlerError{EventID: eventID, Err: cause}
 	}
 	if res != ReplayParked {
 		if _, err := tx.Exec(ctx, qMarkApplied, consumer, eventID, res == ReplayedLate); err != nil {
