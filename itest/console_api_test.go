@@ -232,7 +232,9 @@ func TestConsoleAPI(t *testing.T) {
 	took := time.Since(t0)
 	var first console.ReplayOutcome
 	a.decode(t, &first)
-	if a.code != http.StatusOK || first.Matched != 250 || first.Attempted != 250 || first.ReplayedLate != 250 || first.Failed != 0 ||
+	// Most are late (their gaps were given up); a seq that the engine
+	// dead-lettered as the next one in order is replayed in order.
+	if a.code != http.StatusOK || first.Matched != 250 || first.Attempted != 250 || first.Replayed+first.ReplayedLate != 250 || first.Failed != 0 ||
 		first.Skipped != 0 || first.Repeated || a.header.Get(console.RepeatedHeader) != "" {
 		t.Fatalf("billing group replay: %d %+v", a.code, first)
 	}
@@ -241,7 +243,8 @@ func TestConsoleAPI(t *testing.T) {
 	again := api.call("POST", "/api/v1/dead-letters/replay", replayReq)
 	var second console.ReplayOutcome
 	again.decode(t, &second)
-	if again.code != http.StatusOK || again.header.Get(console.RepeatedHeader) != "true" || !second.Repeated || second.ReplayedLate != 250 ||
+	if again.code != http.StatusOK || again.header.Get(console.RepeatedHeader) != "true" || !second.Repeated ||
+		second.Replayed != first.Replayed || second.ReplayedLate != first.ReplayedLate ||
 		second.AuditID != first.AuditID || second.AlreadyProcessed != 0 {
 		t.Fatalf("same request id again: %d %+v", again.code, second)
 	}
@@ -266,7 +269,8 @@ func TestConsoleAPI(t *testing.T) {
 	var o1, o2 console.ReplayOutcome
 	answers[0].decode(t, &o1)
 	answers[1].decode(t, &o2)
-	if answers[0].code != 200 || answers[1].code != 200 || o1.ReplayedLate != 250 || o2.ReplayedLate != 250 || o1.Repeated == o2.Repeated ||
+	if answers[0].code != 200 || answers[1].code != 200 || o1.Replayed+o1.ReplayedLate != 250 || o1.Replayed != o2.Replayed ||
+		o1.ReplayedLate != o2.ReplayedLate || o1.AlreadyProcessed+o2.AlreadyProcessed != 0 || o1.Repeated == o2.Repeated ||
 		o1.AuditID != o2.AuditID {
 		t.Fatalf("concurrent same request: %d %+v / %d %+v", answers[0].code, o1, answers[1].code, o2)
 	}
@@ -277,8 +281,8 @@ func TestConsoleAPI(t *testing.T) {
 	if n := count(t, db, `SELECT count(*) FROM onceflow.inbox WHERE status = 'dead'`); n != 0 {
 		t.Fatalf("%d dead letters left", n)
 	}
-	if n := count(t, db, `SELECT count(*) FROM onceflow.inbox WHERE late AND status = 'processed' AND source <> 'gappy'`); n != 500 {
-		t.Errorf("%d rows processed late, want 500", n)
+	if n := count(t, db, `SELECT count(*) FROM onceflow.inbox WHERE status = 'processed' AND (source LIKE 'acct-%' OR source LIKE 'user-%')`); n != 500 {
+		t.Errorf("%d of the 500 rows processed", n)
 	}
 
 	// One event by id: already processed now; an unknown id is 404.

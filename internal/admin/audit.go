@@ -47,6 +47,12 @@ func (s *Service) run(ctx context.Context, c change, work func(ctx context.Conte
 	if err != nil {
 		return 0, false, fmt.Errorf("encode request: %w", err)
 	}
+	select {
+	case s.changes <- struct{}{}:
+		defer func() { <-s.changes }()
+	case <-ctx.Done():
+		return 0, false, ctx.Err()
+	}
 	tx, err := s.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return 0, false, fmt.Errorf("begin: %w", err)

@@ -50,7 +50,14 @@ type Config struct {
 type Service struct {
 	cfg   Config
 	store *seqguard.PGStore
+	// changes bounds the changes running at once: each holds a connection
+	// for its audit row while its replays take others.
+	changes chan struct{}
 }
+
+// maxConcurrentChanges is how many changes one process runs at once; more
+// wait their turn.
+const maxConcurrentChanges = 2
 
 // NewService checks cfg and returns a Service.
 func NewService(cfg Config) (*Service, error) {
@@ -66,7 +73,7 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.ReplayParallel <= 0 {
 		cfg.ReplayParallel = 4
 	}
-	return &Service{cfg: cfg, store: &seqguard.PGStore{Consumer: cfg.Consumer}}, nil
+	return &Service{cfg: cfg, store: &seqguard.PGStore{Consumer: cfg.Consumer}, changes: make(chan struct{}, maxConcurrentChanges)}, nil
 }
 
 // Consumer is the logical consumer the service acts on.

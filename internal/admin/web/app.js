@@ -22,6 +22,8 @@
     }
   }
 
+  // Paths are relative to the page, so the console also works behind a
+  // proxy that serves it under a prefix.
   async function api(path, body) {
     const headers = { Authorization: "Bearer " + sessionStorage.getItem(TOKEN_KEY) };
     const actor = sessionStorage.getItem(ACTOR_KEY);
@@ -144,7 +146,7 @@
   }
 
   async function start() {
-    const s = await api("/api/v1/session");
+    const s = await api("api/v1/session");
     $("token").value = "";
     $("login").hidden = true;
     $("console").hidden = false;
@@ -186,13 +188,13 @@
 
   async function refresh() {
     const parts = [
-      ["summary", "/api/v1/summary", renderSummary],
-      ["gaps", "/api/v1/gaps", renderGaps],
-      ["groups", "/api/v1/dead-letters/groups" + query(filter), renderGroups],
-      ["held", "/api/v1/held", renderHeld],
-      ["lag", "/api/v1/lag", renderLag],
-      ["relay", "/api/v1/relay", renderRelay],
-      ["audit", "/api/v1/audit", renderAudit],
+      ["summary", "api/v1/summary", renderSummary],
+      ["gaps", "api/v1/gaps", renderGaps],
+      ["groups", "api/v1/dead-letters/groups" + query(filter), renderGroups],
+      ["held", "api/v1/held", renderHeld],
+      ["lag", "api/v1/lag", renderLag],
+      ["relay", "api/v1/relay", renderRelay],
+      ["audit", "api/v1/audit", renderAudit],
     ];
     const results = await Promise.allSettled(parts.map(([, path]) => api(path)));
     const failed = [];
@@ -364,7 +366,7 @@
   async function countReplay() {
     const cur = replay;
     try {
-      const r = await api("/api/v1/dead-letters/replay", Object.assign({ dry_run: true }, cur.body));
+      const r = await api("api/v1/dead-letters/replay", Object.assign({ dry_run: true }, cur.body));
       if (cur !== replay) return; // the dialog was closed meanwhile
       cur.count = r.matched;
       if (r.matched === 0) {
@@ -400,7 +402,7 @@
     if (!cur.body.event_id) body.expect = cur.count;
     cur.busy = true;
     try {
-      const r = await api("/api/v1/dead-letters/replay", body);
+      const r = await api("api/v1/dead-letters/replay", body);
       cur.busy = false;
       cur.done = true;
       const parts = [r.replayed + " replayed", r.replayed_late + " replayed late"];
@@ -459,7 +461,7 @@
     $("resolve-confirm").disabled = true;
     const g = resolve.gap;
     try {
-      await api("/api/v1/gaps/resolve", { request_id: resolve.requestID, source: g.source, from: g.from, to: g.to, note });
+      await api("api/v1/gaps/resolve", { request_id: resolve.requestID, source: g.source, from: g.from, to: g.to, note });
       $("resolve-dialog").close();
       say("Gap " + g.source + " " + g.from + "–" + g.to + " resolved.");
       refresh();
