@@ -329,4 +329,32 @@ func TestConsoleBrowser(t *testing.T) {
 	if strings.Contains(p.Output(), token) {
 		t.Error("the token appears in the consumer's output")
 	}
+
+	// The command does the same for the email group: fix, replay with an
+	// expected count and a request id; the same id again prints the stored
+	// result and changes nothing.
+	var emailID string
+	for _, g := range groups.Groups {
+		if g.Key == emailKey {
+			emailID = g.ID
+		}
+	}
+	if _, err := db.Pool.Exec(context.Background(), `DELETE FROM public.broken`); err != nil {
+		t.Fatal(err)
+	}
+	bin := testkit.Binary(t, "consumer")
+	env := []string{"ONCEFLOW_DATABASE_URL=" + db.URL, "ONCEFLOW_HANDLERS_FILE=" + consoleHandlersFile(t)}
+	args := []string{"dlq", "replay", "-group", emailID, "-expect", "6", "-note", "smtp back (cli)", "-request-id", "cli-email-1", "-actor", "erin"}
+	out := runBin(t, bin, env, args...)
+	if m := regexp.MustCompile(`replayed (\d+), replayed late (\d+), parked 0, already processed 0, failed 0, skipped 0`).FindStringSubmatch(out); m == nil ||
+		atoi(m[1])+atoi(m[2]) != 6 || !strings.Contains(out, "matched 6 event(s) of 2 source(s)") {
+		t.Errorf("dlq replay -group:\n%s", out)
+	}
+	if again := runBin(t, bin, env, args...); !strings.Contains(again, "already used") {
+		t.Errorf("dlq replay with the same -request-id:\n%s", again)
+	}
+	checkPerSourceOrder(t, db, []string{"user-0", "user-1"}, 3)
+	if n := count(t, db, `SELECT count(*) FROM onceflow.admin_audit WHERE request_id = 'cli-email-1' AND via = 'cli' AND actor = 'erin'`); n != 1 {
+		t.Errorf("%d audit rows of the command's replay, want 1", n)
+	}
 }
