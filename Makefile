@@ -53,6 +53,12 @@ demo: build ## Run onceflow end to end on embedded defaults, with chaos; KAFKA=l
 	@if [ "$(KAFKA)" = local ]; then set -a; eval "$$($(SERVICES) up kafka)"; set +a; fi; \
 	$(GO) run ./cmd/demo -bin-dir bin $(if $(filter local,$(KAFKA)),-kafka local,) $(DEMO_ARGS)
 
+IMAGE ?= bin/onceflow-image.oci.tar
+.PHONY: image
+image: ## Build the container image (both binaries, from scratch, non-root) into $(IMAGE), an OCI archive; no Docker daemon or registry needed.
+	@$(REQUIRE) image
+	@scripts/image.sh $(IMAGE)
+
 .PHONY: services-up
 services-up: ## Start (or reuse) the local PostgreSQL and Kafka; prints their env.
 	@$(REQUIRE) postgres kafka

@@ -188,6 +188,7 @@ func TestMakeTargetsRequire(t *testing.T) {
 		"bench-smoke": "scripts/require.sh postgres kafka",
 		"services-up": "scripts/require.sh postgres kafka",
 		"demo":        "scripts/require.sh postgres",
+		"image":       "scripts/require.sh image",
 	} {
 		cmd := exec.Command("make", "-n", target)
 		cmd.Dir = root
