@@ -190,8 +190,8 @@ func TestMakeTargetsRequire(t *testing.T) {
 		"demo":        "scripts/require.sh postgres",
 		"image":       "scripts/require.sh image",
 	} {
-		cmd := exec.Command("make", "-n", target)
-		cmd.Dir = root
+		cmd := exec.Command("make", "-n", "--no-print-directory", target)
+		cmd.Dir, cmd.Env = root, plainMakeEnv()
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Errorf("make -n %s: %v\n%s", target, err, out)
@@ -205,8 +205,8 @@ func TestMakeTargetsRequire(t *testing.T) {
 			t.Errorf("make %s starts with %q, want %q", target, first, want)
 		}
 	}
-	cmd := exec.Command("make", "-n", "demo", "KAFKA=local")
-	cmd.Dir = root
+	cmd := exec.Command("make", "-n", "--no-print-directory", "demo", "KAFKA=local")
+	cmd.Dir, cmd.Env = root, plainMakeEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "scripts/require.sh postgres kafka\n") {
 		t.Errorf("make demo KAFKA=local does not require kafka: %v\n%s", err, out)
@@ -223,4 +223,19 @@ func TestMakeTargetsRequire(t *testing.T) {
 			t.Errorf("require.sh has no group %q (it knows %s", g, known)
 		}
 	}
+}
+
+// plainMakeEnv is the environment without what a calling make passes down
+// (under `make test` these tests run inside a make).
+func plainMakeEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }
