@@ -105,7 +105,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.PruneInterval > 0 {
 		pm := effects.NewPrunerMetrics(reg)
 		g.Go(func() error {
-			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{}, pm, log)
+			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{Consumer: cfg.ConsumerName}, pm, log)
 		})
 	}
 	g.Go(func() error {

@@ -338,7 +338,7 @@ func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err e
 			err = &HandlerError{EventID: id, Err: err}
 		}
 	}()
-	return a.handler.HandleBatch(ctx, tx, evs)
+	return a.handler.HandleBatch(withConsumerName(ctx, a.cfg.ConsumerName), tx, evs)
 }
 
 // applyIsolated applies items one transaction each, retrying a failing event

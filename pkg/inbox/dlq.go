@@ -157,7 +157,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHan
 		if len(evs) == 0 {
 			return nil
 		}
-		return h.HandleBatch(ctx, tx, evs)
+		return h.HandleBatch(withConsumerName(ctx, consumer), tx, evs)
 	}()
 	if herr != nil {
 		_ = tx.Rollback(ctx)

@@ -110,7 +110,7 @@ func (f HandlerFile) Compile() (BatchHandler, error) {
 			if s.SQL != "" {
 				return nil, fmt.Errorf("%s: kind http takes no sql", where)
 			}
-			hh, err := compileHTTP(s.HTTP)
+			hh, err := compileHTTP(s.EventType, s.HTTP)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}

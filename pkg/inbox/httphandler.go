@@ -50,6 +50,9 @@ type HTTPSpec struct {
 const maxResponseBody = 1 << 20
 
 type httpHandler struct {
+	// entry is the handlers-file entry's event_type: with the consumer name
+	// it makes the effects scope.
+	entry   string
 	method  string
 	url     string
 	headers http.Header
@@ -59,7 +62,7 @@ type httpHandler struct {
 	pool *pgxpool.Pool
 }
 
-func compileHTTP(s *HTTPSpec) (*httpHandler, error) {
+func compileHTTP(entry string, s *HTTPSpec) (*httpHandler, error) {
 	if s == nil {
 		return nil, fmt.Errorf("kind http needs an \"http\" object")
 	}
@@ -90,7 +93,7 @@ func compileHTTP(s *HTTPSpec) (*httpHandler, error) {
 		}
 		h.Set(k, v)
 	}
-	return &httpHandler{method: method, url: s.URL, headers: h, client: &http.Client{Timeout: timeout}}, nil
+	return &httpHandler{entry: entry, method: method, url: s.URL, headers: h, client: &http.Client{Timeout: timeout}}, nil
 }
 
 // ledgerPool is the pool the ledger is written through: a separate one on
@@ -140,7 +143,8 @@ func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *Event) error {
 	if err != nil {
 		return err
 	}
-	_, err = effects.Do(effects.WithEventID(ctx, ev.EventID), pool, key, func(ctx context.Context, key string) (effects.Result, error) {
+	scope := effects.ConsumerScope(consumerNameFrom(ctx), "http", h.entry)
+	_, err = effects.DoScoped(effects.WithEventID(ctx, ev.EventID), pool, scope, key, func(ctx context.Context, key string) (effects.Result, error) {
 		return h.send(ctx, key, ev)
 	})
 	return err
