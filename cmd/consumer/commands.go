@@ -180,8 +180,11 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if cfg.HandlersFile == "" {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE) is required")
 	}
-	handler, err := inbox.LoadHandlerFile(cfg.HandlersFile)
+	rc, err := cfg.replayConfig()
 	if err != nil {
+		return &usageError{err}
+	}
+	if rc.Handler, err = inbox.LoadHandlerFile(cfg.HandlersFile); err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-dlq")
@@ -189,7 +192,8 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	res, err := inbox.Replay(ctx, pool, cfg.ConsumerName, handler, fs.Arg(0))
+	rc.Pool = pool
+	res, err := rc.Replay(ctx, fs.Arg(0))
 	if err != nil {
 		return err
 	}

@@ -162,17 +162,46 @@ type dlqConfig struct {
 	ConsumerName string
 	HandlersFile string
 	Limit        int
+
+	// Replay goes through the sequence guard with the consumer's settings.
+	FirstSeen   string
+	GapTimeout  time.Duration
+	GapTimeouts string
+	MaxParked   int
 }
 
 // RegisterFlags registers the flags of the dlq commands; replay needs the
-// handlers file too.
+// handlers file and the sequence guard's settings too.
 func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	c.DB.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs)
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
 	if replay {
 		fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the handlers (required)")
+		fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "as the consumer's -first-seen")
+		fs.DurationVar(&c.GapTimeout, "gap-timeout", seqguard.DefaultGapTimeout, "as the consumer's -gap-timeout: the timeout of a gap a replayed event opens")
+		fs.StringVar(&c.GapTimeouts, "gap-timeouts", "", "as the consumer's -gap-timeouts (glob=duration,…)")
+		fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "as the consumer's -max-parked")
 	} else {
 		fs.IntVar(&c.Limit, "limit", 100, "most rows to list")
 	}
+}
+
+// replayConfig checks the replay flags and returns the library's config.
+func (c *dlqConfig) replayConfig() (inbox.ReplayConfig, error) {
+	rc := inbox.ReplayConfig{ConsumerName: c.ConsumerName, GapTimeout: c.GapTimeout, MaxParked: c.MaxParked}
+	var err error
+	if rc.FirstSeen, err = seqguard.ParseFirstSeen(c.FirstSeen); err != nil {
+		return rc, fmt.Errorf("-first-seen (ONCEFLOW_FIRST_SEEN): %v", err)
+	}
+	if rc.GapTimeouts, err = inbox.ParseGapTimeouts(c.GapTimeouts); err != nil {
+		return rc, fmt.Errorf("-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS): %v", err)
+	}
+	if err := cli.PositiveDuration("gap-timeout", c.GapTimeout); err != nil {
+		return rc, err
+	}
+	if c.MaxParked < 1 {
+		return rc, fmt.Errorf("-max-parked (ONCEFLOW_MAX_PARKED) must be at least 1, got %d", c.MaxParked)
+	}
+	return rc, nil
 }

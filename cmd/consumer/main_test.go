@@ -45,6 +45,8 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"bad flag", []string{"run", "-nope"}, "flag provided but not defined"},
 		{"replay without id", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null"}, "EVENT-ID"},
 		{"dlq subcommand", []string{"dlq", "purge"}, `unknown command "purge"`},
+		{"replay gap timeouts", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "-gap-timeouts", "x", "e1"}, "-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS)"},
+		{"replay max parked", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "-max-parked", "0", "e1"}, "-max-parked (ONCEFLOW_MAX_PARKED)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

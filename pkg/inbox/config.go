@@ -214,6 +214,26 @@ func (c *Config) setGuard() {
 	}
 }
 
+// validateGuard checks the sequence guard's settings (shared with
+// ReplayConfig).
+func (c *Config) validateGuard() error {
+	bad := func(field, reason string) error { return &ConfigError{Field: field, Reason: reason} }
+	switch {
+	case c.FirstSeen != seqguard.ExpectFirstSeq1 && c.FirstSeen != seqguard.AcceptFirstSeen:
+		return bad("FirstSeen", fmt.Sprintf("unknown value %d", int(c.FirstSeen)))
+	case c.GapTimeout < 0:
+		return bad("GapTimeout", "must not be negative")
+	case c.MaxParked < 1:
+		return bad("MaxParked", "must be at least 1")
+	}
+	for _, r := range c.GapTimeouts {
+		if err := r.validate(); err != nil {
+			return bad("GapTimeouts", err.Error())
+		}
+	}
+	return nil
+}
+
 func (c *Config) validate() error {
 	bad := func(field, reason string) error { return &ConfigError{Field: field, Reason: reason} }
 	switch {
