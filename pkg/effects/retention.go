@@ -186,7 +186,9 @@ const (
 // Prune deletes, in batches of at most BatchSize rows with Pause between
 // them, the rows whose class's TTL has passed:
 //   - onceflow.inbox rows of o.Consumer with status processed (never parked,
-//     held or dead), by received_at;
+//     held or dead, and never a late row: an event applied late lies in a
+//     given-up range, so only its inbox row tells its redelivery from a
+//     first arrival), by received_at;
 //   - onceflow.effects rows with status done, in o.Consumer's scopes
 //     (ConsumerScopePrefix), whose event's inbox row was pruned in the same
 //     batch (an intent is never pruned; another consumer's rows never are);
@@ -254,7 +256,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 	)
 	for {
 		rows, err := conn.Query(ctx, `SELECT event_id, event_type, received_at FROM onceflow.inbox
-		  WHERE consumer = $1 AND status = 'processed' AND received_at < $2 AND (received_at, event_id) > ($3, $4)
+		  WHERE consumer = $1 AND status = 'processed' AND NOT late AND received_at < $2 AND (received_at, event_id) > ($3, $4)
 		  ORDER BY received_at, event_id LIMIT $5`, o.Consumer, now.Add(-minTTL), lastAt, lastEvent, o.BatchSize)
 		if err != nil {
 			return st, fmt.Errorf("retention: scan inbox: %w", err)
@@ -280,7 +282,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 		}
 		if len(ids) > 0 {
 			tag, err := conn.Exec(ctx, `DELETE FROM onceflow.inbox
-			  WHERE consumer = $1 AND event_id = ANY($2::text[]) AND status = 'processed'`, o.Consumer, ids)
+			  WHERE consumer = $1 AND event_id = ANY($2::text[]) AND status = 'processed' AND NOT late`, o.Consumer, ids)
 			if err != nil {
 				return st, fmt.Errorf("retention: prune inbox: %w", err)
 			}

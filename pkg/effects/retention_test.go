@@ -80,6 +80,8 @@ func TestPrune(t *testing.T) {
 	inbox("ping-parked", "ping.a", "parked", 2*time.Hour)
 	inbox("ping-held", "ping.a", "held", 2*time.Hour)
 	inbox("ping-dead", "ping.a", "dead", 2*time.Hour)
+	inbox("ping-late", "ping.a", "processed", 2*time.Hour)
+	exec(`UPDATE onceflow.inbox SET late = true WHERE event_id = 'ping-late'`) // applied late: kept
 	inbox("audit-old", "audit.login", "processed", 5000*time.Hour)
 	inbox("order-old", "order.placed", "processed", 100*time.Hour)
 	inbox("order-older", "order.placed", "processed", 800*time.Hour)
@@ -133,7 +135,7 @@ func TestPrune(t *testing.T) {
 		left = append(left, id)
 	}
 	rows.Close()
-	want := []string{"audit-old", "order-old", "ping-dead", "ping-held", "ping-new", "ping-parked"}
+	want := []string{"audit-old", "order-old", "ping-dead", "ping-held", "ping-late", "ping-new", "ping-parked"}
 	if !slices.Equal(left, want) {
 		t.Fatalf("inbox left %q, want %q", left, want)
 	}

@@ -170,6 +170,9 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 			}
 			apply = append(apply, v.apply...)
 			out.guard.add(v.steps)
+			// A redelivery of an event the guard applied in order (its
+			// inbox row was pruned) is a duplicate, under either late policy.
+			out.duplicates += v.steps.counts.Duplicates
 			for _, e := range v.released {
 				kept[e.EventID] = e
 			}

@@ -31,6 +31,13 @@ type Config struct {
 	// (default 1m).
 	BatchTimeout time.Duration
 
+	// Clock is this replica's clock (default time.Now), for what is
+	// measured on the replica (timestamps it passes along). Nothing that
+	// decides when a gap is given up reads it: gap deadlines and give-ups
+	// are on the database's clock, so a replica whose clock is off by
+	// minutes gives gaps up neither early nor late. Tests skew it.
+	Clock func() time.Time
+
 	// CommitInterval is how often the offsets of batches committed in
 	// Postgres are committed to Kafka (default 1s); they are also committed
 	// when partitions are revoked. Kafka's own auto-commit of polled
@@ -158,6 +165,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = time.Minute
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = time.Second

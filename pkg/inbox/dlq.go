@@ -219,12 +219,12 @@ func replayThroughGuard(ctx context.Context, tx pgx.Tx, cfg *Config, ev Event, h
 	if _, err := tx.Exec(ctx, qReplayAdmit, cfg.ConsumerName, ev.EventID); err != nil {
 		return nil, "", fmt.Errorf("replay: %w", err)
 	}
-	now := time.Now()
 	g := newSeqGuard(cfg)
-	l, err := g.store.Lock(ctx, tx, []string{ev.Source}, now)
+	l, err := g.store.Lock(ctx, tx, []string{ev.Source}, cfg.Clock())
 	if err != nil {
 		return nil, "", fmt.Errorf("sequence guard: %w", err)
 	}
+	now := l.Now() // the database's clock
 	// Deliver-late whatever the consumer's policy: an operator asked for it.
 	out, err := l.Receive(ctx, seqguard.Event{EventID: ev.EventID, Source: ev.Source, Seq: ev.Seq, EventType: ev.EventType,
 		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset, Headers: headers, Payload: payload},
@@ -249,8 +249,16 @@ func replayThroughGuard(ctx context.Context, tx pgx.Tx, cfg *Config, ev Event, h
 		}
 	}
 	for _, st := range out.Steps {
-		if st.Kind == seqguard.StepHold || st.Kind == seqguard.StepSeqConflict {
+		switch st.Kind {
+		case seqguard.StepHold, seqguard.StepSeqConflict:
 			return nil, "", fmt.Errorf("event %s: the sequence guard holds it (seq conflict): see consumer dlq list", ev.EventID)
+		case seqguard.StepDuplicate:
+			// The guard moved past this seq in order (a released parked
+			// event dead-lettered in place), but a dead row was never
+			// applied: it is delivered late.
+			late := ev
+			late.Late = true
+			return []Event{late}, ReplayedLate, nil
 		}
 	}
 	return evs, res, nil
