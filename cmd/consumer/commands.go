@@ -95,6 +95,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		RetryMaxAttempts:     cfg.RetryMaxAttempts,
 		RetryMaxElapsed:      cfg.RetryMaxElapsed,
 		RetryMaxInterval:     cfg.RetryMaxInterval,
+		SessionTimeout:       cfg.SessionTimeout,
 		Topics:               cfg.Topics,
 	})
 	if err != nil {

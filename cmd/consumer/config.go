@@ -63,6 +63,7 @@ type runConfig struct {
 	RetryMaxAttempts     int
 	RetryMaxElapsed      time.Duration
 	RetryMaxInterval     time.Duration
+	SessionTimeout       time.Duration
 	Topics               cli.List
 
 	// Parsed by validate.
@@ -98,6 +99,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RetryMaxAttempts, "retry-max-attempts", 5, "tries of a failing event before it is dead-lettered")
 	fs.DurationVar(&c.RetryMaxElapsed, "retry-max-elapsed", 30*time.Second, "longest time spent retrying one event")
 	fs.DurationVar(&c.RetryMaxInterval, "retry-max-interval", 5*time.Second, "longest backoff between tries")
+	fs.DurationVar(&c.SessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a member that stopped heartbeating before reassigning its partitions (the broker allows 6s and up by default)")
 	fs.Var(&c.Topics, "topics", "comma-separated topics to consume (required)")
 }
 
@@ -146,6 +148,7 @@ func (c *runConfig) validate() error {
 		cli.PositiveDuration("retry-initial-interval", c.RetryInitialInterval),
 		cli.PositiveDuration("retry-max-interval", c.RetryMaxInterval),
 		cli.PositiveDuration("retry-max-elapsed", c.RetryMaxElapsed),
+		cli.PositiveDuration("session-timeout", c.SessionTimeout),
 	)
 	for _, err := range errs {
 		if err != nil {

@@ -150,6 +150,12 @@ type Config struct {
 	// RetryMaxInterval caps the backoff between tries (default 5s).
 	RetryMaxInterval time.Duration
 
+	// SessionTimeout is how long the group waits for a member that stopped
+	// heartbeating before it reassigns the member's partitions (default 0:
+	// franz-go's 45s). The broker bounds it
+	// (group.min.session.timeout.ms, 6s by default).
+	SessionTimeout time.Duration
+
 	// Topics to consume (required).
 	Topics []string
 
@@ -289,6 +295,8 @@ func (c *Config) validate() error {
 		return bad("RetryMaxElapsed", "must not be negative")
 	case c.RetryMaxInterval < c.RetryInitialInterval:
 		return bad("RetryMaxInterval", "must be at least RetryInitialInterval")
+	case c.SessionTimeout < 0:
+		return bad("SessionTimeout", "must not be negative")
 	case len(c.Topics) == 0:
 		return bad("Topics", "is required")
 	}

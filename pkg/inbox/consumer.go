@@ -158,6 +158,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(c.cfg.InstanceID))
 	}
+	if c.cfg.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(c.cfg.SessionTimeout))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
@@ -233,11 +236,23 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 func (c *Consumer) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.cl == nil {
 		c.cl = cl // a callback may run before Run has stored the client
 	}
+	c.mu.Unlock()
+	for _, w := range c.addWorkers(assigned) {
+		go c.runWorker(cl, w)
+	}
+	c.log.Info("partitions assigned", "partitions", fmtParts(assigned))
+}
+
+// addWorkers creates the workers of newly assigned partitions, at a new
+// assignment gen, and returns them (not started).
+func (c *Consumer) addWorkers(assigned map[string][]int32) []*worker {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.gen++
+	var ws []*worker
 	for topic, parts := range assigned {
 		for _, p := range parts {
 			k := tp{topic, p}
@@ -246,10 +261,10 @@ func (c *Consumer) onAssigned(_ context.Context, cl *kgo.Client, assigned map[st
 			}
 			w := newWorker(k, c.gen)
 			c.workers[k] = w
-			go c.runWorker(cl, w)
+			ws = append(ws, w)
 		}
 	}
-	c.log.Info("partitions assigned", "partitions", fmtParts(assigned))
+	return ws
 }
 
 func (c *Consumer) onRevoked(_ context.Context, cl *kgo.Client, revoked map[string][]int32) {
@@ -270,9 +285,33 @@ func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]in
 // for each to finish its in-flight batch. What they had queued is dropped:
 // the next owner fetches it again from the committed offsets.
 func (c *Consumer) stopWorkers(parts map[string][]int32) {
+	ws := c.takeWorkers(parts)
 	c.mu.Lock()
-	c.gen++
 	cl := c.cl
+	c.mu.Unlock()
+	for _, w := range ws {
+		close(w.stop)
+	}
+	for _, w := range ws {
+		<-w.done
+		c.m.dropLag(w.tp.topic, w.tp.partition)
+		w.mu.Lock()
+		if w.paused && cl != nil {
+			// Pauses outlive assignments: a partition assigned again
+			// must be fetched.
+			cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+			w.paused = false
+		}
+		w.mu.Unlock()
+	}
+}
+
+// takeWorkers removes the workers of parts (all when parts is nil) at a new
+// assignment gen and returns them (still running).
+func (c *Consumer) takeWorkers(parts map[string][]int32) []*worker {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
 	var ws []*worker
 	if parts == nil {
 		for k, w := range c.workers {
@@ -290,22 +329,7 @@ func (c *Consumer) stopWorkers(parts map[string][]int32) {
 			}
 		}
 	}
-	c.mu.Unlock()
-	for _, w := range ws {
-		close(w.stop)
-	}
-	for _, w := range ws {
-		<-w.done
-		c.m.dropLag(w.tp.topic, w.tp.partition)
-		w.mu.Lock()
-		if w.paused && cl != nil {
-			// Pauses outlive assignments: a partition assigned again
-			// must be fetched.
-			cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
-			w.paused = false
-		}
-		w.mu.Unlock()
-	}
+	return ws
 }
 
 // polledPartition is one partition's records of one poll.
