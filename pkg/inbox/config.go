@@ -128,7 +128,9 @@ type Config struct {
 	Pool *pgxpool.Pool
 
 	// QueueDepth is how many fetched batches may wait for one partition's
-	// worker before polling blocks (default 2).
+	// worker before fetching that partition is paused (default 2). Polling
+	// never blocks on a busy worker: every polled batch is handed to its
+	// worker before a rebalance may run.
 	QueueDepth int
 
 	// Registerer receives the consumer's metrics (default: not registered).
