@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
-	"github.com/onceflow/onceflow/pkg/envelope"
 )
 
 // gatedSQL applies an event like appliedSQL, but fails (division by zero)
@@ -65,14 +64,16 @@ func TestConsumerStaleFetchThenKill(t *testing.T) {
 	}
 	cl := testkit.Client(t)
 	next := map[string]int64{"x": 1, "y": 1}
-	send := func(source, topic string, n int) {
-		var evs []envelope.Envelope
+	events := func(source, topic string, n int) []*kgo.Record {
+		var recs []*kgo.Record
 		for range n {
-			evs = append(evs, testEvent(source, next[source]))
+			ev := testEvent(source, next[source])
+			recs = append(recs, ev.Record(topic))
 			next[source]++
 		}
-		produce(t, cl, topic, evs...)
+		return recs
 	}
+	send := func(source, topic string, n int) { produceRecords(t, cl, events(source, topic, n)...) }
 	send("x", tx, 5)
 	send("y", ty, 150)
 	p := testkit.Start(t, "consumer-1", bin, env, "run")
@@ -82,9 +83,9 @@ func TestConsumerStaleFetchThenKill(t *testing.T) {
 	})
 	// More of both keep arriving while both workers are held: their queues
 	// fill up and polled batches wait.
+	// (One produce call for both, so that fetches carry records of both.)
 	for range 12 {
-		send("x", tx, 5)
-		send("y", ty, 5)
+		produceRecords(t, cl, append(events("x", tx, 5), events("y", ty, 5)...)...)
 		time.Sleep(50 * time.Millisecond)
 	}
 
@@ -125,7 +126,9 @@ func TestConsumerStaleFetchThenKill(t *testing.T) {
 		y := appliedOrder(t, db, "y")
 		g := count(t, db, `SELECT count(*) FROM onceflow.seq_gaps WHERE state = 'given_up'`)
 		if g > 0 {
-			t.Fatalf("%d gaps given up: events were lost (y applied: %s)", g, y)
+			var lost string
+			_ = db.Pool.QueryRow(ctx, `SELECT string_agg(source || ' ' || from_seq || '-' || to_seq, ', ') FROM onceflow.seq_gaps WHERE state = 'given_up'`).Scan(&lost)
+			t.Fatalf("%d gaps given up: events lost (%s); %d y events applied", g, lost, len(strings.Fields(y)))
 		}
 		return y == seqRange(1, next["y"]-1), fmtState("y ", len(strings.Fields(y)), " of ", next["y"]-1)
 	})
