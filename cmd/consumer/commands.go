@@ -287,7 +287,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		req.EventID = pos[0]
 	}
 	if req.EventID == "" && req.Filter.Empty() && !req.All {
-		return usage("consumer dlq replay: want an EVENT-ID, or a filter (-event-type, -source, -error, -from/-to/-since, -group, -status), or -all")
+		return usage("consumer dlq replay: want an EVENT-ID, or a filter (-event-type, -source, -error, -from/-to/-since, -error-group, -status), or -all")
 	}
 	if cfg.Expect >= 0 {
 		req.Expect = &cfg.Expect
