@@ -17,9 +17,10 @@ import (
 const FailpointAfterCall = "effects-after-call"
 
 // lockClass is the first key of the ledger's two-int advisory locks: the
-// key locks of onceflow.effect_claim (second key hashtext(scope || E'\n' ||
-// key), see the migration) and the pruning lock. Two-int advisory locks
-// never collide with the one-bigint locks used elsewhere (migrations, tests).
+// key locks of onceflow.effect_claim (the second key is hashtext(scope ||
+// E'\n' || key), migration 007) and the pruning lock. Two-int advisory
+// locks never collide with the one-bigint locks used elsewhere (migrations,
+// tests).
 const lockClass = 0x0eff
 
 // Result is what a call returned, recorded in the ledger.
@@ -59,27 +60,42 @@ func eventIDFrom(ctx context.Context) any {
 	return nil
 }
 
-// Do performs call at most once per recorded result for key. It runs the
-// ledger's protocol, the SQL functions of docs/effects.md that programs in
-// other languages call too, so Go and those programs share one ledger:
+// Do is DoScoped with the empty scope: for callers that own the whole
+// ledger, or whose keys are unique across every caller of it.
+func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Result, error) {
+	return DoScoped(ctx, db, "", key, call)
+}
+
+// DoScoped performs call at most once per recorded result for key within
+// scope. A scope names the owner of a set of effects (the consumer's http
+// handler uses ConsumerScope); the same key in two scopes is two effects,
+// each called and recorded once. The key is what the downstream sees; the
+// scope is never sent.
 //
-//  1. onceflow.effect_claim takes the key's session advisory lock (on a
-//     connection of its own, never the caller's transaction), so two callers
-//     with the same key never call at the same time: the second waits and
-//     then finds the first's result. A crash releases the lock with the
-//     session. In the same auto-committed statement it records the intent
-//     (status intent, attempts+1), so the intent survives a crash during the
-//     call. A row that is already done is returned as is, with Replayed set,
-//     and call is not made.
+// It runs the ledger's protocol through its SQL functions (migration 007),
+// the ones programs in other languages call too, so Go and those programs
+// share one ledger:
+//
+//  1. onceflow.effect_claim takes the session advisory lock of (scope, key)
+//     (on a connection of its own, never the caller's transaction), so two
+//     callers with the same scope and key never call at the same time: the
+//     second waits and then finds the first's result. A crash releases the
+//     lock with the session. In the same auto-committed statement it records
+//     the intent (status intent, attempts+1), so the intent survives a crash
+//     during the call. A row that is already done is returned as is, with
+//     Replayed set, and call is not made.
 //  2. It calls call(ctx, key). An error leaves the intent in place
 //     (onceflow.effect_release): the next attempt calls again with the same
 //     key and the downstream dedups.
 //  3. onceflow.effect_record records the result (status done, result_code,
 //     result, completed_at) and releases the key.
 //
-// Do must not be given the caller's inbox transaction: the intent has to be
-// committed before the call whatever becomes of that transaction.
-func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Result, error) {
+// DoScoped must not be given the caller's inbox transaction: the intent has
+// to be committed before the call whatever becomes of that transaction.
+func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call CallFunc) (Result, error) {
+	if err := ValidateScope(scope); err != nil {
+		return Result{}, err
+	}
 	if err := ValidateKey(key); err != nil {
 		return Result{}, err
 	}
@@ -90,7 +106,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 	held := false
 	defer func() {
 		if held {
-			if _, err := conn.Exec(context.WithoutCancel(ctx), qRelease, key, scopeNone); err != nil {
+			if _, err := conn.Exec(context.WithoutCancel(ctx), qRelease, key, scope); err != nil {
 				// Never hand a connection holding the key back to the pool.
 				_ = conn.Conn().Close(context.WithoutCancel(ctx))
 			}
@@ -103,7 +119,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 		code   *int
 		sum    []byte
 	)
-	err = conn.QueryRow(ctx, qClaim, key, scopeNone, eventIDFrom(ctx)).Scan(&status, &code, &sum)
+	err = conn.QueryRow(ctx, qClaim, key, scope, eventIDFrom(ctx)).Scan(&status, &code, &sum)
 	if err != nil {
 		// A cancelled wait or a failed claim may leave the session's lock
 		// state unknown: close it rather than reuse it.
@@ -131,7 +147,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 		}
 		summary = string(res.Summary)
 	}
-	if _, err := conn.Exec(context.WithoutCancel(ctx), qRecord, key, scopeNone, res.Code, summary); err != nil {
+	if _, err := conn.Exec(context.WithoutCancel(ctx), qRecord, key, scope, res.Code, summary); err != nil {
 		return Result{}, fmt.Errorf("effects: record result of %q: %w", key, err)
 	}
 	held = false // effect_record released the key
@@ -139,10 +155,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 	return res, nil
 }
 
-// scopeNone is the ledger scope of Do's keys.
-const scopeNone = ""
-
-// The protocol's SQL functions (migrations/005_effects_protocol.up.sql).
+// The protocol's SQL functions (migrations/007_effects_protocol.up.sql).
 const (
 	qClaim   = `SELECT status, result_code, result::text FROM onceflow.effect_claim($1, $2, $3)`
 	qRecord  = `SELECT onceflow.effect_record($1, $2, $3, $4::jsonb)`
@@ -151,6 +164,7 @@ const (
 
 // Entry is one ledger row.
 type Entry struct {
+	Scope    string
 	Key      string
 	EventID  string
 	Status   string
@@ -158,16 +172,21 @@ type Entry struct {
 	Result   Result
 }
 
-// Lookup returns the ledger row of key, or ok=false.
+// Lookup returns the ledger row of key in the empty scope, or ok=false.
 func Lookup(ctx context.Context, db *pgxpool.Pool, key string) (e Entry, ok bool, err error) {
+	return LookupScoped(ctx, db, "", key)
+}
+
+// LookupScoped returns the ledger row of key in scope, or ok=false.
+func LookupScoped(ctx context.Context, db *pgxpool.Pool, scope, key string) (e Entry, ok bool, err error) {
 	var (
 		eventID *string
 		code    *int
 		sum     *string
 	)
-	err = db.QueryRow(ctx, `SELECT idempotency_key, event_id, status, attempts, result_code, result::text
-	  FROM onceflow.effects WHERE scope = $2 AND idempotency_key = $1`, key, scopeNone).
-		Scan(&e.Key, &eventID, &e.Status, &e.Attempts, &code, &sum)
+	err = db.QueryRow(ctx, `SELECT scope, idempotency_key, event_id, status, attempts, result_code, result::text
+	  FROM onceflow.effects WHERE scope = $1 AND idempotency_key = $2`, scope, key).
+		Scan(&e.Scope, &e.Key, &eventID, &e.Status, &e.Attempts, &code, &sum)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, false, nil
 	}

@@ -1,6 +1,6 @@
 -- The fencing protocol of onceflow.effects as SQL functions, so that a
 -- program in any language gets what Go's effects.Do does (Do itself calls
--- them). See docs/effects.md, "The protocol in SQL".
+-- them). See docs/agents.md, "The protocol in SQL (for any language)".
 --
 --   SELECT * FROM onceflow.effect_claim(key, scope, event_id);
 --       status 'done'   → the recorded result; do not call. Nothing is held.
@@ -17,22 +17,8 @@
 -- a session advisory lock, so the end of the session (a crash, a closed
 -- connection) releases it too.
 
--- PROVISIONAL (until the ledger gains its scope upstream): the scope column
--- and the primary key (scope, idempotency_key) the functions below rely on.
-ALTER TABLE onceflow.effects ADD COLUMN IF NOT EXISTS scope text NOT NULL DEFAULT '';
-DO $$
-BEGIN
-    IF (SELECT array_agg(a.attname::text ORDER BY k.ord)
-          FROM pg_constraint c
-          CROSS JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, ord)
-          JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum
-         WHERE c.conrelid = 'onceflow.effects'::regclass AND c.contype = 'p')
-       IS DISTINCT FROM ARRAY['scope', 'idempotency_key'] THEN
-        ALTER TABLE onceflow.effects DROP CONSTRAINT effects_pkey;
-        ALTER TABLE onceflow.effects ADD CONSTRAINT effects_pkey PRIMARY KEY (scope, idempotency_key);
-    END IF;
-END
-$$;
+-- The ledger's scope column and primary key (scope, idempotency_key) come
+-- from migration 006; the functions below rely on them.
 
 -- Keys: the same rules as Go's effects.ValidateKey, EventKey and GraphKey
 -- (pkg/effects/key.go); pkg/effects/testdata/keys.json holds the cases
