@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from onceflow import FenceError, InvalidKeyError, Result, current_fence, event_key, fenced
+from onceflow import FenceError, InvalidKeyError, Result, consumer_scope, current_fence, event_key, fenced
 
 
 def ledger(db_url: str, key: str, scope: str = "") -> tuple[str, int, int | None, Any] | None:
@@ -39,6 +39,23 @@ def test_double_delivery_one_effect(db_url: str) -> None:
     assert results[0] == Result(201, {"charge": "ch_1"}, replayed=False)
     assert results[1] == results[2] == Result(201, {"charge": "ch_1"}, replayed=True)
     assert ledger(db_url, key) == ("done", 1, 201, {"charge": "ch_1"})
+
+
+def test_scopes_are_separate_ledgers(db_url: str) -> None:
+    """The same key in two scopes is two effects: the empty scope (Go's
+    effects.Do) and a consumer's http handler scope each call once."""
+    key = event_key("ord-2")
+    scope = consumer_scope("billing/eu", "payment.requested")
+    assert scope == "inbox/billing%2Feu/http/payment.requested"
+    calls: list[str] = []
+    for s in ("", scope, scope, ""):
+        with fenced(key, s, db=db_url) as fx:
+            if not fx.replayed:
+                calls.append(s)
+                fx.record(201, {"scope": s})
+    assert calls == ["", scope]
+    assert ledger(db_url, key) == ("done", 1, 201, {"scope": ""})
+    assert ledger(db_url, key, scope) == ("done", 1, 201, {"scope": scope})
 
 
 def test_concurrent_callers_one_effect(db_url: str) -> None:

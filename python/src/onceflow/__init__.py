@@ -7,7 +7,8 @@ the Go relay, consumer and ``effects.Do`` through the same tables.
 - :class:`fenced`: a side effect once per key (context manager or
   decorator, sync or async), the ledger shared with Go.
 - :func:`event_key`, :func:`graph_key`: keys byte for byte as Go builds
-  them.
+  them; :func:`consumer_scope`: the ledger scope of a Go consumer's
+  ``http`` handler, to fence a key that handler shares.
 - :mod:`onceflow.langgraph`: the key of the running LangGraph node.
 """
 
@@ -20,7 +21,16 @@ from .errors import (
     OnceflowError,
     RetryableError,
 )
-from .keys import MAX_KEY_LEN, MAX_SCOPE_LEN, event_key, graph_key, validate_key, validate_scope
+from .keys import (
+    MAX_KEY_LEN,
+    MAX_SCOPE_LEN,
+    consumer_scope,
+    escape_scope_part,
+    event_key,
+    graph_key,
+    validate_key,
+    validate_scope,
+)
 from .outbox import Enqueued, TraceparentDroppedWarning, aenqueue, enqueue
 
 __all__ = [
@@ -39,8 +49,10 @@ __all__ = [
     "RetryableError",
     "TraceparentDroppedWarning",
     "aenqueue",
+    "consumer_scope",
     "current_fence",
     "enqueue",
+    "escape_scope_part",
     "event_key",
     "fenced",
     "graph_key",

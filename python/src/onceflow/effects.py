@@ -198,9 +198,12 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
 
     ``key`` is a key string (``event_key``, ``graph_key``, or any valid
     key) or, for the decorator form, a function of the decorated
-    function's arguments returning it. ``scope`` separates ledgers that may
-    see the same key (e.g. one consumer's from another's); Go's default
-    scope is ``""``. ``db`` is a connection string, a psycopg pool
+    function's arguments returning it. ``scope`` names the owner of the
+    effect, as in Go's ``effects.DoScoped``: the same key in two scopes is
+    two effects. ``""`` (the default) is the scope of Go's ``effects.Do``;
+    ``consumer_scope(consumer, entry)`` is that of a Go consumer's ``http``
+    handler, so a key fenced there is replayed by the handler and back.
+    ``db`` is a connection string, a psycopg pool
     (sync or async), or ``None`` for ``$ONCEFLOW_DATABASE_URL``: the fence
     takes a connection of its own for the claim and gives it back at the
     end. ``event_id`` is stored in the ledger row for operators.

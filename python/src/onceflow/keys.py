@@ -7,6 +7,12 @@ and of the SQL functions ``onceflow.effect_key_error`` /
 ``effect_event_key`` / ``effect_graph_key``; all three are tested against
 ``pkg/effects/testdata/keys.json``, which Go generates.
 
+Ledger scopes: ``validate_scope`` as Go's ``ValidateScope``;
+``consumer_scope(consumer, entry)`` is the scope of the Go consumer's
+``http`` handler, ``"inbox/<consumer>/http/<entry>"``, as Go's
+``ConsumerScope`` builds it (each part escaped by ``escape_scope_part``,
+as Go's ``EscapeScopePart``); the same vectors file covers them.
+
 Lengths are counted in UTF-8 bytes, as in Go. A key built from anything
 per-execution (an attempt number, a timestamp, a random or run id) would
 make a replay look new: use stable identity only.
@@ -14,7 +20,17 @@ make a replay look new: use stable identity only.
 
 from __future__ import annotations
 
-__all__ = ["SEP", "MAX_KEY_LEN", "MAX_SCOPE_LEN", "event_key", "graph_key", "validate_key", "validate_scope"]
+__all__ = [
+    "SEP",
+    "MAX_KEY_LEN",
+    "MAX_SCOPE_LEN",
+    "consumer_scope",
+    "escape_scope_part",
+    "event_key",
+    "graph_key",
+    "validate_key",
+    "validate_scope",
+]
 
 from .errors import InvalidKeyError
 
@@ -126,3 +142,31 @@ def validate_scope(scope: str) -> None:
     if n > MAX_SCOPE_LEN:
         raise InvalidKeyError(f"invalid idempotency key: scope is {n} bytes, at most {MAX_SCOPE_LEN}")
     _check_chars("scope", scope)
+
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def escape_scope_part(part: str) -> str:
+    """One part of a ledger scope, as Go's ``effects.EscapeScopePart``:
+    every UTF-8 byte percent-encoded (upper-case hex) except the RFC 3986
+    unreserved characters ``A-Z a-z 0-9 - . _ ~``. An escaped part never
+    contains ``/``, so the parts of a scope cannot run into each other."""
+    if not isinstance(part, str):
+        raise InvalidKeyError(f"invalid idempotency key: scope part is {type(part).__name__}, not str")
+    _utf8_len("scope part", part)
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in part.encode("utf-8"))
+
+
+def consumer_scope(consumer: str, entry: str, *, kind: str = "http") -> str:
+    """The ledger scope of one handler of a Go consumer:
+    ``"inbox/<consumer>/<kind>/<entry>"``, each part escaped with
+    :func:`escape_scope_part`, byte for byte as Go's
+    ``effects.ConsumerScope(consumer, kind, entry)``.
+
+    ``consumer`` is the consumer's ``-consumer-name`` (``"default"`` unless
+    configured) and ``entry`` the ``event_type`` of its handlers-file entry
+    (``"*"`` for the catch-all). Fence with
+    ``fenced(key, consumer_scope(consumer, entry))`` to share a key with
+    that consumer's ``http`` handler: what one records, the other replays."""
+    return "inbox/" + escape_scope_part(consumer) + "/" + escape_scope_part(kind) + "/" + escape_scope_part(entry)
