@@ -45,8 +45,9 @@ func noCall(t *testing.T) effects.CallFunc {
 
 // TestPythonFenceInteropWithDo: one ledger, one protocol. A key fenced
 // from Python is replayed by Go's effects.Do without calling, a key
-// recorded by Do is replayed by Python's fenced, and a Do on a key Python
-// holds waits for Python's result and returns it.
+// recorded by Do is replayed by Python's fenced (in the empty scope and in
+// a consumer scope, with DoScoped), and a Do on a key Python holds waits
+// for Python's result and returns it.
 func TestPythonFenceInteropWithDo(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -74,6 +75,28 @@ func TestPythonFenceInteropWithDo(t *testing.T) {
 	got = pyInterop(t, db, "fence", "go-1", "500", `{"id":"python must not record this"}`)
 	if got["replayed"] != true || got["code"] != float64(202) || fmt.Sprint(got["summary"]) != "map[id:go]" {
 		t.Fatalf("python fence of a key Go recorded: %v", got)
+	}
+
+	// The same key in a consumer's scope (Python builds it with
+	// consumer_scope): Python records, DoScoped replays; another scope's
+	// row of the key (Do's, above) is not this one.
+	scope := effects.ConsumerScope("agents/é 1", "http", "email.send")
+	got = pyInterop(t, db, "fence", "event:py-1", "202", `{"id":"py-scoped"}`, scope)
+	if got["replayed"] != false {
+		t.Fatalf("python fence in scope %q: %v", scope, got)
+	}
+	r, err = effects.DoScoped(ctx, db.Pool, scope, "event:py-1", noCall(t))
+	if err != nil || !r.Replayed || r.Code != 202 || string(r.Summary) != `{"id": "py-scoped"}` {
+		t.Fatalf("Go DoScoped of a key Python recorded in %q = %+v (%s), %v", scope, r, r.Summary, err)
+	}
+	if _, err := effects.DoScoped(ctx, db.Pool, scope, "go-1", func(context.Context, string) (effects.Result, error) {
+		return effects.Result{Code: 203, Summary: json.RawMessage(`{"id":"go-scoped"}`)}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got = pyInterop(t, db, "fence", "go-1", "500", `{"id":"python must not record this"}`, scope)
+	if got["replayed"] != true || got["code"] != float64(203) || fmt.Sprint(got["summary"]) != "map[id:go-scoped]" {
+		t.Fatalf("python fence in scope %q of a key Go recorded: %v", scope, got)
 	}
 
 	// Python holds a key; Go's Do on it waits for the same lock, then
@@ -125,11 +148,14 @@ func TestPythonFenceInteropWithDo(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("python hold: %v", err)
 	}
-	for key, attempts := range map[string]int{"event:py-1": 1, "go-1": 1, "shared-1": 1} {
-		e, ok, err := effects.Lookup(ctx, db.Pool, key)
-		if err != nil || !ok || e.Status != effects.StatusDone || e.Attempts != attempts {
-			t.Errorf("ledger %s = %+v, %v, %v; want done after %d attempt", key, e, ok, err, attempts)
+	for _, sk := range [][2]string{{"", "event:py-1"}, {"", "go-1"}, {"", "shared-1"}, {scope, "event:py-1"}, {scope, "go-1"}} {
+		e, ok, err := effects.LookupScoped(ctx, db.Pool, sk[0], sk[1])
+		if err != nil || !ok || e.Status != effects.StatusDone || e.Attempts != 1 {
+			t.Errorf("ledger %q %s = %+v, %v, %v; want done after 1 attempt", sk[0], sk[1], e, ok, err)
 		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM onceflow.effects`); n != 5 {
+		t.Errorf("%d ledger rows, want 5", n)
 	}
 }
 
@@ -137,8 +163,10 @@ func TestPythonFenceInteropWithDo(t *testing.T) {
 // (onceflow.enqueue through the package) reach the Go consumer through the
 // relay and Kafka; the consumer's http handler sends each with
 // Idempotency-Key event:<id>, except the one whose effect the Python agent
-// already sent, fenced by the same key: the handler finds its result in
-// the ledger and does not call. Each key reaches the business logic once.
+// already sent, fenced by the same key in the handler's own scope (the
+// consumer's name and handler entry, through Python's consumer_scope): the
+// handler finds its result in the ledger and does not call. Each key
+// reaches the business logic once.
 func TestPythonAgentThroughRelayAndConsumer(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -148,8 +176,12 @@ func TestPythonAgentThroughRelayAndConsumer(t *testing.T) {
 	srv, hs := newIdemServer(t)
 	topic := testkit.Topic(t, "pyagent", 1, nil)
 	ckpt := testkit.Topic(t, "pyagent-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
-	got := pyInterop(t, db, "agent", topic, hs.URL+"/charges")
-	if fmt.Sprint(got["enqueued"]) != "[py-ev-1 py-ev-2 py-ev-3]" {
+	// A consumer name that needs escaping, and the catch-all entry "*" of
+	// httpHandlersFile.
+	const consumerName = "agents/é 1"
+	scope := effects.ConsumerScope(consumerName, "http", "*")
+	got := pyInterop(t, db, "agent", topic, hs.URL+"/charges", consumerName, "*")
+	if fmt.Sprint(got["enqueued"]) != "[py-ev-1 py-ev-2 py-ev-3]" || got["scope"] != scope {
 		t.Fatalf("python agent: %v", got)
 	}
 	if requests, business := srv.snapshot(); requests != 1 || business["event:py-ev-1"] != 1 {
@@ -168,6 +200,7 @@ func TestPythonAgentThroughRelayAndConsumer(t *testing.T) {
 		"ONCEFLOW_HANDLERS_FILE=" + httpHandlersFile(t, hs.URL),
 		"ONCEFLOW_HTTP_ADDR=",
 		"ONCEFLOW_INSTANCE_ID=pyagent-consumer",
+		"ONCEFLOW_CONSUMER_NAME=" + consumerName,
 	}, "run")
 	eventually(t, 2*time.Minute, "3 events processed", func() (bool, string) {
 		n := count(t, db, `SELECT count(*) FROM onceflow.inbox WHERE status = 'processed'`)
@@ -188,14 +221,17 @@ func TestPythonAgentThroughRelayAndConsumer(t *testing.T) {
 	if requests != 3 {
 		t.Errorf("%d requests, want 3: one from the agent, two from the consumer", requests)
 	}
-	e, ok, err := effects.Lookup(context.Background(), db.Pool, "event:py-ev-1")
+	e, ok, err := effects.LookupScoped(context.Background(), db.Pool, scope, "event:py-ev-1")
 	if err != nil || !ok || e.Status != effects.StatusDone || e.Attempts != 1 || string(e.Result.Summary) != `{"sent_by": "python"}` {
 		t.Errorf("ledger event:py-ev-1 = %+v (%s), %v, %v; want the agent's result", e, e.Result.Summary, ok, err)
 	}
-	if n := count(t, db, `SELECT count(*) FROM onceflow.effects WHERE status = 'done'`); n != 3 {
-		t.Errorf("%d done ledger rows, want 3", n)
+	if n := count(t, db, `SELECT count(*) FROM onceflow.effects WHERE status = 'done' AND scope = $1`, scope); n != 3 {
+		t.Errorf("%d done ledger rows in %q, want 3", n, scope)
 	}
-	t.Logf("3 events enqueued from Python, relayed and consumed; %d requests, business logic once per key; the agent's key replayed by the http handler", requests)
+	if n := count(t, db, `SELECT count(*) FROM onceflow.effects`); n != 3 {
+		t.Errorf("%d ledger rows, want 3 (all in the handler's scope)", n)
+	}
+	t.Logf("3 events enqueued from Python, relayed and consumed; %d requests, business logic once per key; the agent's key, fenced in %q, replayed by the http handler", requests, scope)
 	// TODO(tracing): once onceflow.enqueue takes a traceparent, assert the
 	// handler's request carries the trace the Python producer started.
 }
