@@ -189,6 +189,10 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{r, "mark rows published", `UPDATE onceflow.outbox SET published_at = now() WHERE id = ANY('{1,2}'::bigint[]) AND published_at IS NULL`, true},
 		{r, "prune rows", `DELETE FROM onceflow.outbox WHERE published_at < now()`, true},
 		{r, "take the lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now()) ON CONFLICT (shard) DO UPDATE SET holder = excluded.holder, epoch = onceflow.relay_lease.epoch + 1 RETURNING epoch`, true},
+		{r, "bind the database identity", `UPDATE onceflow.database_identity SET first_used_at = coalesce(first_used_at, now()) RETURNING id`, true},
+		{r, "read the outbox id sequence", `SELECT pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass)`, true},
+		{r, "set a row aside", `INSERT INTO onceflow.outbox_set_aside (outbox_id, event_id, topic, source, seq, event_type, reason, error) VALUES (1, 'e', 't', 's', 1, 'x', 'too_large', 'e') RETURNING outbox_id`, true},
+		{r, "settle a legacy checkpoint", `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now() WHERE shard = 'x'`, true},
 		{r, "read the inbox", `SELECT * FROM onceflow.inbox`, false},
 		{r, "write the inbox", inboxInsert, false},
 		{r, "update the inbox", `UPDATE onceflow.inbox SET status = 'dead'`, false},
@@ -215,6 +219,10 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{c, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
 		{c, "bump source counters", `INSERT INTO onceflow.source_seq VALUES ('s', 1)`, false},
 		{c, "take the relay lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now())`, false},
+		{c, "change the database identity", `UPDATE onceflow.database_identity SET id = gen_random_uuid()`, false},
+		{c, "read set-aside rows", `SELECT * FROM onceflow.outbox_set_aside`, false},
+		{w, "change the database identity", `UPDATE onceflow.database_identity SET id = gen_random_uuid()`, false},
+		{w, "read set-aside rows", `SELECT * FROM onceflow.outbox_set_aside`, false},
 
 		{rs.owner, "alter the schema", `ALTER TABLE onceflow.inbox ADD COLUMN x int`, true},
 	})
