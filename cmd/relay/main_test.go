@@ -22,6 +22,14 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 		{"renew too slow", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-lease-renew-interval", "2s"}, nil, "-lease-renew-interval"},
 		{"bad env", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092"}, map[string]string{"ONCEFLOW_BATCH_MAX_ROWS": "lots"}, "ONCEFLOW_BATCH_MAX_ROWS"},
 		{"zero rows", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-batch-max-rows", "0"}, nil, "-batch-max-rows"},
+		{"bad set-aside retry", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-retry-set-aside-after", "0s"}, nil, "-retry-set-aside-after"},
+		{"unknown admin command", []string{"outbox", "failed", "purge"}, nil, "relay outbox failed purge"},
+		{"skip without note", []string{"outbox", "failed", "skip", "42", "-database-url", "postgres://x/y"}, nil, "-note (ONCEFLOW_NOTE)"},
+		{"skip without id", []string{"outbox", "failed", "skip", "-note", "n", "-database-url", "postgres://x/y"}, nil, "outbox id"},
+		{"retry bad id", []string{"outbox", "failed", "retry", "x1", "-database-url", "postgres://x/y"}, nil, `"x1" is not an outbox id`},
+		{"admin without database", []string{"outbox", "failed", "list"}, nil, "-database-url (ONCEFLOW_DATABASE_URL)"},
+		{"reset without note", []string{"identity", "reset", "-database-url", "postgres://x/y"}, nil, "-note"},
+		{"legacy unknown decision", []string{"identity", "legacy", "keep", "-database-url", "postgres://x/y"}, nil, "relay identity legacy keep"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
