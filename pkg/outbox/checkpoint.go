@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -218,17 +219,23 @@ func ensureCheckpointTopic(ctx context.Context, cl *kgo.Client, topic string) er
 }
 
 // lastCheckpoint returns the newest committed record with key on topic, or
-// nil when there is none. It never guesses (invariant I2): it first measures
-// each partition's log start and last stable offset, then reads
-// read_committed backwards from the last stable offset in growing windows,
-// each window to its measured end, so it touches only the tail of the topic.
-// "None" is only concluded once every partition was read from its log start
-// to the measured end without finding key; a partition that does not answer
-// is an error (the caller retries with backoff), never an empty answer.
+// nil when there is none. It never guesses (invariant I2): it measures each
+// partition's log start and high watermark, then reads backwards from the
+// latter in growing windows, each window to its end, so it touches only the
+// tail of the topic. "None" is only concluded once every partition was read
+// from its log start to the measured end without finding key; a partition
+// that does not answer is an error (the caller retries with backoff), never
+// an empty answer.
 //
-// Call it after the producer has initialised its transactional id: that
-// completes or aborts this relay's pending transaction, so the last stable
-// offset is past its last commit.
+// It reads read_uncommitted and decides itself which of its records
+// committed, from the transaction markers (control records) of their
+// producer: on a checkpoint topic shared with other databases' relays, one of
+// them may hold a transaction open that began before our last commit, and a
+// read_committed reader stops at that transaction's first record (the last
+// stable offset), which would hide our commit. Call it after the producer
+// has initialised the transactional id that writes key: that completes or
+// aborts its pending transaction, so every record with key below the high
+// watermark then has its marker below it too.
 func lastCheckpoint(ctx context.Context, opts []kgo.Opt, topic, key string) (*kgo.Record, error) {
 	cl, err := kgo.NewClient(checkpointReaderOpts(opts)...)
 	if err != nil {
@@ -244,12 +251,12 @@ func lastCheckpoint(ctx context.Context, opts []kgo.Opt, topic, key string) (*kg
 	if !ok || td.Err != nil {
 		return nil, fmt.Errorf("checkpoint topic %q metadata: %v", topic, td.Err)
 	}
-	ends, err := adm.ListCommittedOffsets(ctx, topic)
+	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list last stable offsets of %q: %w", topic, err)
+		return nil, fmt.Errorf("list end offsets of %q: %w", topic, err)
 	}
 	starts, err := adm.ListStartOffsets(ctx, topic)
 	if err == nil {
@@ -266,20 +273,12 @@ func lastCheckpoint(ctx context.Context, opts []kgo.Opt, topic, key string) (*kg
 			return nil, fmt.Errorf("checkpoint topic %q partition %d: offsets not listed", topic, p.Partition)
 		}
 		pr := partitionReader{cl: cl, topic: topic, topicID: td.ID, partition: p.Partition, leader: p.Leader}
-		hi := end.Offset
-		for window := int64(64); hi > start.Offset; window *= 4 {
-			lo := max(start.Offset, hi-window)
-			r, err := pr.lastKeyed(ctx, lo, hi, key)
-			if err != nil {
-				return nil, err
-			}
-			if r != nil {
-				if best == nil || r.Timestamp.After(best.Timestamp) {
-					best = r
-				}
-				break
-			}
-			hi = lo
+		r, err := pr.lastCommitted(ctx, start.Offset, end.Offset, key)
+		if err != nil {
+			return nil, err
+		}
+		if r != nil && (best == nil || r.Timestamp.After(best.Timestamp)) {
+			best = r
 		}
 	}
 	return best, nil
@@ -297,23 +296,73 @@ type partitionReader struct {
 	leader    int32
 }
 
-// lastKeyed reads [lo, hi) read_committed to its end and returns the last
-// data record with key, or nil when the range holds none. Offsets below hi
-// are all decided (hi is at most the last stable offset measured after our
-// producer's initialisation), so every fetch moves forward; one that does
-// not is an error.
-func (p partitionReader) lastKeyed(ctx context.Context, lo, hi int64, key string) (*kgo.Record, error) {
-	if p.leader < 0 {
-		return nil, fmt.Errorf("checkpoint topic %q partition %d has no leader", p.topic, p.partition)
+// txnMarker is a transaction's end, as written into the partition.
+type txnMarker struct {
+	offset int64
+	commit bool
+}
+
+// lastCommitted reads [start, end) backwards in growing windows and returns
+// the last record with key whose transaction committed (or that was written
+// outside a transaction), or nil when the range holds none.
+func (p partitionReader) lastCommitted(ctx context.Context, start, end int64, key string) (*kgo.Record, error) {
+	markers := map[int64][]txnMarker{} // producer id -> markers seen so far, sorted by offset
+	hi := end
+	for window := int64(64); hi > start; window *= 4 {
+		lo := max(start, hi-window)
+		var candidates []*kgo.Record
+		err := p.read(ctx, lo, hi, func(r *kgo.Record) {
+			switch {
+			case r.Attrs.IsControl():
+				// The key of a control record: int16 version, int16 type
+				// (0 abort, 1 commit).
+				if len(r.Key) >= 4 {
+					markers[r.ProducerID] = append(markers[r.ProducerID], txnMarker{offset: r.Offset, commit: r.Key[3] == 1})
+				}
+			case string(r.Key) == key:
+				candidates = append(candidates, r)
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		for pid := range markers {
+			slices.SortFunc(markers[pid], func(a, b txnMarker) int { return cmp.Compare(a.offset, b.offset) })
+		}
+		for i := len(candidates) - 1; i >= 0; i-- {
+			r := candidates[i]
+			if !r.Attrs.IsTransactional() {
+				return r, nil
+			}
+			ms := markers[r.ProducerID]
+			j, _ := slices.BinarySearchFunc(ms, r.Offset, func(m txnMarker, off int64) int { return cmp.Compare(m.offset, off+1) })
+			if j == len(ms) {
+				return nil, fmt.Errorf("checkpoint record %s[%d]@%d: its transaction (producer id %d) is not decided below the end measured (%d)",
+					p.topic, p.partition, r.Offset, r.ProducerID, end)
+			}
+			if ms[j].commit {
+				return r, nil
+			}
+		}
+		hi = lo
 	}
-	var last *kgo.Record
+	return nil, nil
+}
+
+// read reads [lo, hi) read_uncommitted, control records included, to its
+// end, calling visit for each record. Every fetch moves forward (hi is at
+// most the high watermark); one that does not is an error.
+func (p partitionReader) read(ctx context.Context, lo, hi int64, visit func(*kgo.Record)) error {
+	if p.leader < 0 {
+		return fmt.Errorf("checkpoint topic %q partition %d has no leader", p.topic, p.partition)
+	}
 	dec := kgo.DefaultDecompressor()
 	for off := lo; off < hi; {
 		req := kmsg.NewPtrFetchRequest()
 		req.MaxWaitMillis = 500
 		req.MinBytes = 1
 		req.MaxBytes = 32 << 20
-		req.IsolationLevel = 1 // read_committed
+		req.IsolationLevel = 0 // read_uncommitted: lastCommitted decides from the markers
 		t := kmsg.NewFetchRequestTopic()
 		t.Topic, t.TopicID = p.topic, p.topicID
 		fp := kmsg.NewFetchRequestTopicPartition()
@@ -322,37 +371,37 @@ func (p partitionReader) lastKeyed(ctx context.Context, lo, hi int64, key string
 		req.Topics = append(req.Topics, t)
 		resp, err := req.RequestWith(ctx, p.cl.Broker(int(p.leader)))
 		if err != nil {
-			return nil, fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
+			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
 		}
 		if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-			return nil, fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
+			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
 		}
 		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-			return nil, fmt.Errorf("read checkpoint %s[%d] at offset %d: unexpected fetch response shape", p.topic, p.partition, off)
+			return fmt.Errorf("read checkpoint %s[%d] at offset %d: unexpected fetch response shape", p.topic, p.partition, off)
 		}
 		rp := &resp.Topics[0].Partitions[0]
 		part, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
 			KeepControlRecords: true,
 			Offset:             off,
-			IsolationLevel:     kgo.ReadCommitted(),
+			IsolationLevel:     kgo.ReadUncommitted(),
 			Topic:              p.topic,
 			Partition:          p.partition,
 		}, rp, dec, nil)
 		if part.Err != nil {
-			return nil, fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, part.Err)
+			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, part.Err)
 		}
 		for _, r := range part.Records {
-			if r.Offset >= lo && r.Offset < hi && !r.Attrs.IsControl() && string(r.Key) == key {
-				last = r
+			if r.Offset >= lo && r.Offset < hi {
+				visit(r)
 			}
 		}
 		if next <= off {
-			return nil, fmt.Errorf("read checkpoint %s[%d]: no progress at offset %d (last stable offset %d, read up to %d)",
-				p.topic, p.partition, off, part.LastStableOffset, hi)
+			return fmt.Errorf("read checkpoint %s[%d]: no progress at offset %d (high watermark %d, reading up to %d)",
+				p.topic, p.partition, off, part.HighWatermark, hi)
 		}
 		off = next
 	}
-	return last, nil
+	return nil
 }
 
 // FailpointSlowCheckpoint (armed as relay-checkpoint-slow=delay:3s) makes

@@ -751,13 +751,14 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	if r.cfg.TransactionalIDPrefix == "" {
 		legacyTxn = "onceflow-relay-" + r.cfg.Shard
 	}
-	if legacyTxn != r.txnID {
-		cl, err := r.initProducer(ctx, legacyTxn)
-		if err != nil {
-			return fmt.Errorf("fence the previous relay version: %w", err)
-		}
-		cl.Close()
+	// Initialising the old transactional.id fences a relay of the previous
+	// version still running and ends its open transaction, so that the
+	// read below sees its last checkpoint decided.
+	cl, err := r.initProducer(ctx, legacyTxn)
+	if err != nil {
+		return fmt.Errorf("fence the previous relay version: %w", err)
 	}
+	cl.Close()
 	settle := func(outcome string) error {
 		if _, err := r.cfg.DB.Exec(ctx, legacySettleSQL, r.cfg.Shard, outcome); err != nil {
 			return fmt.Errorf("settle legacy checkpoint: %w", err)
