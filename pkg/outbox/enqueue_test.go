@@ -242,7 +242,7 @@ func TestSQLEnqueueFunction(t *testing.T) {
 		{`onceflow.enqueue('orders', 's', 'x', '{}', headers => '{"seq":"1"}')`, "22023", "headers"},
 		{`onceflow.enqueue('orders', 's', 'x', '{}', headers => '{"n":1}')`, "22023", "headers"},
 		{`onceflow.enqueue('orders', 's', 'x', jsonb_build_object('p', repeat('x', 1100000)))`, "22023", "payload"},
-		// The Go API's checks, mirrored by the function since migration 005.
+		// The Go API's checks, mirrored by the function since migration 007.
 		{`onceflow.enqueue('bad topic', 's', 'x', '{}')`, "22023", "topic"},
 		{`onceflow.enqueue('orders!', 's', 'x', '{}')`, "22023", "topic"},
 		{`onceflow.enqueue('..', 's', 'x', '{}')`, "22023", "topic"},

@@ -43,7 +43,7 @@ BEGIN
 END
 $identity$;
 
--- Shards whose relay ran before identities existed (migration 005). Their
+-- Shards whose relay ran before identities existed (migration 007). Their
 -- relays wrote checkpoints under the bare shard name, which every database's
 -- relay shared, so such a checkpoint cannot be proven to be this database's.
 -- The relay settles each row at its first start: by itself when the old
