@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/kafkaconn"
 	"github.com/onceflow/onceflow/internal/obs"
@@ -38,6 +39,7 @@ func (c *logConfig) logger(w io.Writer) (*slog.Logger, error) {
 
 // runConfig is the configuration of `consumer run`.
 type runConfig struct {
+	Admin admin.Flags
 	DB    pgconn.Config
 	Kafka kafkaconn.Config
 	Log   logConfig
@@ -63,6 +65,7 @@ type runConfig struct {
 	RetryMaxAttempts     int
 	RetryMaxElapsed      time.Duration
 	RetryMaxInterval     time.Duration
+	SessionTimeout       time.Duration
 	Topics               cli.List
 
 	// Parsed by validate.
@@ -74,6 +77,7 @@ type runConfig struct {
 
 // RegisterFlags registers every flag of `consumer run`.
 func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
+	c.Admin.RegisterFlags(fs, defaultAdminAddr)
 	c.DB.RegisterFlags(fs)
 	c.Kafka.RegisterFlags(fs, "onceflow-consumer")
 	c.Log.RegisterFlags(fs)
@@ -98,11 +102,12 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RetryMaxAttempts, "retry-max-attempts", 5, "tries of a failing event before it is dead-lettered")
 	fs.DurationVar(&c.RetryMaxElapsed, "retry-max-elapsed", 30*time.Second, "longest time spent retrying one event")
 	fs.DurationVar(&c.RetryMaxInterval, "retry-max-interval", 5*time.Second, "longest backoff between tries")
+	fs.DurationVar(&c.SessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a member that stopped heartbeating before reassigning its partitions (the broker allows 6s and up by default)")
 	fs.Var(&c.Topics, "topics", "comma-separated topics to consume (required)")
 }
 
 func (c *runConfig) validate() error {
-	errs := []error{c.DB.Validate(), c.Kafka.Validate()}
+	errs := []error{c.DB.Validate(), c.Kafka.Validate(), c.Admin.Validate()}
 	if c.Group == "" {
 		errs = append(errs, errors.New("-group (ONCEFLOW_GROUP) is required"))
 	}
@@ -146,6 +151,7 @@ func (c *runConfig) validate() error {
 		cli.PositiveDuration("retry-initial-interval", c.RetryInitialInterval),
 		cli.PositiveDuration("retry-max-interval", c.RetryMaxInterval),
 		cli.PositiveDuration("retry-max-elapsed", c.RetryMaxElapsed),
+		cli.PositiveDuration("session-timeout", c.SessionTimeout),
 	)
 	for _, err := range errs {
 		if err != nil {
@@ -155,24 +161,76 @@ func (c *runConfig) validate() error {
 	return nil
 }
 
+// defaultAdminAddr is where -admin listens unless told otherwise: loopback
+// only.
+const defaultAdminAddr = "127.0.0.1:9091"
+
 // dlqConfig is the configuration of `consumer dlq …`.
 type dlqConfig struct {
 	DB           pgconn.Config
 	Log          logConfig
 	ConsumerName string
+	// Filter selects rows (list and replay alike).
+	Filter  admin.FilterParams
+	GroupBy string
+	Limit   int
+	// Replay only.
+	Actor        string
+	All          bool
+	DryRun       bool
+	Expect       int
 	HandlersFile string
-	Limit        int
+	Note         string
+	RequestID    string
+
+	// Replay goes through the sequence guard with the consumer's settings.
+	FirstSeen   string
+	GapTimeout  time.Duration
+	GapTimeouts string
+	MaxParked   int
 }
 
 // RegisterFlags registers the flags of the dlq commands; replay needs the
-// handlers file too.
+// handlers file and the sequence guard's settings too.
 func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	c.DB.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs)
+	c.Filter.RegisterFlags(fs)
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
-	if replay {
-		fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the handlers (required)")
-	} else {
-		fs.IntVar(&c.Limit, "limit", 100, "most rows to list")
+	if !replay {
+		fs.IntVar(&c.Limit, "limit", 100, "most rows (or groups) to list")
+		fs.StringVar(&c.GroupBy, "group-by", "", "error: one line per error group (errors alike but for numbers and ids), biggest first")
+		return
 	}
+	fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "as the consumer's -first-seen")
+	fs.DurationVar(&c.GapTimeout, "gap-timeout", seqguard.DefaultGapTimeout, "as the consumer's -gap-timeout: the timeout of a gap a replayed event opens")
+	fs.StringVar(&c.GapTimeouts, "gap-timeouts", "", "as the consumer's -gap-timeouts (glob=duration,…)")
+	fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "as the consumer's -max-parked")
+	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the handlers (required)")
+	fs.IntVar(&c.Limit, "limit", admin.DefaultReplayLimit, "most events one replay applies (the rest are reported as remaining)")
+	fs.StringVar(&c.Actor, "actor", "", "who replays, for the audit (default: the OS user)")
+	fs.BoolVar(&c.All, "all", false, "replay every dead and held event (instead of EVENT-ID or a filter)")
+	fs.BoolVar(&c.DryRun, "dry-run", false, "count and list what would be replayed; change nothing")
+	fs.IntVar(&c.Expect, "expect", -1, "refuse unless exactly this many events match (the count a -dry-run showed)")
+	fs.StringVar(&c.Note, "note", "", "why, for the audit (required to replay more than one event)")
+	fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
+}
+
+// replayConfig checks the replay flags and returns the library's config.
+func (c *dlqConfig) replayConfig() (inbox.ReplayConfig, error) {
+	rc := inbox.ReplayConfig{ConsumerName: c.ConsumerName, GapTimeout: c.GapTimeout, MaxParked: c.MaxParked}
+	var err error
+	if rc.FirstSeen, err = seqguard.ParseFirstSeen(c.FirstSeen); err != nil {
+		return rc, fmt.Errorf("-first-seen (ONCEFLOW_FIRST_SEEN): %v", err)
+	}
+	if rc.GapTimeouts, err = inbox.ParseGapTimeouts(c.GapTimeouts); err != nil {
+		return rc, fmt.Errorf("-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS): %v", err)
+	}
+	if err := cli.PositiveDuration("gap-timeout", c.GapTimeout); err != nil {
+		return rc, err
+	}
+	if c.MaxParked < 1 {
+		return rc, fmt.Errorf("-max-parked (ONCEFLOW_MAX_PARKED) must be at least 1, got %d", c.MaxParked)
+	}
+	return rc, nil
 }

@@ -30,6 +30,8 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 		{"admin without database", []string{"outbox", "failed", "list"}, nil, "-database-url (ONCEFLOW_DATABASE_URL)"},
 		{"reset without note", []string{"identity", "reset", "-database-url", "postgres://x/y"}, nil, "-note"},
 		{"legacy unknown decision", []string{"identity", "legacy", "keep", "-database-url", "postgres://x/y"}, nil, "relay identity legacy keep"},
+		{"admin without tokens", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-admin"}, nil, "-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE) is required"},
+		{"admin token file missing", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-admin", "-admin-token-file", "/nonexistent/tokens"}, nil, "-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE): read token file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
