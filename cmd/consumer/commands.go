@@ -26,6 +26,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/pkg/effects"
@@ -61,7 +62,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return &usageError{err}
 	}
-	handler, err := inbox.LoadHandlerFile(cfg.HandlersFile)
+	handler, err := inbox.LoadHandlerFile(cfg.HandlersFile, inbox.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall)))
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
@@ -83,15 +84,19 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c, err := inbox.New(inbox.Config{
-		BatchHandler:         handler,
-		BatchMaxRecords:      cfg.BatchMaxRecords,
-		ConsumerName:         cfg.ConsumerName,
-		DLQTopic:             cfg.DLQTopic,
-		FirstSeen:            cfg.firstSeen,
-		GapCheckInterval:     cfg.GapCheckInterval,
-		GapTimeout:           cfg.GapTimeout,
-		GapTimeouts:          cfg.gapTimeouts,
-		Group:                cfg.Group,
+		BatchHandler:     handler,
+		BatchMaxRecords:  cfg.BatchMaxRecords,
+		ConsumerName:     cfg.ConsumerName,
+		DLQTopic:         cfg.DLQTopic,
+		FirstSeen:        cfg.firstSeen,
+		GapCheckInterval: cfg.GapCheckInterval,
+		GapTimeout:       cfg.GapTimeout,
+		GapTimeouts:      cfg.gapTimeouts,
+		Group:            cfg.Group,
+		Hooks: inbox.Hooks{
+			OnAfterHandler:  failpoint.Func(failpoint.ConsumerAfterHandler),
+			OnAfterPGCommit: failpoint.Func(failpoint.ConsumerAfterPGCommit),
+		},
 		InstanceID:           cfg.InstanceID,
 		KafkaOpts:            cfg.Kafka.Opts(log),
 		LatePolicy:           cfg.latePolicy,
@@ -111,6 +116,12 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return &usageError{err}
 	}
+	var pm *effects.PrunerMetrics
+	if cfg.PruneInterval > 0 {
+		if pm, err = effects.NewPrunerMetrics(reg); err != nil {
+			return err
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return c.Run(gctx) })
 	if cfg.Admin.Enabled {
@@ -127,7 +138,6 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 	}
 	if cfg.PruneInterval > 0 {
-		pm := effects.NewPrunerMetrics(reg)
 		g.Go(func() error {
 			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{Consumer: cfg.ConsumerName}, pm, log)
 		})
@@ -304,7 +314,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return &usageError{err}
 	}
 	if cfg.HandlersFile != "" {
-		if rc.Handler, err = inbox.LoadHandlerFile(cfg.HandlersFile); err != nil {
+		if rc.Handler, err = inbox.LoadHandlerFile(cfg.HandlersFile, inbox.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall))); err != nil {
 			return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 		}
 	}

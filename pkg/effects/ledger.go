@@ -8,13 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/onceflow/onceflow/internal/failpoint"
 )
-
-// FailpointAfterCall is armed by fault tests through ONCEFLOW_FAILPOINTS:
-// the call has returned, its result is not recorded yet.
-const FailpointAfterCall = "effects-after-call"
 
 // lockClass is the first key of the two-int advisory lock Do takes on a key
 // (the second is hashtext(scope || E'\n' || key)). Two-int advisory locks
@@ -132,7 +126,6 @@ func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call Cal
 	}
 
 	res, err := call(ctx, key)
-	failpoint.Hit(FailpointAfterCall)
 	if err != nil {
 		return Result{}, fmt.Errorf("effects: call %q: %w", key, err)
 	}

@@ -2,6 +2,7 @@ package effects
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -26,8 +27,8 @@ type PrunerMetrics struct {
 const Unclassified = "(unclassified)"
 
 // NewPrunerMetrics registers the pruner's counters on reg (nil: not
-// registered).
-func NewPrunerMetrics(reg prometheus.Registerer) *PrunerMetrics {
+// registered); registering twice on one registry is an error.
+func NewPrunerMetrics(reg prometheus.Registerer) (*PrunerMetrics, error) {
 	m := &PrunerMetrics{
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_pruned_total",
 			Help: "Rows deleted by retention pruning, by table."}, []string{"table"}),
@@ -42,10 +43,15 @@ func NewPrunerMetrics(reg prometheus.Registerer) *PrunerMetrics {
 	for _, r := range []string{"ok", "skipped", "error"} {
 		m.Runs.WithLabelValues(r)
 	}
-	if reg != nil {
-		reg.MustRegister(m.Pruned, m.Runs, m.OldestAge)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	for _, c := range []prometheus.Collector{m.Pruned, m.Runs, m.OldestAge} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register retention metrics: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // RunPruner runs Prune every interval (the first pass right away) until ctx

@@ -234,7 +234,10 @@ func TestRunPruner(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	m := effects.NewPrunerMetrics(reg)
+	m, err := effects.NewPrunerMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() {
 		done <- effects.RunPruner(ctx, db.Pool, r, time.Hour, effects.PruneOptions{BatchSize: 8}, m, nil)

@@ -88,6 +88,11 @@ type Config struct {
 	// required.
 	Handler Handler
 
+	// Hooks are called at the points of the apply path where a crash
+	// matters (default: none). Fault tests install them to kill the process
+	// there; see Hooks.
+	Hooks Hooks
+
 	// InstanceID, when set, makes this member a static group member
 	// (KIP-345): a restarted process with the same id takes its partitions
 	// back at once instead of waiting for the session timeout, and a clean
@@ -164,6 +169,33 @@ type Config struct {
 	// guard is the sequence-guard step (set by New from Ordering; tests may
 	// set it). See guard.go.
 	guard guard
+}
+
+// Hooks are functions the consumer calls at the points of its apply path
+// where a crash matters, in the order below. A nil hook is skipped. They run
+// on the partition's worker goroutine, so a hook that blocks stalls that
+// partition; the library itself never needs them. The consumer binary
+// installs the fault tests' failpoints through them.
+type Hooks struct {
+	// OnAfterHandler runs after the handlers' writes of a batch and before
+	// its Postgres commit.
+	OnAfterHandler func()
+
+	// OnAfterPGCommit runs after a batch's Postgres commit and before its
+	// offsets are marked for the Kafka commit.
+	OnAfterPGCommit func()
+}
+
+func (h Hooks) afterHandler() {
+	if h.OnAfterHandler != nil {
+		h.OnAfterHandler()
+	}
+}
+
+func (h Hooks) afterPGCommit() {
+	if h.OnAfterPGCommit != nil {
+		h.OnAfterPGCommit()
+	}
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.

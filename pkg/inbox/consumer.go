@@ -15,8 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/onceflow/onceflow/internal/failpoint"
 )
 
 // Consumer is the consumer engine: a Kafka consumer group member that applies
@@ -99,9 +97,13 @@ func New(cfg Config) (*Consumer, error) {
 	if h == nil {
 		h = asBatch(cfg.Handler)
 	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %w", err)
+	}
 	c := &Consumer{
 		cfg:          cfg,
-		m:            newMetrics(cfg.Registerer),
+		m:            m,
 		log:          cfg.Logger,
 		workers:      map[tp]*worker{},
 		resubscribed: map[string]time.Time{},
@@ -649,7 +651,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	c.m.addGuard(out.guard)
 	c.logGivenUp(ctx, out.guard.givenUp)
 
-	failpoint.Hit(fpAfterPGCommit)
+	c.cfg.Hooks.afterPGCommit()
 	c.copyToDLQ(ctx, cl, out.deadItems)
 	// The Kafka commit follows (every CommitInterval, and on revocation).
 	cl.MarkCommitRecords(recs[len(recs)-1])

@@ -56,13 +56,27 @@ type HandlerSpec struct {
 	HTTP      *HTTPSpec `json:"http,omitempty"`
 }
 
+// FileOpt is an option of the handler file's compilation.
+type FileOpt func(*fileOpts)
+
+type fileOpts struct {
+	afterHTTPCall func()
+}
+
+// OnAfterHTTPCall installs a hook the http handlers call after their
+// downstream call returned and before the effects ledger records its result
+// (the consumer binary installs the fault tests' failpoint through it).
+func OnAfterHTTPCall(fn func()) FileOpt {
+	return func(o *fileOpts) { o.afterHTTPCall = fn }
+}
+
 // LoadHandlerFile reads a HandlerFile from path and compiles it.
-func LoadHandlerFile(path string) (BatchHandler, error) {
+func LoadHandlerFile(path string, opts ...FileOpt) (BatchHandler, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read handler file: %w", err)
 	}
-	h, err := ParseHandlerFile(b)
+	h, err := ParseHandlerFile(b, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("handler file %s: %w", path, err)
 	}
@@ -70,18 +84,22 @@ func LoadHandlerFile(path string) (BatchHandler, error) {
 }
 
 // ParseHandlerFile compiles a JSON HandlerFile.
-func ParseHandlerFile(data []byte) (BatchHandler, error) {
+func ParseHandlerFile(data []byte, opts ...FileOpt) (BatchHandler, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var f HandlerFile
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("parse: %w", err)
 	}
-	return f.Compile()
+	return f.Compile(opts...)
 }
 
 // Compile checks the file and builds its handler.
-func (f HandlerFile) Compile() (BatchHandler, error) {
+func (f HandlerFile) Compile(opts ...FileOpt) (BatchHandler, error) {
+	var o fileOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if len(f.Handlers) == 0 {
 		return nil, fmt.Errorf("handlers: at least one is required")
 	}
@@ -117,6 +135,7 @@ func (f HandlerFile) Compile() (BatchHandler, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
+			hh.afterCall = o.afterHTTPCall
 			c.http = hh
 		default:
 			return nil, fmt.Errorf("%s.kind %q: want sql, log or http", where, s.Kind)

@@ -78,6 +78,8 @@ type httpHandler struct {
 	secrets []string
 	headers http.Header
 	client  *http.Client
+	// afterCall is the OnAfterHTTPCall hook (nil: none).
+	afterCall func()
 
 	mu   sync.Mutex
 	pool *pgxpool.Pool
@@ -291,7 +293,11 @@ func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *Event) error {
 	}
 	scope := effects.ConsumerScope(consumerNameFrom(ctx), "http", h.entry)
 	_, err = effects.DoScoped(effects.WithEventID(ctx, ev.EventID), pool, scope, key, func(ctx context.Context, key string) (effects.Result, error) {
-		return h.send(ctx, key, ev)
+		res, err := h.send(ctx, key, ev)
+		if h.afterCall != nil {
+			h.afterCall()
+		}
+		return res, err
 	})
 	if err != nil {
 		// The call's own errors are clean; this also covers anything a
