@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
 // Querier runs statements: pgx.Tx, *pgx.Conn and *pgxpool.Pool all are one.
@@ -344,15 +346,15 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 		g := stp.Gap
 		switch stp.Kind {
 		case StepPark, StepHold, StepSeqConflict:
-			status, late := "parked", false
+			st, late := status.Parked, false
 			switch stp.Kind {
 			case StepHold:
-				status, late = "held", true
+				st, late = status.Held, true
 			case StepSeqConflict:
-				status = "held"
+				st = status.Held
 			}
-			b.Queue(sqlPark, c, cur.EventID, status, late, cur.Headers, cur.Payload).
-				Exec(one(fmt.Sprintf("%s event %s: its inbox row must be inserted first", status, cur.EventID)))
+			b.Queue(sqlPark, c, cur.EventID, string(st), late, cur.Headers, cur.Payload).
+				Exec(one(fmt.Sprintf("%s event %s: its inbox row must be inserted first", st, cur.EventID)))
 		case StepApply:
 			if !stp.Current {
 				unpark = append(unpark, stp.Seq)
