@@ -29,8 +29,8 @@ import (
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
-	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
@@ -66,13 +66,13 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
-	var retention *effects.Retention
+	var policy *retention.Policy
 	if cfg.RetentionFile != "" {
-		if retention, err = loadRetention(cfg.RetentionFile); err != nil {
+		if policy, err = loadRetention(cfg.RetentionFile); err != nil {
 			return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
 		}
 	}
-	if cfg.PruneInterval < 0 || (cfg.PruneInterval > 0 && retention == nil) {
+	if cfg.PruneInterval < 0 || (cfg.PruneInterval > 0 && policy == nil) {
 		return usage("-prune-interval (ONCEFLOW_PRUNE_INTERVAL) must be positive and needs -retention-file, got %s", cfg.PruneInterval)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer")
@@ -116,9 +116,9 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return &usageError{err}
 	}
-	var pm *effects.PrunerMetrics
+	var pm *retention.Metrics
 	if cfg.PruneInterval > 0 {
-		if pm, err = effects.NewPrunerMetrics(reg); err != nil {
+		if pm, err = retention.NewMetrics(reg); err != nil {
 			return err
 		}
 	}
@@ -139,7 +139,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if cfg.PruneInterval > 0 {
 		g.Go(func() error {
-			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{Consumer: cfg.ConsumerName}, pm, log)
+			return retention.Run(gctx, pool, policy, cfg.PruneInterval, retention.Options{Consumer: cfg.ConsumerName}, pm, log)
 		})
 	}
 	g.Go(func() error {

@@ -1,4 +1,4 @@
-package effects_test
+package retention_test
 
 import (
 	"context"
@@ -14,8 +14,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
+
+func newDB(t *testing.T) *testkit.DB {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	return testkit.NewDB(t)
+}
 
 const retentionJSON = `{
   "classes": [
@@ -27,7 +37,7 @@ const retentionJSON = `{
 }`
 
 func TestParseRetention(t *testing.T) {
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +56,7 @@ func TestParseRetention(t *testing.T) {
 		`{"classes":[{"match":"ping.*","keep":"24h"}],"sources":[{"source":"stripe-webhooks","horizon":"72h","event_types":["ping.x"]}]}`: `class "ping.*" keeps 24h0m0s, shorter than source "stripe-webhooks"'s redelivery horizon 72h0m0s`,
 	}
 	for cfg, want := range bad {
-		if _, err := effects.ParseRetention([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := retention.Parse([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", cfg, err, want)
 		}
 	}
@@ -59,7 +69,7 @@ func TestPrune(t *testing.T) {
 	t.Parallel()
 	db := newDB(t)
 	ctx := context.Background()
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,13 +116,13 @@ func TestPrune(t *testing.T) {
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(3839, hashtext('prune' || E'\n' || 'default'))`); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{BatchSize: 7}); err != nil || !st.Skipped || st.Inbox != 0 {
+	if st, err := retention.Prune(ctx, db.Pool, r, retention.Options{BatchSize: 7}); err != nil || !st.Skipped || st.Inbox != 0 {
 		t.Fatalf("prune while another replica prunes: %+v, %v", st, err)
 	}
 	// Another consumer's pruner is not blocked by it; it prunes none of the
 	// default consumer's rows (only the published outbox row, which belongs
 	// to no consumer).
-	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{Consumer: "nobody"}); err != nil || st.Skipped || st.Inbox+st.Effects != 0 || st.Outbox != 1 {
+	if st, err := retention.Prune(ctx, db.Pool, r, retention.Options{Consumer: "nobody"}); err != nil || st.Skipped || st.Inbox+st.Effects != 0 || st.Outbox != 1 {
 		t.Fatalf("another consumer's prune: %+v, %v", st, err)
 	}
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(3839, hashtext('prune' || E'\n' || 'default'))`); err != nil {
@@ -120,7 +130,7 @@ func TestPrune(t *testing.T) {
 	}
 	holder.Release()
 
-	st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{BatchSize: 7, Pause: time.Millisecond})
+	st, err := retention.Prune(ctx, db.Pool, r, retention.Options{BatchSize: 7, Pause: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +158,7 @@ func TestPrune(t *testing.T) {
 	if n := count(t, db.Pool, `SELECT count(*) FROM onceflow.inbox WHERE consumer = 'other'`); n != 1 {
 		t.Fatalf("the other consumer's inbox row was pruned")
 	}
-	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{}); err != nil || st.Inbox+st.Effects+st.Outbox != 0 {
+	if st, err := retention.Prune(ctx, db.Pool, r, retention.Options{}); err != nil || st.Inbox+st.Effects+st.Outbox != 0 {
 		t.Fatalf("second prune: %+v, %v", st, err)
 	}
 }
@@ -169,7 +179,7 @@ func TestPruneInsertLatency(t *testing.T) {
 	  SELECT 'default', 'old-' || g, 'src', 'ping.a', 't', 0, g, 'processed', now() - interval '2h' - g * interval '1 ms' FROM generate_series(1, $1) g`, rows); err != nil {
 		t.Fatal(err)
 	}
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +210,7 @@ func TestPruneInsertLatency(t *testing.T) {
 			mu.Unlock()
 		}
 	})
-	st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{BatchSize: 500, Pause: 2 * time.Millisecond})
+	st, err := retention.Prune(ctx, db.Pool, r, retention.Options{BatchSize: 500, Pause: 2 * time.Millisecond})
 	took := time.Since(start)
 	close(done)
 	wg.Wait()
@@ -229,18 +239,18 @@ func TestRunPruner(t *testing.T) {
 	  SELECT 'default', 'old-' || g, 'src', 'ping.a', 't', 0, g, 'processed', now() - interval '2h' FROM generate_series(1, 30) g`); err != nil {
 		t.Fatal(err)
 	}
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	m, err := effects.NewPrunerMetrics(reg)
+	m, err := retention.NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- effects.RunPruner(ctx, db.Pool, r, time.Hour, effects.PruneOptions{BatchSize: 8}, m, nil)
+		done <- retention.Run(ctx, db.Pool, r, time.Hour, retention.Options{BatchSize: 8}, m, nil)
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -274,11 +284,11 @@ func TestOldestAgeByClass(t *testing.T) {
 	  ('default', 'o1', 'src', 'order.placed', 't', 0, 5, 'processed', now() - interval '5 hours')`); err != nil {
 		t.Fatal(err)
 	}
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ages, err := effects.OldestAgeByClass(ctx, db.Pool, r, "")
+	ages, err := retention.OldestAgeByClass(ctx, db.Pool, r, "")
 	if err != nil {
 		t.Fatal(err)
 	}

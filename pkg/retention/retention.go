@@ -1,4 +1,8 @@
-package effects
+// Package retention prunes the dedup rows of onceflow's tables by event
+// class: the retention file's format and checks, the pruning pass and its
+// metrics. Each table's own package owns the statements that read and
+// delete its rows; this package decides which rows have expired.
+package retention
 
 import (
 	"bytes"
@@ -9,9 +13,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/effects"
 )
 
-// Retention maps event-type classes to how long their dedup rows are kept,
+// lockClass is the first key of the pruning try-lock: the effects ledger's
+// advisory-lock class, kept equal so that replicas of every version
+// serialize on the same lock.
+const lockClass = 0x0eff
+
+// Policy maps event-type classes to how long their dedup rows are kept,
 // and declares how long each source may redeliver:
 //
 //	{
@@ -29,7 +40,7 @@ import (
 // type no class matches is kept permanently. A class's TTL shorter than the
 // horizon of a source that sends a type of that class is rejected: the
 // source could redeliver an event after its inbox row was pruned.
-type Retention struct {
+type Policy struct {
 	Classes []Class  `json:"classes"`
 	Sources []Source `json:"sources,omitempty"`
 }
@@ -60,11 +71,11 @@ type Source struct {
 	horizon time.Duration
 }
 
-// ParseRetention reads and checks a retention configuration.
-func ParseRetention(data []byte) (*Retention, error) {
+// Parse reads and checks a retention configuration.
+func Parse(data []byte) (*Policy, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var r Retention
+	var r Policy
 	if err := dec.Decode(&r); err != nil {
 		return nil, fmt.Errorf("retention: parse: %w", err)
 	}
@@ -75,7 +86,7 @@ func ParseRetention(data []byte) (*Retention, error) {
 }
 
 // Validate compiles and checks the configuration.
-func (r *Retention) Validate() error {
+func (r *Policy) Validate() error {
 	if len(r.Classes) == 0 {
 		return fmt.Errorf("retention: classes: at least one is required")
 	}
@@ -120,7 +131,7 @@ func (r *Retention) Validate() error {
 
 // ClassOf returns the first class whose glob matches eventType (a source's
 // declared type may itself be a glob: it is matched as text).
-func (r *Retention) ClassOf(eventType string) (Class, bool) {
+func (r *Policy) ClassOf(eventType string) (Class, bool) {
 	for _, c := range r.Classes {
 		if ok, _ := path.Match(c.Match, eventType); ok {
 			return c, true
@@ -130,7 +141,7 @@ func (r *Retention) ClassOf(eventType string) (Class, bool) {
 }
 
 // ttlOf returns the TTL of eventType's class, or 0 when it is kept.
-func (r *Retention) ttlOf(eventType string) time.Duration {
+func (r *Policy) ttlOf(eventType string) time.Duration {
 	c, ok := r.ClassOf(eventType)
 	if !ok || c.permanent {
 		return 0
@@ -138,7 +149,7 @@ func (r *Retention) ttlOf(eventType string) time.Duration {
 	return c.ttl
 }
 
-func (r *Retention) minTTL() time.Duration {
+func (r *Policy) minTTL() time.Duration {
 	var m time.Duration
 	for _, c := range r.Classes {
 		if !c.permanent && (m == 0 || c.ttl < m) {
@@ -149,11 +160,11 @@ func (r *Retention) minTTL() time.Duration {
 }
 
 // DefaultConsumer is the logical consumer Prune prunes when
-// PruneOptions.Consumer is empty (the consumer's own default name).
+// Options.Consumer is empty (the consumer's own default name).
 const DefaultConsumer = "default"
 
-// PruneOptions bound the work of one statement.
-type PruneOptions struct {
+// Options bound the work of one statement.
+type Options struct {
 	// BatchSize is the most rows one DELETE removes (default 500).
 	BatchSize int
 	// Consumer is the logical consumer whose inbox rows and effects are
@@ -167,8 +178,8 @@ type PruneOptions struct {
 	Now func() time.Time
 }
 
-// PruneStats counts what one Prune removed.
-type PruneStats struct {
+// Stats counts what one Prune removed.
+type Stats struct {
 	Inbox, Effects, Outbox int64
 	// Skipped is true when another replica held the pruning lock.
 	Skipped bool
@@ -197,8 +208,8 @@ const (
 // Only one replica prunes a consumer at a time (a try-lock: a second Prune
 // returns Skipped). onceflow.seq_state is never touched: a redelivery of a pruned
 // event of a tracked source is still caught by the sequence guard as late.
-func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) (PruneStats, error) {
-	var st PruneStats
+func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, error) {
+	var st Stats
 	if o.BatchSize <= 0 {
 		o.BatchSize = 500
 	}
@@ -236,7 +247,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 	} else if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return st, fmt.Errorf("retention: read the database clock: %w", err)
 	}
-	scopePrefix := ConsumerScopePrefix(o.Consumer)
+	scopePrefix := effects.ConsumerScopePrefix(o.Consumer)
 	pause := func() error {
 		t := time.NewTimer(o.Pause)
 		defer t.Stop()

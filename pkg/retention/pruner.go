@@ -1,4 +1,4 @@
-package effects
+package retention
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// PrunerMetrics are the counters of RunPruner.
-type PrunerMetrics struct {
+// Metrics are the counters of Run.
+type Metrics struct {
 	// Pruned counts deleted rows by table (inbox, effects, outbox).
 	Pruned *prometheus.CounterVec
 	// Runs counts passes by result (ok, skipped, error).
@@ -26,10 +26,10 @@ type PrunerMetrics struct {
 // Unclassified labels event types that no retention class matches.
 const Unclassified = "(unclassified)"
 
-// NewPrunerMetrics registers the pruner's counters on reg (nil: not
+// NewMetrics registers the pruner's counters on reg (nil: not
 // registered); registering twice on one registry is an error.
-func NewPrunerMetrics(reg prometheus.Registerer) (*PrunerMetrics, error) {
-	m := &PrunerMetrics{
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_pruned_total",
 			Help: "Rows deleted by retention pruning, by table."}, []string{"table"}),
 		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_prune_runs_total",
@@ -54,9 +54,9 @@ func NewPrunerMetrics(reg prometheus.Registerer) (*PrunerMetrics, error) {
 	return m, nil
 }
 
-// RunPruner runs Prune every interval (the first pass right away) until ctx
+// Run runs Prune every interval (the first pass right away) until ctx
 // ends, counting into m. Errors are logged and counted, never fatal.
-func RunPruner(ctx context.Context, db *pgxpool.Pool, r *Retention, interval time.Duration, o PruneOptions, m *PrunerMetrics, log *slog.Logger) error {
+func Run(ctx context.Context, db *pgxpool.Pool, r *Policy, interval time.Duration, o Options, m *Metrics, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -102,7 +102,7 @@ func RunPruner(ctx context.Context, db *pgxpool.Pool, r *Retention, interval tim
 // when empty). It reads one aggregate over the
 // processed inbox rows grouped by event type (a scan of the inbox: run it at
 // the pruning interval, not more often).
-func OldestAgeByClass(ctx context.Context, db *pgxpool.Pool, r *Retention, consumer string) (map[string]time.Duration, error) {
+func OldestAgeByClass(ctx context.Context, db *pgxpool.Pool, r *Policy, consumer string) (map[string]time.Duration, error) {
 	if consumer == "" {
 		consumer = DefaultConsumer
 	}
