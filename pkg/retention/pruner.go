@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
 // Metrics are the counters of Run.
@@ -99,33 +101,25 @@ func Run(ctx context.Context, db *pgxpool.Pool, r *Policy, interval time.Duratio
 
 // OldestAgeByClass returns, per retention class (its glob, or Unclassified),
 // the age of the oldest processed inbox row of consumer (DefaultConsumer
-// when empty). It reads one aggregate over the
-// processed inbox rows grouped by event type (a scan of the inbox: run it at
-// the pruning interval, not more often).
+// when empty), from inbox.OldestProcessed (a scan of the consumer's inbox
+// rows: run it at the pruning interval, not more often).
 func OldestAgeByClass(ctx context.Context, db *pgxpool.Pool, r *Policy, consumer string) (map[string]time.Duration, error) {
 	if consumer == "" {
 		consumer = DefaultConsumer
 	}
-	rows, err := db.Query(ctx, `SELECT event_type, (extract(epoch FROM now() - min(received_at)) * 1e6)::bigint
-		FROM onceflow.inbox WHERE consumer = $1 AND status = 'processed' GROUP BY event_type`, consumer)
+	byType, err := inbox.OldestProcessed(ctx, db, consumer)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	ages := map[string]time.Duration{}
-	for rows.Next() {
-		var typ string
-		var micros int64
-		if err := rows.Scan(&typ, &micros); err != nil {
-			return nil, err
-		}
+	for typ, age := range byType {
 		class := Unclassified
 		if c, ok := r.ClassOf(typ); ok {
 			class = c.Match
 		}
-		if age := time.Duration(micros) * time.Microsecond; age > ages[class] {
+		if age > ages[class] {
 			ages[class] = age
 		}
 	}
-	return ages, rows.Err()
+	return ages, nil
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 // lockClass is the first key of the pruning try-lock: the effects ledger's
@@ -205,6 +207,15 @@ const (
 //     batch (an intent is never pruned; another consumer's rows never are);
 //   - onceflow.outbox rows already published, by published_at.
 //
+// Who prunes published outbox rows: the relay, always, once they are older
+// than its retention (outbox.Config.Retention, `relay -retention`), whatever
+// their class; Prune may delete them sooner, when their class's TTL is
+// shorter. A permanent class therefore protects inbox and effects rows, never
+// outbox rows: the outbox is a queue, the inbox is the dedup record. The
+// statements are each table's own package's: inbox.ScanProcessed and
+// inbox.DeleteProcessed, effects.DeleteDone, outbox.ScanPublished and
+// outbox.DeletePublished.
+//
 // Only one replica prunes a consumer at a time (a try-lock: a second Prune
 // returns Skipped). onceflow.seq_state is never touched: a redelivery of a pruned
 // event of a tracked source is still caught by the sequence guard as late.
@@ -247,115 +258,109 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 	} else if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return st, fmt.Errorf("retention: read the database clock: %w", err)
 	}
+	p := pass{policy: r, now: now, minTTL: minTTL, batch: o.BatchSize, pause: o.Pause}
+
+	// The consumer's inbox rows, and the effects of the pruned events.
 	scopePrefix := effects.ConsumerScopePrefix(o.Consumer)
-	pause := func() error {
-		t := time.NewTimer(o.Pause)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-			return nil
-		}
+	err = keyset(ctx, &p,
+		func(ctx context.Context, before, afterAt time.Time, afterID string) ([]candidate[string], error) {
+			rows, err := inbox.ScanProcessed(ctx, conn, o.Consumer, before, afterAt, afterID, p.batch)
+			out := make([]candidate[string], len(rows))
+			for i, r := range rows {
+				out[i] = candidate[string]{key: r.EventID, eventType: r.EventType, at: r.ReceivedAt}
+			}
+			return out, err
+		},
+		func(ctx context.Context, ids []string) error {
+			n, err := inbox.DeleteProcessed(ctx, conn, o.Consumer, ids)
+			if err != nil {
+				return err
+			}
+			st.Inbox += n
+			n, err = effects.DeleteDone(ctx, conn, scopePrefix, ids)
+			st.Effects += n
+			return err
+		})
+	if err != nil {
+		return st, fmt.Errorf("retention: %w", err)
 	}
 
-	// The consumer's inbox rows (and the effects of the pruned events),
-	// keyset by (received_at, event_id).
-	var (
-		lastAt    = time.Time{}
-		lastEvent string
-	)
-	for {
-		rows, err := conn.Query(ctx, `SELECT event_id, event_type, received_at FROM onceflow.inbox
-		  WHERE consumer = $1 AND status = 'processed' AND NOT late AND received_at < $2 AND (received_at, event_id) > ($3, $4)
-		  ORDER BY received_at, event_id LIMIT $5`, o.Consumer, now.Add(-minTTL), lastAt, lastEvent, o.BatchSize)
-		if err != nil {
-			return st, fmt.Errorf("retention: scan inbox: %w", err)
-		}
-		var ids []string
-		n := 0
-		for rows.Next() {
-			var id, et string
-			var at time.Time
-			if err := rows.Scan(&id, &et, &at); err != nil {
-				rows.Close()
-				return st, err
+	// Published outbox rows.
+	err = keyset(ctx, &p,
+		func(ctx context.Context, before, afterAt time.Time, afterID int64) ([]candidate[int64], error) {
+			rows, err := outbox.ScanPublished(ctx, conn, before, afterAt, afterID, p.batch)
+			out := make([]candidate[int64], len(rows))
+			for i, r := range rows {
+				out[i] = candidate[int64]{key: r.ID, eventType: r.EventType, at: r.PublishedAt}
 			}
-			n++
-			lastAt, lastEvent = at, id
-			if ttl := r.ttlOf(et); ttl > 0 && at.Before(now.Add(-ttl)) {
-				ids = append(ids, id)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return st, fmt.Errorf("retention: scan inbox: %w", err)
-		}
-		if len(ids) > 0 {
-			tag, err := conn.Exec(ctx, `DELETE FROM onceflow.inbox
-			  WHERE consumer = $1 AND event_id = ANY($2::text[]) AND status = 'processed' AND NOT late`, o.Consumer, ids)
-			if err != nil {
-				return st, fmt.Errorf("retention: prune inbox: %w", err)
-			}
-			st.Inbox += tag.RowsAffected()
-			tag, err = conn.Exec(ctx, `DELETE FROM onceflow.effects
-			  WHERE status = 'done' AND event_id = ANY($1::text[]) AND starts_with(scope, $2)`, ids, scopePrefix)
-			if err != nil {
-				return st, fmt.Errorf("retention: prune effects: %w", err)
-			}
-			st.Effects += tag.RowsAffected()
-		}
-		if n < o.BatchSize {
-			break
-		}
-		if err := pause(); err != nil {
-			return st, err
-		}
-	}
-
-	// Published outbox rows, keyset by (published_at, id).
-	var lastPub time.Time
-	var lastID int64
-	for {
-		rows, err := conn.Query(ctx, `SELECT id, event_type, published_at FROM onceflow.outbox
-		  WHERE published_at IS NOT NULL AND published_at < $1 AND (published_at, id) > ($2, $3)
-		  ORDER BY published_at, id LIMIT $4`, now.Add(-minTTL), lastPub, lastID, o.BatchSize)
-		if err != nil {
-			return st, fmt.Errorf("retention: scan outbox: %w", err)
-		}
-		var del []int64
-		n := 0
-		for rows.Next() {
-			var id int64
-			var et string
-			var at time.Time
-			if err := rows.Scan(&id, &et, &at); err != nil {
-				rows.Close()
-				return st, err
-			}
-			n++
-			lastPub, lastID = at, id
-			if ttl := r.ttlOf(et); ttl > 0 && at.Before(now.Add(-ttl)) {
-				del = append(del, id)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return st, fmt.Errorf("retention: scan outbox: %w", err)
-		}
-		if len(del) > 0 {
-			tag, err := conn.Exec(ctx, `DELETE FROM onceflow.outbox WHERE id = ANY($1) AND published_at IS NOT NULL`, del)
-			if err != nil {
-				return st, fmt.Errorf("retention: prune outbox: %w", err)
-			}
-			st.Outbox += tag.RowsAffected()
-		}
-		if n < o.BatchSize {
-			break
-		}
-		if err := pause(); err != nil {
-			return st, err
-		}
+			return out, err
+		},
+		func(ctx context.Context, ids []int64) error {
+			n, err := outbox.DeletePublished(ctx, conn, ids)
+			st.Outbox += n
+			return err
+		})
+	if err != nil {
+		return st, fmt.Errorf("retention: %w", err)
 	}
 	return st, nil
+}
+
+// pass is one pruning pass's settings.
+type pass struct {
+	policy *Policy
+	now    time.Time
+	minTTL time.Duration
+	batch  int
+	pause  time.Duration
+}
+
+// candidate is a row a keyset walk reads: its key, its event type (for its
+// class) and the time its TTL runs from.
+type candidate[K any] struct {
+	key       K
+	eventType string
+	at        time.Time
+}
+
+// keyset walks a table in (at, key) order, batch by batch, over the rows
+// older than the shortest TTL, and deletes those whose own class's TTL has
+// passed. scan returns at most p.batch rows after the cursor; del deletes
+// keys. It pauses p.pause between batches.
+func keyset[K any](ctx context.Context, p *pass,
+	scan func(ctx context.Context, before, afterAt time.Time, after K) ([]candidate[K], error),
+	del func(ctx context.Context, keys []K) error,
+) error {
+	var (
+		afterAt time.Time
+		after   K
+	)
+	for {
+		rows, err := scan(ctx, p.now.Add(-p.minTTL), afterAt, after)
+		if err != nil {
+			return err
+		}
+		var expired []K
+		for _, r := range rows {
+			afterAt, after = r.at, r.key
+			if ttl := p.policy.ttlOf(r.eventType); ttl > 0 && r.at.Before(p.now.Add(-ttl)) {
+				expired = append(expired, r.key)
+			}
+		}
+		if len(expired) > 0 {
+			if err := del(ctx, expired); err != nil {
+				return err
+			}
+		}
+		if len(rows) < p.batch {
+			return nil
+		}
+		t := time.NewTimer(p.pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
