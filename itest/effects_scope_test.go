@@ -9,6 +9,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/retention"
 )
@@ -39,7 +40,7 @@ func TestEffectsTwoConsumerNames(t *testing.T) {
 	for _, name := range []string{"billing", "audit"} {
 		srv, hs := newIdemServer(t)
 		servers[name] = srv
-		h, err := inbox.ParseHandlerFile(fmt.Appendf(nil, `{"handlers": [{"event_type": "payment.requested", "kind": "http", "http": {"url": %q}}]}`, hs.URL+"/"+name))
+		h, err := handlerfile.Parse(fmt.Appendf(nil, `{"handlers": [{"event_type": "payment.requested", "kind": "http", "http": {"url": %q}}]}`, hs.URL+"/"+name))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,6 +29,7 @@ import (
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/retention"
 )
@@ -62,7 +63,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return &usageError{err}
 	}
-	handler, err := inbox.LoadHandlerFile(cfg.HandlersFile, inbox.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall)))
+	handler, err := handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall)))
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
@@ -314,7 +315,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return &usageError{err}
 	}
 	if cfg.HandlersFile != "" {
-		if rc.Handler, err = inbox.LoadHandlerFile(cfg.HandlersFile, inbox.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall))); err != nil {
+		if rc.Handler, err = handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall))); err != nil {
 			return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 		}
 	}

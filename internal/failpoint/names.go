@@ -10,7 +10,7 @@ const (
 	// not yet (inbox.Hooks.OnAfterPGCommit).
 	ConsumerAfterPGCommit = "consumer-after-pg-commit"
 	// EffectsAfterCall: an http handler's call has returned, its result is
-	// not recorded in the effects ledger yet (inbox.OnAfterHTTPCall).
+	// not recorded in the effects ledger yet (handlerfile.OnAfterHTTPCall).
 	EffectsAfterCall = "effects-after-call"
 )
 

@@ -108,9 +108,11 @@ func withConsumerName(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, consumerNameKey{}, name)
 }
 
-// consumerNameFrom is the consumer name in ctx, DefaultConsumerName when a
-// caller ran a handler outside the engine.
-func consumerNameFrom(ctx context.Context) string {
+// ConsumerName is the logical consumer running the handler that got ctx
+// (DefaultConsumerName when a caller ran the handler outside the engine).
+// Handlers that keep state of their own per consumer scope it by this name
+// (the handler file's http handlers scope their effects by it).
+func ConsumerName(ctx context.Context) string {
 	if v, ok := ctx.Value(consumerNameKey{}).(string); ok && v != "" {
 		return v
 	}
