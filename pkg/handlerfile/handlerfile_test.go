@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -83,8 +84,8 @@ func TestSQLArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := &inbox.Event{EventID: "e1", Seq: 7, Headers: map[string]string{"tenant": "acme"},
-		Payload: []byte(`{"order":{"id":"o-1"},"total":12.50,"ok":true,"items":[1,2],"n":null}`)}
+	ev := &inbox.Event{Envelope: envelope.Envelope{EventID: "e1", Seq: 7, Headers: map[string]string{"tenant": "acme"},
+		Payload: []byte(`{"order":{"id":"o-1"},"total":12.50,"ok":true,"items":[1,2],"n":null}`)}}
 	args, err := st.args(ev)
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +94,7 @@ func TestSQLArgs(t *testing.T) {
 	if !reflect.DeepEqual(args, want) {
 		t.Fatalf("args %#v\nwant %#v", args, want)
 	}
-	if _, err := st.args(&inbox.Event{Payload: []byte("not json")}); err == nil {
+	if _, err := st.args(&inbox.Event{Envelope: envelope.Envelope{Payload: []byte("not json")}}); err == nil {
 		t.Fatal("a payload path on a non-JSON payload gave no error")
 	}
 }
@@ -148,7 +149,7 @@ func TestSQLHandlerParamTypes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	ev := inbox.Event{EventID: "e", Source: "s", Seq: 9007199254740993, Partition: 3, Offset: 41, Late: true, Headers: map[string]string{"x-tenant": "acme"}}
+	ev := inbox.Event{Envelope: envelope.Envelope{EventID: "e", Source: "s", Seq: 9007199254740993, Headers: map[string]string{"x-tenant": "acme"}}, Partition: 3, Offset: 41, Late: true}
 	if err := h.HandleBatch(ctx, tx, []inbox.Event{ev}); err != nil {
 		t.Fatal(err)
 	}

@@ -75,6 +75,9 @@ type deadLetter struct {
 type applier struct {
 	cfg     *Config
 	handler BatchHandler
+	// guard is the sequence-guard step (newGuard; tests may script it).
+	// See guard.go.
+	guard guard
 }
 
 // errStopped means the worker was told to stop while waiting to retry.
@@ -153,7 +156,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 	var apply []Event
 	kept := map[string]seqguard.Event{}
 	if len(fresh) > 0 {
-		adm, err := a.cfg.guard.lock(ctx, tx, fresh)
+		adm, err := a.guard.lock(ctx, tx, fresh)
 		if err != nil {
 			return out, fmt.Errorf("sequence guard: %w", err)
 		}

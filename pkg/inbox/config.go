@@ -165,10 +165,6 @@ type Config struct {
 
 	// Topics to consume (required).
 	Topics []string
-
-	// guard is the sequence-guard step (set by New from Ordering; tests may
-	// set it). See guard.go.
-	guard guard
 }
 
 // Hooks are functions the consumer calls at the points of its apply path
@@ -251,17 +247,13 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// setGuard sets the guard from Ordering unless one is set. c must not be
-// copied afterwards (the sequence guard keeps a pointer to it).
-func (c *Config) setGuard() {
-	if c.guard != nil {
-		return
-	}
+// newGuard returns the guard step Ordering asks for. The sequence guard
+// reads its policy from c, which must outlive it (the consumer's own copy).
+func newGuard(c *Config) guard {
 	if c.Ordering == OrderArrival {
-		c.guard = arrivalOrder{}
-	} else {
-		c.guard = newSeqGuard(c)
+		return arrivalOrder{}
 	}
+	return newSeqGuard(c)
 }
 
 // validateGuard checks the sequence guard's settings (shared with

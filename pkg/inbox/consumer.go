@@ -108,8 +108,8 @@ func New(cfg Config) (*Consumer, error) {
 		workers:      map[tp]*worker{},
 		resubscribed: map[string]time.Time{},
 	}
-	c.cfg.setGuard()
 	c.app = &applier{cfg: &c.cfg, handler: h}
+	c.app.guard = newGuard(&c.cfg)
 	return c, nil
 }
 
@@ -176,7 +176,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// The gap timer runs in every replica until Run returns.
 	timerCtx, stopTimer := context.WithCancel(ctx)
 	timerDone := make(chan struct{})
-	if sg, ok := c.cfg.guard.(*seqGuard); ok {
+	if sg, ok := c.app.guard.(*seqGuard); ok {
 		go func() {
 			defer close(timerDone)
 			c.runGapTimer(timerCtx, sg)
