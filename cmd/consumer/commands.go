@@ -73,8 +73,8 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 			return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
 		}
 	}
-	if cfg.PruneInterval < 0 || (cfg.PruneInterval > 0 && policy == nil) {
-		return usage("-prune-interval (ONCEFLOW_PRUNE_INTERVAL) must be positive and needs -retention-file, got %s", cfg.PruneInterval)
+	if cfg.RetentionInterval < 0 || (cfg.RetentionInterval > 0 && policy == nil) {
+		return usage("-retention-interval (ONCEFLOW_RETENTION_INTERVAL) must be positive and needs -retention-file, got %s", cfg.RetentionInterval)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer")
 	if err != nil {
@@ -118,7 +118,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		return &usageError{err}
 	}
 	var pm *retention.Metrics
-	if cfg.PruneInterval > 0 {
+	if cfg.RetentionInterval > 0 {
 		if pm, err = retention.NewMetrics(reg); err != nil {
 			return err
 		}
@@ -138,9 +138,9 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 			return nil
 		})
 	}
-	if cfg.PruneInterval > 0 {
+	if cfg.RetentionInterval > 0 {
 		g.Go(func() error {
-			return retention.Run(gctx, pool, policy, cfg.PruneInterval, retention.Options{Consumer: cfg.ConsumerName}, pm, log)
+			return retention.Run(gctx, pool, policy, cfg.RetentionInterval, retention.Options{Consumer: cfg.ConsumerName}, pm, log)
 		})
 	}
 	g.Go(func() error {

@@ -38,6 +38,9 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		if set[f.Name] {
 			return
 		}
+		if _, ok := f.Value.(*alias); ok {
+			return // an alias has no environment variable of its own
+		}
 		env := EnvName(f.Name)
 		v, ok := os.LookupEnv(env)
 		if !ok {
@@ -53,12 +56,34 @@ func Parse(fs *flag.FlagSet, args []string) error {
 // Usage prints the flags of fs with their environment variables.
 func Usage(fs *flag.FlagSet, w interface{ Write([]byte) (int, error) }) {
 	fs.VisitAll(func(f *flag.Flag) {
+		if a, ok := f.Value.(*alias); ok {
+			fmt.Fprintf(w, "  -%s  (deprecated: use -%s)\n", f.Name, a.of)
+			return
+		}
 		def := f.DefValue
 		if def != "" {
 			def = " (default " + strconv.Quote(def) + ")"
 		}
 		fmt.Fprintf(w, "  -%s  [$%s]%s\n      %s\n", f.Name, EnvName(f.Name), def, f.Usage)
 	})
+}
+
+// Deprecated defines flag old on fs as a deprecated spelling of flag name,
+// which must be defined already: setting -old sets -name. Unlike every other
+// flag, old reads no environment variable (its name may have meant
+// something else elsewhere), and Usage lists it without one.
+func Deprecated(fs *flag.FlagSet, old, name string) {
+	f := fs.Lookup(name)
+	if f == nil {
+		panic("cli.Deprecated: no flag -" + name)
+	}
+	fs.Var(&alias{Value: f.Value, of: name}, old, "deprecated: use -"+name)
+}
+
+// alias forwards to the flag it is a deprecated spelling of.
+type alias struct {
+	flag.Value
+	of string
 }
 
 type discard struct{}
