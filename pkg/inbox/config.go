@@ -291,20 +291,14 @@ func (c *Config) validate() error {
 		return bad("CommitInterval", "must not be negative")
 	case c.CommitTimeout < 0:
 		return bad("CommitTimeout", "must not be negative")
-	case c.FirstSeen != seqguard.ExpectFirstSeq1 && c.FirstSeen != seqguard.AcceptFirstSeen:
-		return bad("FirstSeen", fmt.Sprintf("unknown value %d", int(c.FirstSeen)))
 	case c.GapCheckInterval < 0:
 		return bad("GapCheckInterval", "must not be negative")
-	case c.GapTimeout < 0:
-		return bad("GapTimeout", "must not be negative")
 	case c.Group == "":
 		return bad("Group", "is required")
 	case len(c.KafkaOpts) == 0:
 		return bad("KafkaOpts", "is required (at least kgo.SeedBrokers)")
 	case c.LatePolicy != seqguard.DeliverLate && c.LatePolicy != seqguard.Hold:
 		return bad("LatePolicy", fmt.Sprintf("unknown value %d", int(c.LatePolicy)))
-	case c.MaxParked < 1:
-		return bad("MaxParked", "must be at least 1")
 	case c.MaxPayloadBytes < 0:
 		return bad("MaxPayloadBytes", "must not be negative")
 	case c.Ordering != OrderSeq && c.Ordering != OrderArrival:
@@ -326,10 +320,8 @@ func (c *Config) validate() error {
 	case len(c.Topics) == 0:
 		return bad("Topics", "is required")
 	}
-	for _, r := range c.GapTimeouts {
-		if err := r.validate(); err != nil {
-			return bad("GapTimeouts", err.Error())
-		}
+	if err := c.validateGuard(); err != nil {
+		return err
 	}
 	for _, t := range c.Topics {
 		if t == "" {

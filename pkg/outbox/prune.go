@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Querier runs statements: pgx.Tx, *pgx.Conn, *pgxpool.Conn and
-// *pgxpool.Pool all are one.
-type Querier interface {
+// Conn runs the prune statements: pgx.Tx, *pgx.Conn, *pgxpool.Conn and
+// *pgxpool.Pool all do.
+type Conn interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
@@ -39,25 +39,21 @@ DELETE FROM onceflow.outbox WHERE id = ANY($1) AND published_at IS NOT NULL`
 // ScanPublished returns up to limit published rows published before before
 // and after the cursor (afterAt, afterID), in (published_at, id) order.
 // Unpublished rows are never returned.
-func ScanPublished(ctx context.Context, db Querier, before, afterAt time.Time, afterID int64, limit int) ([]PublishedRow, error) {
+func ScanPublished(ctx context.Context, db Conn, before, afterAt time.Time, afterID int64, limit int) ([]PublishedRow, error) {
 	rows, err := db.Query(ctx, qScanPublished, before, afterAt, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("scan outbox: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PublishedRow, error) {
-		var p PublishedRow
-		err := r.Scan(&p.ID, &p.EventType, &p.PublishedAt)
-		return p, err
-	})
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[PublishedRow])
 	if err != nil {
-		return nil, fmt.Errorf("scan outbox: %w", err)
+		err = fmt.Errorf("scan outbox: %w", err)
 	}
-	return out, nil
+	return out, err
 }
 
 // DeletePublished deletes the rows of ids that are published and returns
 // how many it deleted; an unpublished row is never deleted.
-func DeletePublished(ctx context.Context, db Querier, ids []int64) (int64, error) {
+func DeletePublished(ctx context.Context, db Conn, ids []int64) (int64, error) {
 	tag, err := db.Exec(ctx, qDeletePublishedIDs, ids)
 	if err != nil {
 		return 0, fmt.Errorf("prune outbox: %w", err)

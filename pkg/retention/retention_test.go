@@ -19,14 +19,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/retention"
 )
 
-func newDB(t *testing.T) *testkit.DB {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("-short: needs PostgreSQL")
-	}
-	return testkit.NewDB(t)
-}
-
 const retentionJSON = `{
   "classes": [
     {"match": "audit.*", "keep": "permanent"},
@@ -67,7 +59,7 @@ func TestParseRetention(t *testing.T) {
 // rows are never pruned; only one replica prunes at a time.
 func TestPrune(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
@@ -169,7 +161,7 @@ func TestPrune(t *testing.T) {
 // (the 1M-row figure in docs/effects.md was taken with it).
 func TestPruneInsertLatency(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	rows := int64(100_000)
 	if v, err := strconv.ParseInt(os.Getenv("ONCEFLOW_TEST_PRUNE_ROWS"), 10, 64); err == nil && v > 0 {
@@ -232,7 +224,7 @@ func TestPruneInsertLatency(t *testing.T) {
 // by result, and stops with its context.
 func TestRunPruner(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, received_at)
@@ -274,7 +266,7 @@ func TestRunPruner(t *testing.T) {
 // class's glob; rows that are not processed do not count.
 func TestOldestAgeByClass(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, received_at) VALUES
 	  ('default', 'a1', 'src', 'audit.login', 't', 0, 1, 'processed', now() - interval '48 hours'),
