@@ -41,7 +41,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 			cli.Usage(fs, stderr)
 			return err
 		}
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	return nil
 }
@@ -57,11 +57,11 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		return usage("consumer run: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	log, err := cfg.Log.logger(stderr)
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	handler, err := handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall)))
 	if err != nil {
@@ -115,7 +115,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		Topics:               cfg.Topics,
 	})
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	var pm *retention.Metrics
 	if cfg.RetentionInterval > 0 {
@@ -204,11 +204,7 @@ func replayer(rc inbox.ReplayConfig) admin.ReplayFunc {
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var lc logConfig
 	log, _ := lc.logger(stderr)
-	err := migrate.Command(ctx, "consumer", args, stdout, log)
-	if err != nil && err != flag.ErrHelp && strings.Contains(err.Error(), "ONCEFLOW_") {
-		return &usageError{err} // a bad setting, named
-	}
-	return err
+	return migrate.Command(ctx, "consumer", args, stdout, log)
 }
 
 func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -222,7 +218,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usage("consumer dlq list: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if cfg.Limit < 1 {
 		return usage("-limit (ONCEFLOW_LIMIT) must be at least 1, got %d", cfg.Limit)
@@ -304,7 +300,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		req.Expect = &cfg.Expect
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	var replay admin.ReplayFunc
 	if cfg.HandlersFile == "" && !cfg.DryRun {
@@ -312,7 +308,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	rc, err := cfg.replayConfig()
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if cfg.HandlersFile != "" {
 		if rc.Handler, err = handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall))); err != nil {

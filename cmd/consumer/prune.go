@@ -43,7 +43,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usage("consumer prune: unexpected argument %q", fs.Arg(0))
 	}
 	if err := db.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if consumer == "" {
 		return usage("-consumer-name (ONCEFLOW_CONSUMER_NAME) must not be empty")

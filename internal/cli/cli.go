@@ -113,3 +113,29 @@ func PositiveDuration(flagName string, d time.Duration) error {
 	}
 	return nil
 }
+
+// UsageError is invalid usage or configuration, named in its text: a
+// subcommand of either binary that returns one exits with status 2.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Usagef returns a *UsageError with a formatted message.
+func Usagef(format string, a ...any) error {
+	return &UsageError{Err: fmt.Errorf(format, a...)}
+}
+
+// ExitCode is the one exit-status rule of every subcommand of both
+// binaries: 0 for success and -help, 2 for a *UsageError, 1 for anything
+// else.
+func ExitCode(err error) int {
+	var ue *UsageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	}
+	return 1
+}

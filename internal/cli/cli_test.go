@@ -2,7 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"flag"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -36,5 +38,22 @@ func TestDeprecated(t *testing.T) {
 	Usage(fs, &out)
 	if strings.Contains(out.String(), "ONCEFLOW_PRUNE_INTERVAL") || !strings.Contains(out.String(), "-prune-interval  (deprecated: use -retention-interval)") {
 		t.Fatalf("usage:\n%s", out.String())
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{nil, 0},
+		{flag.ErrHelp, 0},
+		{Usagef("-limit (ONCEFLOW_LIMIT) must be at least 1"), 2},
+		{fmt.Errorf("run: %w", Usagef("bad")), 2},
+		{errors.New("connect to database: refused"), 1},
+	} {
+		if got := ExitCode(c.err); got != c.want {
+			t.Errorf("ExitCode(%v) = %d, want %d", c.err, got, c.want)
+		}
 	}
 }
