@@ -16,9 +16,14 @@ import (
 // "commands:" table and relay's usage line.
 func subcommands(t *testing.T, bin string) [][]string {
 	t.Helper()
+	path := testkit.Binary(t, bin) // built before the clock starts
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, _ := exec.CommandContext(ctx, testkit.Binary(t, bin), "help").CombinedOutput()
+	out, err := exec.CommandContext(ctx, path, "help").CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("%s help: %v", bin, ctx.Err())
+	}
+	_ = err // help may exit 0 or 2; the output is what counts
 	var subs [][]string
 	seen := map[string]bool{}
 	add := func(words ...string) {
