@@ -10,13 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// lockClass is the first key of the ledger's two-int advisory locks: the
-// key locks of onceflow.effect_claim (the second key is hashtext(scope ||
-// E'\n' || key), migration 007) and the pruning lock. Two-int advisory
-// locks never collide with the one-bigint locks used elsewhere (migrations,
-// tests).
-const lockClass = 0x0eff
-
 // Result is what a call returned, recorded in the ledger.
 type Result struct {
 	// Code is a status code (e.g. the HTTP status); result_code.

@@ -19,9 +19,12 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
-// lockClass is the first key of the pruning try-lock: the effects ledger's
-// advisory-lock class, kept equal so that replicas of every version
-// serialize on the same lock.
+// lockClass is the first key of the pruning try-lock: the class of the
+// effects ledger's two-int advisory locks (onceflow.effect_claim takes
+// (x'0eff', hashtext(scope || E'\n' || key)), migration 007), kept equal so
+// that replicas of every version serialize on the same lock. Two-int
+// advisory locks never collide with the one-bigint locks used elsewhere
+// (migrations, tests).
 const lockClass = 0x0eff
 
 // Policy maps event-type classes to how long their dedup rows are kept,
