@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
+	"github.com/onceflow/onceflow/internal/obs"
 	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
@@ -55,6 +57,11 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
+	tracing, err := obs.NewTracing(ctx, "onceflow-consumer", log, os.Getenv)
+	if err != nil {
+		return &usageError{err}
+	}
+	defer tracing.ShutdownLogged(context.WithoutCancel(ctx), log)
 	var retention *effects.Retention
 	if cfg.RetentionFile != "" {
 		if retention, err = loadRetention(cfg.RetentionFile); err != nil {
@@ -96,6 +103,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		RetryMaxElapsed:      cfg.RetryMaxElapsed,
 		RetryMaxInterval:     cfg.RetryMaxInterval,
 		Topics:               cfg.Topics,
+		TracerProvider:       tracing.Provider,
 	})
 	if err != nil {
 		return &usageError{err}
@@ -152,14 +160,18 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT ID\tSTATUS\tSOURCE\tSEQ\tTYPE\tPOSITION\tATTEMPTS\tRECEIVED\tLAST ERROR")
+	fmt.Fprintln(tw, "EVENT ID\tSTATUS\tSOURCE\tSEQ\tTYPE\tPOSITION\tATTEMPTS\tRECEIVED\tTRACE ID\tLAST ERROR")
 	for _, r := range rows {
 		seq := "-"
 		if r.Seq != nil {
 			seq = fmt.Sprint(*r.Seq)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%d\t%s\t%s\n", r.EventID, r.Status, r.Source, seq, r.EventType,
-			r.Topic, r.Partition, r.Offset, r.Attempts, r.Received.UTC().Format(time.RFC3339), oneLine(r.LastError))
+		trace := r.TraceID
+		if trace == "" {
+			trace = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%d\t%s\t%s\t%s\n", r.EventID, r.Status, r.Source, seq, r.EventType,
+			r.Topic, r.Partition, r.Offset, r.Attempts, r.Received.UTC().Format(time.RFC3339), trace, oneLine(r.LastError))
 	}
 	return tw.Flush()
 }

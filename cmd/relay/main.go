@@ -60,6 +60,9 @@ func main() {
 }
 
 const usage = `usage: relay run [flags] | relay migrate [flags] | relay topics verify|apply [flags] | relay help
+
+Tracing: the standard OpenTelemetry variables (OTEL_EXPORTER_OTLP_ENDPOINT,
+OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tracing.md.
 `
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -222,6 +225,11 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usageError{fmt.Errorf("-log-format/-log-level: %v", err)}
 	}
+	tracing, err := obs.NewTracing(ctx, "onceflow-relay", log, os.Getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	defer tracing.ShutdownLogged(context.WithoutCancel(ctx), log)
 	pool, err := c.db.Pool(ctx, "onceflow-relay")
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
@@ -268,6 +276,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		Shard:                 c.shard,
 		StandbyInterval:       c.standbyInterval,
 		TopicCheck:            topicCheck,
+		TracerProvider:        tracing.Provider,
 		TransactionTimeout:    c.txnTimeout,
 		TransactionalIDPrefix: c.txnIDPrefix,
 	})

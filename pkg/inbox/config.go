@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/seqguard"
@@ -142,6 +143,12 @@ type Config struct {
 
 	// RetryMaxInterval caps the backoff between tries (default 5s).
 	RetryMaxInterval time.Duration
+
+	// TracerProvider makes the consumer's spans: per event a "process"
+	// span continuing the event's trace, per Postgres transaction an "inbox
+	// transaction" span, and the built-in handlers' spans (see
+	// docs/tracing.md). Default: the global provider (otel.GetTracerProvider).
+	TracerProvider trace.TracerProvider
 
 	// Topics to consume (required).
 	Topics []string

@@ -75,7 +75,7 @@ func New(cfg Config) (*Consumer, error) {
 		workers: map[tp]*worker{},
 	}
 	c.cfg.setGuard()
-	c.app = &applier{cfg: &c.cfg, handler: h}
+	c.app = &applier{cfg: &c.cfg, handler: h, tr: newTracing(&c.cfg)}
 	return c, nil
 }
 
@@ -329,7 +329,7 @@ func (c *Consumer) runWorker(cl *kgo.Client, w *worker) {
 
 // processBatch applies one batch and commits its offset to Kafka. It
 // retries infrastructure errors until they pass or the worker is stopped.
-func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record) error {
+func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record) (err error) {
 	ctx := c.baseCtx
 	start := time.Now()
 	c.m.inFlight.Inc()
@@ -338,6 +338,8 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record) e
 	for i, r := range recs {
 		items[i] = decodeItem(r, c.cfg.MaxPayloadBytes)
 	}
+	c.app.tr.startProcess(ctx, items)
+	defer func() { c.app.tr.endProcess(items, err) }()
 	b := backoff.NewExponentialBackOff(backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
 	var out outcome
 	for {
@@ -347,6 +349,9 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record) e
 			known, err = c.app.allKnown(ctx, items)
 			if err == nil && known {
 				out = outcome{duplicates: len(items)}
+				for i := range items {
+					items[i].result = outcomeDuplicate
+				}
 				break
 			}
 			w.expectDups = false

@@ -27,6 +27,9 @@ type DeadLetter struct {
 	Attempts  int
 	LastError string
 	Received  time.Time
+	// TraceID is the W3C trace id of the event's traceparent (empty when it
+	// carried none): the trace of the request that produced it.
+	TraceID string
 }
 
 // ListDeadLetters returns up to limit dead and held rows of consumer, oldest
@@ -42,7 +45,7 @@ func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, consumer string, l
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
 		err := r.Scan(&d.EventID, &d.Status, &d.Source, &d.Seq, &d.EventType, &d.Topic, &d.Partition,
-			&d.Offset, &d.Attempts, &d.LastError, &d.Received)
+			&d.Offset, &d.Attempts, &d.LastError, &d.Received, &d.TraceID)
 		return d, err
 	})
 	if err != nil {

@@ -129,6 +129,8 @@ type admitted struct {
 	// released are the released parked events among apply, as the store
 	// returned them (with the headers and payload their rows had kept).
 	released []seqguard.Event
+	// raw are the guard's steps for the event (for its span).
+	raw []seqguard.Step
 }
 
 // guardSteps tallies guard decisions of committed transactions.
@@ -140,6 +142,8 @@ type guardSteps struct {
 type givenUpGap struct {
 	source string
 	step   seqguard.Step
+	// traceIDs of the events that waited behind the gap (see tracing.go).
+	traceIDs []string
 }
 
 func (g *guardSteps) addOutcome(o seqguard.Outcome) {
@@ -151,7 +155,7 @@ func (g *guardSteps) addOutcome(o seqguard.Outcome) {
 	g.counts.GapsOpened += c.GapsOpened
 	g.counts.GapsGivenUp += c.GapsGivenUp
 	for _, st := range o.GivenUp() {
-		g.givenUp = append(g.givenUp, givenUpGap{source: o.Source, step: st})
+		g.givenUp = append(g.givenUp, givenUpGap{source: o.Source, step: st, traceIDs: outcomeTraceIDs(o)})
 	}
 }
 
@@ -243,7 +247,7 @@ func (s *seqLocked) admit(ctx context.Context, it *item) (admitted, error) {
 			released = append(released, a.Event)
 		}
 	}
-	return admitted{apply: apply, steps: steps, released: released}, nil
+	return admitted{apply: apply, steps: steps, released: released, raw: out.Steps}, nil
 }
 
 func (s *seqLocked) flush(ctx context.Context) error { return s.l.Flush(ctx) }

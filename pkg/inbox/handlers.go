@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // HandlerFile is the configuration of the built-in handlers, read from a
@@ -140,10 +142,14 @@ func (h *configured) lookup(eventType string) *compiled {
 	return h.byType["*"]
 }
 
-// HandleBatch pipelines the events' statements in one round trip.
+// HandleBatch pipelines the events' statements in one round trip. With
+// tracing, each sql statement gets a "handler sql" span (from queueing to its
+// result) and each http call a "handler http" span, children of their
+// event's process span.
 func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
 	var b pgx.Batch
 	var queued []string
+	var spans []trace.Span
 	for i := range evs {
 		c := h.lookup(evs[i].EventType)
 		if c == nil {
@@ -164,16 +170,22 @@ func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) er
 		}
 		b.Queue(c.stmt.sql, args...)
 		queued = append(queued, evs[i].EventID)
+		_, span := startHandler(ctx, &evs[i], "sql", semconv.DBSystemNamePostgreSQL, semconv.DBQueryText(c.stmt.sql))
+		spans = append(spans, span)
 	}
 	if len(queued) == 0 {
 		return nil
 	}
 	br := tx.SendBatch(ctx, &b)
-	for _, id := range queued {
+	for i, id := range queued {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
+			for _, s := range spans[i:] {
+				endHandler(s, err, err.Error())
+			}
 			return &HandlerError{EventID: id, Err: err}
 		}
+		endHandler(spans[i], nil, "")
 	}
 	return br.Close()
 }

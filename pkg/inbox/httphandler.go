@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/onceflow/onceflow/pkg/effects"
 )
@@ -131,18 +133,41 @@ func (e *httpStatusError) Error() string {
 	return fmt.Sprintf("http %d (%s): %s", e.Code, kind, e.Body)
 }
 
-func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *Event) error {
+func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *Event) (err error) {
+	ctx, span := startHandler(ctx, ev, "http", httpSpanAttrs(h.method, h.url)...)
+	sent, code := false, 0
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attrReplayed.Bool(!sent && err == nil))
+			if code != 0 {
+				span.SetAttributes(semconv.HTTPResponseStatusCode(code))
+			}
+		}
+		endHandler(span, err, httpErrorText(err))
+	}()
 	key, err := effects.EventKey(ev.EventID)
 	if err != nil {
 		return err
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attrIdemKey.String(key))
 	}
 	pool, err := h.ledgerPool(ctx, tx)
 	if err != nil {
 		return err
 	}
-	_, err = effects.Do(effects.WithEventID(ctx, ev.EventID), pool, key, func(ctx context.Context, key string) (effects.Result, error) {
-		return h.send(ctx, key, ev)
+	res, err := effects.Do(effects.WithEventID(ctx, ev.EventID), pool, key, func(ctx context.Context, key string) (effects.Result, error) {
+		sent = true
+		r, err := h.send(ctx, key, ev)
+		var se *httpStatusError
+		if errors.As(err, &se) {
+			code = se.Code
+		}
+		return r, err
 	})
+	if err == nil {
+		code = res.Code
+	}
 	return err
 }
 
@@ -160,6 +185,7 @@ func (h *httpHandler) send(ctx context.Context, key string, ev *Event) (effects.
 		req.Header.Set("Content-Type", ct)
 	}
 	req.Header.Set("Idempotency-Key", key)
+	injectTraceparent(ctx, req.Header)
 	req.Header.Set("X-Onceflow-Event-Id", ev.EventID)
 	req.Header.Set("X-Onceflow-Event-Type", ev.EventType)
 	if ev.Source != "" {

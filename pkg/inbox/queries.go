@@ -75,7 +75,8 @@ WHERE consumer = $1 AND event_id = $2`
 // qListAttention lists dead and held rows, oldest first.
 const qListAttention = `
 SELECT event_id, status, source, seq, event_type, topic, kafka_partition, kafka_offset,
-       attempts, coalesce(last_error, ''), received_at
+       attempts, coalesce(last_error, ''), received_at,
+       coalesce(split_part(headers->>'traceparent', '-', 2), '')
 FROM onceflow.inbox
 WHERE consumer = $1 AND status = ANY($2::text[])
 ORDER BY received_at, event_id
@@ -97,3 +98,9 @@ const qReleasedDead = `
 UPDATE onceflow.inbox
 SET status = 'dead', processed_at = NULL, attempts = $3, last_error = $4, headers = $5, payload = $6
 WHERE consumer = $1 AND event_id = $2`
+
+// qGapTraceIDs records the trace ids of the events a given-up gap involved
+// (the events that waited behind it).
+const qGapTraceIDs = `
+UPDATE onceflow.seq_gaps SET trace_ids = $5
+WHERE consumer = $1 AND source = $2 AND from_seq = $3 AND to_seq = $4 AND state = 'given_up' AND trace_ids IS NULL`

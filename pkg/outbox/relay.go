@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/pkg/envelope"
@@ -42,6 +43,11 @@ type Relay struct {
 
 	// checked holds the topics Config.TopicCheck accepted (leader loop only).
 	checked map[string]bool
+
+	tracer trace.Tracer
+	// recovered is the last recovery, for the next transaction's span
+	// (leader loop only).
+	recovered *recovery
 }
 
 // New checks cfg (after WithDefaults) and registers the metrics.
@@ -55,11 +61,12 @@ func New(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("register relay metrics: %w", err)
 	}
 	r := &Relay{
-		cfg:   cfg,
-		log:   cfg.Logger.With(slog.String("shard", cfg.Shard), slog.String("holder", cfg.HolderID)),
-		m:     m,
-		txnID: cfg.TransactionalIDPrefix + cfg.Shard,
-		start: time.Now(),
+		cfg:    cfg,
+		log:    cfg.Logger.With(slog.String("shard", cfg.Shard), slog.String("holder", cfg.HolderID)),
+		m:      m,
+		txnID:  cfg.TransactionalIDPrefix + cfg.Shard,
+		start:  time.Now(),
+		tracer: tracer(cfg.TracerProvider),
 	}
 	return r, nil
 }
@@ -210,11 +217,14 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		}
 	}()
 	bo := r.newBackoff()
-	fail := func(kind, what string, err error) {
+	// failAt logs with lctx: a failed transaction's log line carries its
+	// span's trace_id.
+	failAt := func(lctx context.Context, kind, what string, err error) {
 		r.m.errors.WithLabelValues(kind).Inc()
-		log.ErrorContext(ctx, what, slog.String("kind", kind), slog.Any("error", err))
+		log.ErrorContext(lctx, what, slog.String("kind", kind), slog.Any("error", err))
 		_ = sleep(stop, bo.NextBackOff())
 	}
+	fail := func(kind, what string, err error) { failAt(ctx, kind, what, err) }
 
 	// The mark of batch N runs while batch N+1 is fetched and published.
 	// Batch N+1's checkpoint names both batches, and batch N+2 starts only
@@ -298,7 +308,10 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			continue
 		}
 		tPublish := time.Now()
-		if err := r.publish(opCtx, cl, rows, unmarked); err != nil {
+		txn := r.startTxn(opCtx, rows, unmarked)
+		err = r.publish(txn.ctx, cl, rows, unmarked)
+		txn.end(err)
+		if err != nil {
 			// Whatever happened, the producer is thrown away and the next
 			// round recovers through the checkpoint: a new producer with
 			// the same transactional.id completes or aborts whatever this
@@ -309,11 +322,11 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			case errors.Is(err, ErrLeadershipLost):
 				return err
 			case errors.As(err, &te):
-				fail(errKindTopic, "publish batch: topic is missing or unwritable, retrying (the row is never skipped)", err)
+				failAt(txn.ctx, errKindTopic, "publish batch: topic is missing or unwritable, retrying (the row is never skipped)", err)
 			case errors.Is(err, errUnknownOutcome):
-				fail(errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
+				failAt(txn.ctx, errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
 			default:
-				fail(errKindKafka, "publish batch", err)
+				failAt(txn.ctx, errKindKafka, "publish batch", err)
 			}
 			continue
 		}
@@ -496,7 +509,8 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	}
 	ictx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout+5*time.Second)
 	defer cancel()
-	if _, _, err := cl.ProducerID(ictx); err != nil {
+	pid, pepoch, err := cl.ProducerID(ictx)
+	if err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("init transactional id %q: %w", r.txnID, err)
 	}
@@ -514,6 +528,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 		}
 		marked = tag.RowsAffected()
 	}
+	r.recovered = &recovery{checkpointIDs: len(ids), marked: marked, producerID: pid, producerEpoch: pepoch}
 	log.InfoContext(ctx, "producer ready, recovered from checkpoint",
 		slog.Int("checkpoint_ids", len(ids)), slog.Int64("marked", marked))
 	return cl, nil

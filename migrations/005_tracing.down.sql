@@ -1,0 +1,1 @@
+ALTER TABLE onceflow.seq_gaps DROP COLUMN trace_ids;
