@@ -179,6 +179,21 @@ func TestTracingEndToEnd(t *testing.T) {
 	})
 	checkEffects(t, db, map[string]bool{ev1.EventID: true, ev2.EventID: true})
 
+	// A producer in another language passes its context to the SQL function.
+	sqlParent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{0x51, 1}, SpanID: trace.SpanID{0x51, 1}, TraceFlags: trace.FlagsSampled})
+	if _, err := db.Pool.Exec(context.Background(), `SELECT onceflow.enqueue($1, 'sql-producer', 'note.added', '{}', traceparent => $2, tracestate => 'py=1')`,
+		e.topic, fmt.Sprintf("00-%s-%s-01", sqlParent.TraceID(), sqlParent.SpanID())); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "the SQL-enqueued event's process span in its producer's trace", func() (bool, string) {
+		for _, s := range recv.Find(func(s testkit.Span) bool { return s.TraceID == sqlParent.TraceID().String() && s.Name == "process "+e.topic }) {
+			if s.ParentID == sqlParent.SpanID().String() && s.Attrs["onceflow.outcome"] == "applied" {
+				return true, ""
+			}
+		}
+		return false, "not yet"
+	})
+
 	// Graceful exit flushes the spans.
 	for _, p := range []*testkit.Proc{consumer, relay} {
 		p.Signal(syscall.SIGTERM)

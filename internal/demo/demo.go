@@ -355,7 +355,13 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 	var id string
 	if viaSQL {
-		err = tx.QueryRow(ctx, `SELECT event_id FROM onceflow.enqueue($1, $2, $3, $4::jsonb)`, topic, src, typ, payload).Scan(&id)
+		// A non-Go producer passes its trace context as a parameter.
+		var traceparent any
+		if tp := r.tracing.traceparent(ctx); tp != "" {
+			traceparent = tp
+		}
+		err = tx.QueryRow(ctx, `SELECT event_id FROM onceflow.enqueue($1, $2, $3, $4::jsonb, traceparent => $5)`,
+			topic, src, typ, payload, traceparent).Scan(&id)
 	} else {
 		var res outbox.Result
 		res, err = outbox.Writer{TracerProvider: r.tracing.provider()}.Enqueue(ctx, tx, outbox.Message{Topic: topic, Source: src, EventType: typ, Payload: []byte(payload)})

@@ -158,7 +158,7 @@ func (r *run) exampleTraces(ctx context.Context) []ExampleTrace {
 		add(victim+" SIGKILLed", d.killed[victim], "written just before the kill: published and applied once across the restart")
 	}
 	add("rolled back", d.rolled, "request and enqueue spans only: never published")
-	add("written through SQL", d.sqlWriter, "onceflow.enqueue(…, traceparent => …): the same trace shape as the Go path")
+	add("written through SQL", d.sqlWriter, "onceflow.enqueue(…, traceparent => …): the relay's link and the consumer's spans join the request's trace")
 	var ids []string
 	if err := r.pool.QueryRow(ctx, `SELECT coalesce(trace_ids, '{}') FROM onceflow.seq_gaps WHERE source = $1 AND state = 'given_up' ORDER BY id LIMIT 1`,
 		gapSource).Scan(&ids); err == nil && len(ids) > 0 {
