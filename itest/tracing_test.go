@@ -186,7 +186,9 @@ func TestTracingEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 60*time.Second, "the SQL-enqueued event's process span in its producer's trace", func() (bool, string) {
-		for _, s := range recv.Find(func(s testkit.Span) bool { return s.TraceID == sqlParent.TraceID().String() && s.Name == "process "+e.topic }) {
+		for _, s := range recv.Find(func(s testkit.Span) bool {
+			return s.TraceID == sqlParent.TraceID().String() && s.Name == "process "+e.topic
+		}) {
 			if s.ParentID == sqlParent.SpanID().String() && s.Attrs["onceflow.outcome"] == "applied" {
 				return true, ""
 			}
