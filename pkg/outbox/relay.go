@@ -346,7 +346,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		go func() { job.done <- r.mark(opCtx, job.ids) }()
 		inflight = job
 		if log.Enabled(ctx, slog.LevelDebug) {
-			log.DebugContext(ctx, "batch published", slog.Int("rows", len(rows)),
+			log.DebugContext(txn.ctx, "batch published", slog.Int("rows", len(rows)),
 				slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)),
 				slog.Duration("previous_mark_wait", time.Since(tMark)))
 		}
