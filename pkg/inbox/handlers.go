@@ -180,8 +180,9 @@ func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) er
 	for i, id := range queued {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			for _, s := range spans[i:] {
-				endHandler(s, err, err.Error())
+			endHandler(spans[i], err, err.Error())
+			for _, s := range spans[i+1:] {
+				endHandler(s, err, "not run: an earlier statement of the batch failed")
 			}
 			return &HandlerError{EventID: id, Err: err}
 		}

@@ -442,9 +442,8 @@ func startHandler(ctx context.Context, ev *Event, kind string, attrs ...attribut
 	if !parent.IsRecording() {
 		return ctx, trace.SpanFromContext(context.Background())
 	}
-	spanKind := trace.SpanKindClient
 	return parent.TracerProvider().Tracer(TracerName).Start(ctx, "handler "+kind,
-		trace.WithSpanKind(spanKind), trace.WithAttributes(attrs...))
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
 
 // endHandler ends a handler span; msg is the error's description for the
