@@ -667,10 +667,10 @@ func keys[V any](m map[string]V) []string {
 	return out
 }
 
-// TestDockerfile checks the properties of the image that cannot be built
-// here: a static build of both binaries, copied into a distroless or
-// scratch final stage that runs as a non-root user, at the paths the
-// manifests run.
+// TestDockerfile checks the Dockerfile on its own: a static build of both
+// binaries, copied into a distroless or scratch final stage that runs as a
+// non-root user, at the paths the manifests run. image_test.go builds the
+// image and compares it with the Dockerfile.
 func TestDockerfile(t *testing.T) {
 	t.Parallel()
 	data, err := os.ReadFile("../../Dockerfile")
