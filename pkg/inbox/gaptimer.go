@@ -151,10 +151,15 @@ type deadReleased struct {
 	reason string
 }
 
-// logGivenUp logs each given-up gap at ERROR, after its commit.
+// logGivenUp logs each given-up gap at ERROR, after its commit, with the
+// trace of the transaction that gave it up (when traced).
 func (c *Consumer) logGivenUp(ctx context.Context, gaps []givenUpGap) {
 	for _, g := range gaps {
-		c.log.ErrorContext(ctx, "sequence gap given up: events of the source are missing; the events after them were applied without them",
+		lctx := ctx
+		if g.txSpan.IsValid() {
+			lctx = trace.ContextWithSpanContext(ctx, g.txSpan)
+		}
+		c.log.ErrorContext(lctx, "sequence gap given up: events of the source are missing; the events after them were applied without them",
 			"source", g.source, "from_seq", g.step.Gap.From, "to_seq", g.step.Gap.To,
 			"range", g.step.Gap.String(), "opened_at", g.step.Gap.OpenedAt, "deadline", g.step.Gap.Deadline,
 			"reason", string(g.step.Reason), "trace_ids", g.traceIDs)

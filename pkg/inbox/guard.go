@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/seqguard"
@@ -142,8 +143,10 @@ type guardSteps struct {
 type givenUpGap struct {
 	source string
 	step   seqguard.Step
-	// traceIDs of the events that waited behind the gap (see tracing.go).
+	// traceIDs of the events that waited behind the gap, and txSpan the span
+	// of the transaction that gave it up (see tracing.go).
 	traceIDs []string
+	txSpan   trace.SpanContext
 }
 
 func (g *guardSteps) addOutcome(o seqguard.Outcome) {

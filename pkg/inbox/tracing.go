@@ -380,7 +380,9 @@ func endTx(span trace.Span, items []item, out *outcome, err error) {
 		attribute.Int("onceflow.applied", out.processed), attribute.Int("onceflow.duplicates", out.duplicates),
 		attribute.Int("onceflow.parked", c.Parked), attribute.Int("onceflow.held", c.Held), attribute.Int("onceflow.late", c.Late),
 		attribute.Int("onceflow.dead_lettered", out.dead), attribute.Int("onceflow.gaps_given_up", c.GapsGivenUp))
-	for _, g := range out.guard.givenUp {
+	for i := range out.guard.givenUp {
+		g := &out.guard.givenUp[i]
+		g.txSpan = span.SpanContext()
 		span.AddEvent("sequence gap given up", trace.WithAttributes(attrSource.String(g.source),
 			attrGap.String(g.step.Gap.String()), attrReason.String(string(g.step.Reason)), attrTraceIDs.StringSlice(g.traceIDs)))
 	}

@@ -234,6 +234,9 @@ func TestGapGiveUpTraces(t *testing.T) {
 	if !strings.Contains(logs.String(), `"trace_ids":["`+want[0]+`","`+want[1]+`"]`) {
 		t.Errorf("given-up ERROR line without the trace ids: %s", logs.String())
 	}
+	if !strings.Contains(logs.String(), `"trace_id":"`+timer.SpanContext().TraceID().String()+`"`) {
+		t.Errorf("given-up ERROR line without the gap timer transaction's trace_id: %s", logs.String())
+	}
 
 	got := s.processSpans()
 	for n, want := range map[byte]string{2: "parked,released", 3: "parked,released", 1: "late", 5: "held"} {
