@@ -38,7 +38,7 @@ COPY --from=build /out/consumer /usr/local/bin/consumer
 ENV PATH=/usr/local/bin
 WORKDIR /
 USER 65532:65532
-EXPOSE 9090
+EXPOSE 9090 9091
 LABEL org.opencontainers.image.title="onceflow" \
       org.opencontainers.image.description="relay and consumer: PostgreSQL outbox to Kafka to PostgreSQL inbox, observationally exactly-once" \
       org.opencontainers.image.source="https://github.com/onceflow/onceflow" \

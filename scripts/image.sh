@@ -47,6 +47,7 @@ ctr=$("${bh[@]}" from --quiet scratch)
   --env PATH=/usr/local/bin \
   --workingdir / \
   --port 9090/tcp \
+  --port 9091/tcp \
   --cmd '["/usr/local/bin/relay", "-help"]' \
   --created-by "scripts/image.sh" \
   --label org.opencontainers.image.title=onceflow \

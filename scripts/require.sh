@@ -34,6 +34,7 @@ need test image buildah                               buildah
 need test image /etc/ssl/certs/ca-certificates.crt    ca-certificates
 need test       podman                                podman
 need test       runc                                  runc
+need test       chromium                              chromium
 
 # ---------------------------------------------------------------- main
 
