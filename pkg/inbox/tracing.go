@@ -247,8 +247,12 @@ func (t *tracing) noteAdmitted(it *item, v admitted) {
 		}
 	}
 	for _, st := range steps {
-		if st.Kind == seqguard.StepHold || st.Kind == seqguard.StepSeqConflict {
+		switch st.Kind {
+		case seqguard.StepHold, seqguard.StepSeqConflict:
 			it.result = outcomeHeld
+		case seqguard.StepDuplicate:
+			// Applied in order before; its inbox row was pruned.
+			it.result = outcomeDuplicate
 		}
 	}
 	if it.span == nil || !it.span.IsRecording() {
