@@ -405,3 +405,18 @@ func TestHandlerSpans(t *testing.T) {
 		t.Errorf("tracing off: server saw %q, want the producer's %q; %d new spans", got, traceparent(traced(3)), len(s.sr.Ended())-before)
 	}
 }
+
+// An event whose inbox row was pruned and that comes again is recognised by
+// the sequence guard as applied in order: its span says duplicate.
+func TestPrunedRedeliverySpanIsDuplicate(t *testing.T) {
+	t.Parallel()
+	s := setupTraced(t)
+	s.batch(t, tracedRec("p", 1, 0, 1), tracedRec("p", 2, 1, 2))
+	if _, err := s.db.Pool.Exec(context.Background(), `DELETE FROM onceflow.inbox WHERE event_id = 'p-1'`); err != nil {
+		t.Fatal(err)
+	}
+	s.batch(t, tracedRec("p", 1, 2, 1))
+	if o := outcomes(s.processSpans()[traced(1).TraceID()]); o != "applied,duplicate" {
+		t.Errorf("outcomes %q, want applied,duplicate", o)
+	}
+}
