@@ -509,8 +509,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	}
 	ictx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout+5*time.Second)
 	defer cancel()
-	pid, pepoch, err := cl.ProducerID(ictx)
-	if err != nil {
+	if _, _, err := cl.ProducerID(ictx); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("init transactional id %q: %w", r.txnID, err)
 	}
@@ -528,7 +527,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 		}
 		marked = tag.RowsAffected()
 	}
-	r.recovered = &recovery{checkpointIDs: len(ids), marked: marked, producerID: pid, producerEpoch: pepoch}
+	r.recovered = &recovery{checkpointIDs: len(ids), marked: marked}
 	log.InfoContext(ctx, "producer ready, recovered from checkpoint",
 		slog.Int("checkpoint_ids", len(ids)), slog.Int64("marked", marked))
 	return cl, nil

@@ -36,8 +36,6 @@ const (
 	attrCkptIDs   = attribute.Key("onceflow.checkpoint_ids")
 	attrMarked    = attribute.Key("onceflow.marked")
 	attrTxnID     = attribute.Key("onceflow.transactional_id")
-	attrProducer  = attribute.Key("onceflow.producer_id")
-	attrEpoch     = attribute.Key("onceflow.producer_epoch")
 )
 
 // Relay transaction outcomes (onceflow.outcome).
@@ -139,8 +137,6 @@ type txnSpan struct {
 type recovery struct {
 	checkpointIDs int
 	marked        int64
-	producerID    int64
-	producerEpoch int16
 }
 
 // startTxn starts the span of the Kafka transaction that publishes rows:
@@ -176,7 +172,7 @@ func (r *Relay) startTxn(ctx context.Context, rows []row, unmarked []int64) txnS
 	if rec := r.recovered; rec != nil {
 		r.recovered = nil
 		span.AddEvent("producer initialised: older producers of the transactional.id are fenced",
-			trace.WithAttributes(attrTxnID.String(r.txnID), attrProducer.Int64(rec.producerID), attrEpoch.Int(int(rec.producerEpoch))))
+			trace.WithAttributes(attrTxnID.String(r.txnID)))
 		span.AddEvent("recovered from checkpoint",
 			trace.WithAttributes(attrCkptIDs.Int(rec.checkpointIDs), attrMarked.Int64(rec.marked)))
 	}
