@@ -308,7 +308,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			continue
 		}
 		tPublish := time.Now()
-		txn := r.startTxn(opCtx, rows, unmarked)
+		txn := r.startTxn(opCtx, rows, len(unmarked))
 		err = r.publish(txn.ctx, cl, rows, unmarked)
 		txn.end(err)
 		if err != nil {

@@ -142,7 +142,8 @@ type recovery struct {
 // startTxn starts the span of the Kafka transaction that publishes rows:
 // a new trace (a batch has no single parent) with a link to each row's
 // producer context.
-func (r *Relay) startTxn(ctx context.Context, rows []row, unmarked []int64) txnSpan {
+// unmarked is how many ids of the previous batch its checkpoint names too.
+func (r *Relay) startTxn(ctx context.Context, rows []row, unmarked int) txnSpan {
 	ctx, span := r.tracer.Start(ctx, "relay transaction", trace.WithSpanKind(trace.SpanKindProducer), trace.WithNewRoot())
 	if !span.IsRecording() {
 		return txnSpan{ctx: ctx, span: span}
@@ -168,7 +169,7 @@ func (r *Relay) startTxn(ctx context.Context, rows []row, unmarked []int64) txnS
 	span.SetAttributes(semconv.MessagingSystemKafka, semconv.MessagingOperationTypeSend,
 		semconv.MessagingOperationName("publish"), attrShard.String(r.cfg.Shard), attrTxnID.String(r.txnID),
 		attrRows.Int(len(rows)), semconv.MessagingBatchMessageCount(len(rows)), attrBytes.Int(bytes),
-		attrCkptIDs.Int(len(unmarked)+len(rows)))
+		attrCkptIDs.Int(unmarked+len(rows)))
 	if rec := r.recovered; rec != nil {
 		r.recovered = nil
 		span.AddEvent("producer initialised: older producers of the transactional.id are fenced",
