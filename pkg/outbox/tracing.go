@@ -45,6 +45,7 @@ const (
 	outcomeUnknown   = "unknown"
 	outcomeFenced    = "fenced"
 	outcomeLeaseLost = "lease_lost"
+	outcomeRefused   = "refused"
 )
 
 // w3c is the propagation format of the envelope: traceparent and tracestate
@@ -199,6 +200,9 @@ func (t txnSpan) end(err error) {
 	case errors.Is(err, kerr.ProducerFenced), errors.Is(err, kerr.InvalidProducerEpoch):
 		outcome = outcomeFenced
 		t.span.AddEvent("fenced: a newer producer with this transactional.id took over")
+	case errors.As(err, new(*refusedError)):
+		outcome = outcomeRefused
+		t.span.AddEvent("Kafka refused records for good: alone they are tried again, refused alone they are set aside")
 	case errors.Is(err, errUnknownOutcome):
 		outcome = outcomeUnknown
 		t.span.AddEvent("commit outcome unknown: the next producer recovers from the checkpoint")

@@ -16,9 +16,20 @@ DECLARE
     v_bad     text;
     v_result  onceflow.enqueued;
 BEGIN
+    -- topic: what Kafka accepts as a topic name.
     IF enqueue.topic IS NULL OR enqueue.topic = '' THEN
         RAISE EXCEPTION 'onceflow.enqueue: topic is missing or empty' USING ERRCODE = '22023';
     END IF;
+    IF octet_length(enqueue.topic) > 249 THEN
+        RAISE EXCEPTION 'onceflow.enqueue: topic is % bytes, over Kafka''s limit of 249', octet_length(enqueue.topic)
+            USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.topic !~ '^[A-Za-z0-9._-]+$' OR enqueue.topic IN ('.', '..') THEN
+        RAISE EXCEPTION 'onceflow.enqueue: topic % is not a legal Kafka topic name (ASCII letters, digits, ''.'', ''_'' and ''-''; not "." or "..")',
+            quote_literal(enqueue.topic) USING ERRCODE = '22023';
+    END IF;
+
+    -- source, event_type, event_id: present, bounded, no line break or NUL.
     IF enqueue.source IS NULL OR enqueue.source = '' THEN
         RAISE EXCEPTION 'onceflow.enqueue: source is missing or empty' USING ERRCODE = '22023';
     END IF;
@@ -31,6 +42,19 @@ BEGIN
     IF octet_length(enqueue.event_type) > 256 THEN
         RAISE EXCEPTION 'onceflow.enqueue: event_type is over 256 bytes' USING ERRCODE = '22023';
     END IF;
+    IF enqueue.event_id = '' OR octet_length(enqueue.event_id) > 512 THEN
+        RAISE EXCEPTION 'onceflow.enqueue: event_id must be 1 to 512 bytes' USING ERRCODE = '22023';
+    END IF;
+    v_bad := CASE
+        WHEN strpos(enqueue.source, chr(10)) > 0 OR strpos(enqueue.source, chr(13)) > 0 THEN 'source'
+        WHEN strpos(enqueue.event_type, chr(10)) > 0 OR strpos(enqueue.event_type, chr(13)) > 0 THEN 'event_type'
+        WHEN strpos(enqueue.event_id, chr(10)) > 0 OR strpos(enqueue.event_id, chr(13)) > 0 THEN 'event_id'
+    END;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow.enqueue: % contains a control character (line break)', v_bad USING ERRCODE = '22023';
+    END IF;
+
+    -- payload and headers.
     IF enqueue.payload IS NULL THEN
         RAISE EXCEPTION 'onceflow.enqueue: payload is missing' USING ERRCODE = '22023';
     END IF;
@@ -38,12 +62,10 @@ BEGIN
         RAISE EXCEPTION 'onceflow.enqueue: payload is % bytes, over the limit of 1048576', octet_length(v_payload)
             USING ERRCODE = '22023';
     END IF;
-    IF enqueue.event_id = '' OR octet_length(enqueue.event_id) > 512 THEN
-        RAISE EXCEPTION 'onceflow.enqueue: event_id must be 1 to 512 bytes' USING ERRCODE = '22023';
-    END IF;
     IF enqueue.headers IS NULL OR jsonb_typeof(enqueue.headers) <> 'object' THEN
         RAISE EXCEPTION 'onceflow.enqueue: headers must be a JSON object of strings' USING ERRCODE = '22023';
     END IF;
+    v_bad := NULL;
     SELECT h.k INTO v_bad FROM jsonb_each(enqueue.headers) AS h(k, v)
      WHERE jsonb_typeof(h.v) <> 'string'
         OR h.k = ''
@@ -54,10 +76,13 @@ BEGIN
         RAISE EXCEPTION 'onceflow.enqueue: headers: % is reserved, empty, too long or not a string', quote_literal(v_bad)
             USING ERRCODE = '22023';
     END IF;
+
+    -- event_id: unique.
     IF enqueue.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM onceflow.outbox o WHERE o.event_id = enqueue.event_id) THEN
         RAISE EXCEPTION 'onceflow.enqueue: event_id % already exists', quote_literal(enqueue.event_id)
             USING ERRCODE = '23505';
     END IF;
+
     WITH s AS (
         INSERT INTO onceflow.source_seq AS c (source, last_seq) VALUES (enqueue.source, 1)
         ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + 1
