@@ -27,6 +27,8 @@ func TestTxnSpanOutcomes(t *testing.T) {
 		{ErrLeadershipLost, outcomeLeaseLost, "lease lost: not committing; a standby takes over"},
 		{fmt.Errorf("%w: commit: %w", errUnknownOutcome, context.DeadlineExceeded), outcomeUnknown, "commit outcome unknown: the next producer recovers from the checkpoint"},
 		{&TopicError{Topic: "t", Err: errors.New("unknown topic")}, outcomeAborted, ""},
+		{&refusedError{refused: map[int64]refused{1: {reason: "too_large", err: kerr.MessageTooLarge}}}, outcomeRefused,
+			"Kafka refused records for good: alone they are tried again, refused alone they are set aside"},
 	} {
 		sr := tracetest.NewSpanRecorder()
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
