@@ -253,7 +253,7 @@ func rawInsertCeiling(b testing.TB, pool *pgxpool.Pool, per [][]benchRow, size i
 // drain runs a consumer in a fresh group until metric reaches n and returns
 // the time from the first applied batch to the last, and the time before
 // the first batch (group join and first fetch).
-func drain(b testing.TB, pool *pgxpool.Pool, topic, group string, h inbox.BatchHandler, metric string, n int) (time.Duration, time.Duration) {
+func drain(b testing.TB, pool *pgxpool.Pool, topic, group string, h inbox.BatchHandler, metric string, n int, opts ...func(*inbox.Config)) (time.Duration, time.Duration) {
 	b.Helper()
 	reg := prometheus.NewRegistry()
 	cfg := inbox.Config{
@@ -262,6 +262,9 @@ func drain(b testing.TB, pool *pgxpool.Pool, topic, group string, h inbox.BatchH
 	}
 	if os.Getenv("ONCEFLOW_BENCH_CONSUMER_ORDERING") == "arrival" { // to measure the sequence guard's cost
 		cfg.Ordering = inbox.OrderArrival
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	c, err := inbox.New(cfg)
 	if err != nil {

@@ -46,6 +46,7 @@ type sizes struct {
 	RelayWindow    int           `json:"relay_window"`      // events timed out of the large backlog
 	RelayBase      int           `json:"relay_base"`        // small relay backlog, drained RelayBaseRounds times
 	RelayRounds    int           `json:"relay_base_rounds"` // rounds of the small backlog
+	TracingEvents  int           `json:"tracing_events"`    // consumer drain with tracing off and on
 }
 
 func benchSizes(tb testing.TB) sizes {
@@ -62,6 +63,7 @@ func benchSizes(tb testing.TB) sizes {
 		RelayWindow:    envInt(tb, "ONCEFLOW_BENCH_RELAY_WINDOW", 200_000),
 		RelayBase:      10_000,
 		RelayRounds:    5,
+		TracingEvents:  envInt(tb, "ONCEFLOW_BENCH_TRACING_EVENTS", 50_000),
 	}
 }
 
@@ -70,6 +72,7 @@ func smokeSizes() sizes {
 		RelayEvents: 2_000, ConsumerEvents: 2_000, EnqueueFor: 300 * time.Millisecond,
 		PipelineEvents: 1_000, LatencyFor: time.Second,
 		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
+		TracingEvents: 1_000,
 	}
 }
 

@@ -30,6 +30,7 @@ func TestBenchSmoke(t *testing.T) {
 				consumerGrowth(t, rep, sz.GrowthEvents, sz.InboxRows)
 			},
 			"growth-relay": func(t *testing.T) { relayGrowth(t, rep, sz) },
+			"tracing":      func(t *testing.T) { tracingOverhead(t, rep, sz) },
 		} {
 			t.Run(name, func(t *testing.T) { t.Parallel(); part(t) })
 		}
@@ -60,6 +61,9 @@ func TestBenchSmoke(t *testing.T) {
 		"pipeline drain", "CPU per 1M events: relay", "CPU per 1M events: consumer", "CPU per 1M events: postgres", "CPU per 1M events: kafka",
 		"e2e latency @ 1000 ev/s p50", "e2e latency @ 1000 ev/s p99", "e2e latency @ 1000 ev/s p99.9", "(50% of max) p99",
 		"consumer drain, empty inbox", "growth: consumer drain", "growth: raw batched inbox insert", "relay drain, 500 pending", "growth: relay drain",
+		"tracing off: enqueue", "tracing default (global provider, no SDK): enqueue", "tracing on, 1 trace in 10 sampled: enqueue",
+		"tracing on, every span exported: enqueue", "tracing off: consumer drain", "tracing on, every span exported: consumer drain",
+		"tracing on, every span exported: consumer CPU per event",
 	}
 	for _, w := range want {
 		found := false
@@ -74,7 +78,8 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	for _, f := range back.Figures {
 		// One process's CPU over a tiny drain can round to zero ticks.
-		perProcessCPU := strings.HasPrefix(f.Name, "CPU per 1M events: ") && f.Name != "CPU per 1M events: all four"
+		perProcessCPU := (strings.HasPrefix(f.Name, "CPU per 1M events: ") && f.Name != "CPU per 1M events: all four") ||
+			strings.Contains(f.Name, "CPU per event")
 		if (f.Value <= 0 && !perProcessCPU) || f.Value < 0 || math.IsInf(f.Value, 0) || math.IsNaN(f.Value) {
 			t.Errorf("figure %q = %v, want finite and > 0", f.Name, f.Value)
 		}

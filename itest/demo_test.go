@@ -21,14 +21,19 @@ import (
 // a throwaway PostgreSQL, the embedded Kafka, the real relay and consumer
 // binaries, and chaos on. It must exit 0 and its summary must show the
 // guarantees: every event applied once, duplicates suppressed, kills
-// survived, and the never-filled gap given up with its alert line.
+// survived, and the never-filled gap given up with its alert line. With
+// OTEL_EXPORTER_OTLP_ENDPOINT set (to a receiver started by the test) it also
+// names one example trace per chaos case, and the relay's and the
+// consumer's spans reach the receiver.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts PostgreSQL and the binaries")
 	}
 	t.Parallel()
 	bin := testkit.Binary(t, "demo")
+	recv := testkit.StartOTLPReceiver(t)
 	cmd := exec.Command(bin, "-bin-dir", filepath.Dir(bin), "-duration", "15s", "-rate", "150", "-gap-timeout", "3s")
+	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT="+recv.URL, "OTEL_BSP_SCHEDULE_DELAY=200")
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	t.Logf("demo ran %s:\n%s", time.Since(start).Round(time.Second), out)
@@ -48,6 +53,53 @@ func TestDemo(t *testing.T) {
 			t.Errorf("demo summary lacks %q", want)
 		}
 	}
+	checkDemoTraces(t, string(out), recv)
+}
+
+// checkDemoTraces: the summary names a trace per chaos case, each trace was
+// received, and the consumer's spans show every outcome the chaos causes.
+func checkDemoTraces(t *testing.T, out string, recv *testkit.OTLPReceiver) {
+	t.Helper()
+	_, section, ok := strings.Cut(out, "== example traces")
+	if !ok {
+		t.Fatal("no example traces in the summary")
+	}
+	received := map[string]bool{}
+	outcomes := map[string]int{}
+	for _, s := range recv.Spans() {
+		received[s.TraceID] = true
+		if strings.HasPrefix(s.Name, "process ") {
+			outcomes[s.Attrs["onceflow.outcome"]]++
+		}
+	}
+	re := regexp.MustCompile(`(?m)^  (.+?)\s+trace ([0-9a-f]{32})  `)
+	cases := map[string]bool{}
+	for _, m := range re.FindAllStringSubmatch(section, -1) {
+		cases[m[1]] = true
+		if !received[m[2]] {
+			t.Errorf("example trace %s (%s) never reached the receiver", m[2], m[1])
+		}
+	}
+	for _, c := range []string{"duplicate delivery", "out of order", "gap never filled", "given-up gap's row", "rolled back", "written through SQL"} {
+		if !cases[c] {
+			t.Errorf("no example trace for %q in:\n%s", c, section)
+		}
+	}
+	for _, o := range []string{"applied", "duplicate", "parked", "released"} {
+		if outcomes[o] == 0 {
+			t.Errorf("no process span with outcome %s among %d spans (outcomes %v)", o, len(recv.Spans()), outcomes)
+		}
+	}
+	services := map[string]bool{}
+	for _, s := range recv.Spans() {
+		services[s.Service] = true
+	}
+	for _, svc := range []string{"onceflow-relay", "onceflow-consumer", "onceflow-demo-producer"} {
+		if !services[svc] {
+			t.Errorf("no span from %s (services %v)", svc, services)
+		}
+	}
+	t.Logf("%d spans received; process outcomes %v", len(recv.Spans()), outcomes)
 }
 
 var demoTopic = regexp.MustCompile(`topic (agent-events-[0-9a-f-]+) \(removed at the end\)`)

@@ -29,6 +29,7 @@ import (
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
+	"github.com/onceflow/onceflow/internal/obs"
 	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/retention"
@@ -67,6 +68,11 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
+	tracing, err := obs.NewTracing(ctx, "onceflow-consumer", log, os.Getenv)
+	if err != nil {
+		return &usageError{Err: err}
+	}
+	defer tracing.ShutdownLogged(context.WithoutCancel(ctx), log)
 	var policy *retention.Policy
 	if cfg.RetentionFile != "" {
 		if policy, err = loadRetention(cfg.RetentionFile); err != nil {
@@ -113,6 +119,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		RetryMaxInterval:     cfg.RetryMaxInterval,
 		SessionTimeout:       cfg.SessionTimeout,
 		Topics:               cfg.Topics,
+		TracerProvider:       tracing.Provider,
 	})
 	if err != nil {
 		return &usageError{Err: err}
@@ -251,10 +258,14 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(tw, "EVENT ID\tSTATUS\tSOURCE\tSEQ\tTYPE\tPOSITION\tATTEMPTS\tRECEIVED\tGROUP\tLAST ERROR")
+	fmt.Fprintln(tw, "EVENT ID\tSTATUS\tSOURCE\tSEQ\tTYPE\tPOSITION\tATTEMPTS\tRECEIVED\tGROUP\tTRACE ID\tLAST ERROR")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%d\t%s\t%s\t%s\n", r.EventID, r.Status, r.Source, seqText(r.Seq), r.EventType,
-			r.Topic, r.Partition, r.Offset, r.Attempts, r.Received.UTC().Format(time.RFC3339), r.Group, oneLine(r.LastError))
+		trace := r.TraceID
+		if trace == "" {
+			trace = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%d\t%s\t%s\t%s\t%s\n", r.EventID, r.Status, r.Source, seqText(r.Seq), r.EventType,
+			r.Topic, r.Partition, r.Offset, r.Attempts, r.Received.UTC().Format(time.RFC3339), r.Group, trace, oneLine(r.LastError))
 	}
 	return tw.Flush()
 }

@@ -63,6 +63,9 @@ commands:
                           (-all: every given-up gap; -since 24h)
   gaps resolve SOURCE FROM-TO -note "…"
                           record what was done about a given-up gap
+
+Tracing: the standard OpenTelemetry variables (OTEL_EXPORTER_OTLP_ENDPOINT,
+OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tracing.md.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -67,6 +67,9 @@ func main() {
 
 const usage = `usage: relay run [flags] | relay migrate [flags] | relay topics verify|apply [flags] | relay help
        relay identity show|adopt|reset|legacy … | relay outbox failed list|retry|skip …
+
+Tracing: the standard OpenTelemetry variables (OTEL_EXPORTER_OTLP_ENDPOINT,
+OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tracing.md.
 `
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -247,6 +250,11 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usageError{fmt.Errorf("-log-format/-log-level: %v", err)}
 	}
+	tracing, err := obs.NewTracing(ctx, "onceflow-relay", log, os.Getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	defer tracing.ShutdownLogged(context.WithoutCancel(ctx), log)
 	pool, err := c.db.Pool(ctx, "onceflow-relay")
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
@@ -307,6 +315,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		Shard:                 c.shard,
 		StandbyInterval:       c.standbyInterval,
 		TopicCheck:            topicCheck,
+		TracerProvider:        tracing.Provider,
 		TransactionTimeout:    c.txnTimeout,
 		TransactionalIDPrefix: c.txnIDPrefix,
 	})

@@ -160,6 +160,9 @@ type DeadLetter struct {
 	ErrorKey  string    `json:"error_key"`
 	Group     string    `json:"group"`
 	Received  time.Time `json:"received_at"`
+	// TraceID is the trace of the request that produced the event (its
+	// traceparent's trace id; see docs/tracing.md).
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 // DeadLetters lists up to limit rows matching p, oldest first.
@@ -176,7 +179,7 @@ func (s *Service) DeadLetters(ctx context.Context, p FilterParams, limit int) ([
 	for _, d := range rows {
 		out = append(out, DeadLetter{EventID: d.EventID, Status: string(d.Status), Source: d.Source, Seq: d.Seq, EventType: d.EventType,
 			Topic: d.Topic, Partition: d.Partition, Offset: d.Offset, Attempts: d.Attempts, LastError: d.LastError,
-			ErrorKey: d.ErrorKey, Group: d.Group, Received: d.Received})
+			ErrorKey: d.ErrorKey, Group: d.Group, Received: d.Received, TraceID: d.TraceID})
 	}
 	return out, nil
 }

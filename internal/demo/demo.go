@@ -93,6 +93,8 @@ type Summary struct {
 	// AlertLine is the consumer's ERROR log line for the given-up gap.
 	AlertLine  string
 	Violations []string
+	// Traces are example traces, one per chaos case, when tracing is on.
+	Traces []ExampleTrace
 }
 
 // OK reports whether every invariant held.
@@ -120,6 +122,8 @@ type run struct {
 
 	procMu sync.Mutex
 	procs  map[string]*child
+
+	tracing *demoTracing // nil unless OTEL_* turns tracing on (tracing.go)
 }
 
 // Run executes the demo and returns its summary. The error is about the
@@ -155,6 +159,13 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return nil, err
 	}
 	r.printf("onceflow demo: %s at %d events/s, chaos %v (seed %d)\n", cfg.Duration, cfg.Rate, cfg.Chaos, seed)
+	if r.tracing, err = newDemoTracing(ctx); err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	defer r.tracing.flush(context.WithoutCancel(ctx))
+	if r.tracing != nil {
+		r.printf("  tracing    OTLP/HTTP to %s (the relay and the consumer export there too)\n", r.tracing.t.Endpoint)
+	}
 
 	// PostgreSQL.
 	r.dbURL = cfg.DatabaseURL
@@ -392,6 +403,8 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 	// ends: a commit cut off by cancellation has an unknown outcome, and the
 	// demo must know exactly which events it wrote.
 	ctx = context.WithoutCancel(ctx)
+	ctx, end := r.tracing.request(ctx, "agent request", "onceflow.source", src)
+	defer end()
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -399,10 +412,16 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 	var id string
 	if viaSQL {
-		err = tx.QueryRow(ctx, `SELECT event_id FROM onceflow.enqueue($1, $2, $3, $4::jsonb)`, r.topic, src, typ, payload).Scan(&id)
+		// A non-Go producer passes its trace context as a parameter.
+		var traceparent any
+		if tp := r.tracing.traceparent(ctx); tp != "" {
+			traceparent = tp
+		}
+		err = tx.QueryRow(ctx, `SELECT event_id FROM onceflow.enqueue($1, $2, $3, $4::jsonb, traceparent => $5)`,
+			r.topic, src, typ, payload, traceparent).Scan(&id)
 	} else {
 		var res outbox.Result
-		res, err = outbox.Enqueue(ctx, tx, outbox.Message{Topic: r.topic, Source: src, EventType: typ, Payload: []byte(payload)})
+		res, err = outbox.Writer{TracerProvider: r.tracing.provider()}.Enqueue(ctx, tx, outbox.Message{Topic: r.topic, Source: src, EventType: typ, Payload: []byte(payload)})
 		id = res.EventID
 	}
 	if err != nil {
@@ -410,6 +429,7 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 	}
 	if rollback {
 		r.rolledBack.Add(1)
+		r.tracing.written(ctx, id, rolledBack)
 		return tx.Rollback(ctx)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -421,6 +441,11 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 	}
 	r.written.Add(1)
 	r.writtenIDs.Store(id, src)
+	if viaSQL {
+		r.tracing.written(ctx, id, viaSQLFunc)
+	} else {
+		r.tracing.written(ctx, id, viaOutbox)
+	}
 	return nil
 }
 
@@ -434,8 +459,11 @@ func (r *run) injectOrderChaos(ctx context.Context) {
 	}
 	defer cl.Close()
 	send := func(src string, seq int64) {
+		sctx, end := r.tracing.request(ctx, "foreign producer send", "onceflow.source", src)
+		defer end()
 		e := envelope.Envelope{EventID: fmt.Sprintf("%s:%d", src, seq), Source: src, Seq: seq,
-			EventType: "agent.run.requested", Payload: []byte(fmt.Sprintf(`{"seq":%d}`, seq))}
+			EventType: "agent.run.requested", Payload: []byte(fmt.Sprintf(`{"seq":%d}`, seq)), Traceparent: r.tracing.traceparent(sctx)}
+		r.tracing.written(sctx, e.EventID, viaForeign)
 		if err := cl.ProduceSync(ctx, e.Record(r.topic)).FirstErr(); err != nil && ctx.Err() == nil {
 			r.printf("  chaos: produce: %v\n", err)
 		}
@@ -496,6 +524,7 @@ func (r *run) killAndRestart(ctx context.Context) {
 		case <-time.After(wait):
 		}
 		name := victims[i%len(victims)]
+		r.tracing.kill(name)
 		r.kill(name)
 		r.restarts.Add(1)
 		r.printf("  chaos: SIGKILL %s\n", name)

@@ -126,6 +126,7 @@ func (r *run) verify(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	s.AlertLine = r.alertLine()
+	s.Traces = r.exampleTraces(ctx)
 	if r.cfg.Chaos && len(s.GivenUpGaps) == 0 {
 		s.Violations = append(s.Violations, "C4 gaps are loud: the never-filled gap of "+gapSource+" was not given up")
 	}
@@ -156,6 +157,12 @@ func (r *run) report(s *Summary) {
 	}
 	if s.AlertLine != "" {
 		r.printf("  the consumer's alert line:\n    %s\n", s.AlertLine)
+	}
+	if len(s.Traces) > 0 {
+		r.printf("\n== example traces (open them in the UI of the OTLP endpoint)\n")
+		for _, tr := range s.Traces {
+			r.printf("  %-28s trace %s  %s\n", tr.Case, tr.TraceID, tr.Look)
+		}
 	}
 	if s.OK() {
 		r.printf("\nOK: side effects executed (%d) == events written (%d), no duplicate applied, every source in seq order.\n", s.Applied, s.Written+s.Foreign)

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Header names of the envelope.
@@ -27,6 +28,16 @@ const (
 	HeaderContentType = "content-type"
 	HeaderTraceparent = "traceparent"
 )
+
+// HeaderTracestate carries the W3C Trace Context tracestate that belongs to
+// the traceparent. It is an ordinary (not reserved) application header: a
+// producer refuses one that is not W3C-shaped (CheckTracestate) or comes
+// without a traceparent; a consumer ignores a malformed one.
+const HeaderTracestate = "tracestate"
+
+// MaxTracestateBytes bounds a tracestate (W3C asks propagators to pass on at
+// least 512 characters; onceflow passes on at most that).
+const MaxTracestateBytes = 512
 
 // ContentTypeJSON is the default content type of a payload.
 const ContentTypeJSON = "application/json"
@@ -55,6 +66,19 @@ var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[
 var reserved = map[string]bool{
 	HeaderEventID: true, HeaderSource: true, HeaderSeq: true,
 	HeaderEventType: true, HeaderContentType: true, HeaderTraceparent: true,
+}
+
+// CheckTracestate validates a W3C tracestate: at most 32 comma-separated
+// key=value list-members with distinct keys, in the W3C character sets, and
+// at most MaxTracestateBytes bytes.
+func CheckTracestate(ts string) error {
+	if len(ts) > MaxTracestateBytes {
+		return &FieldError{Field: HeaderTracestate, Reason: fmt.Sprintf("%d bytes is over the limit of %d", len(ts), MaxTracestateBytes)}
+	}
+	if _, err := trace.ParseTraceState(ts); err != nil {
+		return &FieldError{Field: HeaderTracestate, Reason: fmt.Sprintf("%q is not a W3C tracestate: %v", truncate(ts, 80), err)}
+	}
+	return nil
 }
 
 // IsReserved reports whether name is one of the envelope's own headers, which

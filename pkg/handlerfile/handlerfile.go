@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
@@ -168,10 +170,14 @@ func (h *configured) lookup(eventType string) *compiled {
 	return h.byType["*"]
 }
 
-// HandleBatch pipelines the events' statements in one round trip.
+// HandleBatch pipelines the events' statements in one round trip. With
+// tracing, each sql statement gets a "handler sql" span (from queueing to its
+// result) and each http call a "handler http" span, children of their
+// event's process span.
 func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Event) error {
 	var b pgx.Batch
 	var queued []string
+	var spans []trace.Span
 	for i := range evs {
 		c := h.lookup(evs[i].EventType)
 		if c == nil {
@@ -192,16 +198,23 @@ func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Eve
 		}
 		b.Queue(c.stmt.sql, args...)
 		queued = append(queued, evs[i].EventID)
+		_, span := startHandler(ctx, &evs[i], "sql", semconv.DBSystemNamePostgreSQL, semconv.DBQueryText(c.stmt.sql))
+		spans = append(spans, span)
 	}
 	if len(queued) == 0 {
 		return nil
 	}
 	br := tx.SendBatch(ctx, &b)
-	for _, id := range queued {
+	for i, id := range queued {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
+			endHandler(spans[i], err, err.Error())
+			for _, s := range spans[i+1:] {
+				endHandler(s, err, "not run: an earlier statement of the batch failed")
+			}
 			return &inbox.HandlerError{EventID: id, Err: err}
 		}
+		endHandler(spans[i], nil, "")
 	}
 	return br.Close()
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -283,28 +284,48 @@ func oneLineText(s string, limit int) string {
 	return s[:cut] + "…"
 }
 
-func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) (err error) {
+	ctx, span := startHandler(ctx, ev, "http", httpSpanAttrs(h.method, h.url)...)
+	sent, code := false, 0
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attrReplayed.Bool(!sent && err == nil))
+			if code != 0 {
+				span.SetAttributes(semconv.HTTPResponseStatusCode(code))
+			}
+		}
+		endHandler(span, err, httpErrorText(err))
+	}()
 	key, err := effects.EventKey(ev.EventID)
 	if err != nil {
 		return err
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attrIdemKey.String(key))
 	}
 	pool, err := h.ledgerPool(ctx, tx)
 	if err != nil {
 		return err
 	}
 	scope := effects.ConsumerScope(inbox.ConsumerName(ctx), "http", h.entry)
-	_, err = effects.DoScoped(effects.WithEventID(ctx, ev.EventID), pool, scope, key, func(ctx context.Context, key string) (effects.Result, error) {
-		res, err := h.send(ctx, key, ev)
+	res, err := effects.DoScoped(effects.WithEventID(ctx, ev.EventID), pool, scope, key, func(ctx context.Context, key string) (effects.Result, error) {
+		sent = true
+		r, err := h.send(ctx, key, ev)
+		var se *httpStatusError
+		if errors.As(err, &se) {
+			code = se.Code
+		}
 		if h.afterCall != nil {
 			h.afterCall()
 		}
-		return res, err
+		return r, err
 	})
 	if err != nil {
 		// The call's own errors are clean; this also covers anything a
 		// lower layer may have repeated.
 		return &scrubbedError{msg: h.scrub(err.Error()), err: err}
 	}
+	code = res.Code
 	return nil
 }
 
@@ -332,6 +353,7 @@ func (h *httpHandler) send(ctx context.Context, key string, ev *inbox.Event) (ef
 		req.Header.Set("Content-Type", ct)
 	}
 	req.Header.Set("Idempotency-Key", key)
+	injectTraceparent(ctx, req.Header)
 	req.Header.Set("X-Onceflow-Event-Id", ev.EventID)
 	req.Header.Set("X-Onceflow-Event-Type", ev.EventType)
 	if ev.Source != "" {

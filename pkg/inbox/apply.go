@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/seqguard"
@@ -34,6 +35,10 @@ type item struct {
 	// topicIDText writes it; "" when unknown): the partition's next offset
 	// is stored under it.
 	topicID string
+	// span is the record's process span (nil with tracing off) and result
+	// its outcome in the last transaction that decided on it (tracing.go).
+	span   trace.Span
+	result string
 }
 
 func decodeItem(r *kgo.Record, maxPayload int) item {
@@ -78,6 +83,7 @@ type applier struct {
 	// guard is the sequence-guard step (newGuard; tests may script it).
 	// See guard.go.
 	guard guard
+	tr    *tracing
 }
 
 // errStopped means the worker was told to stop while waiting to retry.
@@ -102,6 +108,12 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 	if len(items) == 0 {
 		return out, nil
 	}
+	ctx, txSpan := a.tr.startTx(ctx, "inbox transaction", items)
+	var released []releasedSpan
+	defer func() {
+		endReleased(released, txSpan, &out, err)
+		endTx(txSpan, items, &out, err)
+	}()
 	tx, err := a.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return out, fmt.Errorf("begin: %w", err)
@@ -133,8 +145,10 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 			out.dead++
 			out.malformed++
 			out.deadItems = append(out.deadItems, deadLetter{rec: it.rec, reason: it.bad.Error()})
+			it.result = outcomeDeadLettered
 		} else {
 			out.duplicates++
+			it.result = outcomeDuplicate
 		}
 	}
 	// 3. The sequence guard: it locks the state of the new events' sources
@@ -149,6 +163,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 		}
 		if !isNew[i] {
 			out.duplicates++
+			it.result = outcomeDuplicate
 			continue
 		}
 		fresh = append(fresh, it)
@@ -165,6 +180,8 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 			if err != nil {
 				return out, fmt.Errorf("sequence guard: %w", err)
 			}
+			a.tr.noteAdmitted(it, v)
+			released = append(released, a.tr.startReleased(ctx, v.apply, releaseReason(v.raw))...)
 			apply = append(apply, v.apply...)
 			out.guard.add(v.steps)
 			// A redelivery of an event the guard applied in order (its
@@ -176,6 +193,9 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 		}
 		if err := adm.flush(ctx); err != nil {
 			return out, fmt.Errorf("sequence guard: %w", err)
+		}
+		if err := a.recordGapTraces(ctx, tx, out.guard.givenUp); err != nil {
+			return out, err
 		}
 	}
 	// 4. The handler, in the same transaction.
@@ -365,6 +385,7 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 				return total, err
 			}
 			onHandlerErr(err)
+			handlerFailed(&items[i], attempt, he.Err)
 			wait := b.NextBackOff()
 			if (attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop) && he.withReleased {
 				// The failure may be a released parked event's: one last try
@@ -373,7 +394,7 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 				out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return a.applyTxMode(ctx, it, true) })
 				if err == nil {
 					for _, d := range out.deadReleased {
-						a.cfg.Logger.ErrorContext(ctx, "event dead-lettered", "event_id", d.EventID, "source", d.Source, "seq", d.Seq,
+						a.cfg.Logger.ErrorContext(EventContext(ctx, d.Event), "event dead-lettered", "event_id", d.EventID, "source", d.Source, "seq", d.Seq,
 							"attempts", attempt, "error", d.reason, "released_by", items[i].key)
 					}
 					total.add(out)
@@ -391,13 +412,13 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 				if err != nil {
 					return total, err
 				}
-				a.cfg.Logger.ErrorContext(ctx, "event dead-lettered",
+				a.cfg.Logger.ErrorContext(itemContext(ctx, &items[i]), "event dead-lettered",
 					"event_id", items[i].key, "topic", items[i].rec.Topic, "partition", items[i].rec.Partition,
 					"offset", items[i].rec.Offset, "attempts", attempt, "error", he.Err.Error())
 				total.add(out)
 				break
 			}
-			a.cfg.Logger.WarnContext(ctx, "handler failed, will retry",
+			a.cfg.Logger.WarnContext(itemContext(ctx, &items[i]), "handler failed, will retry",
 				"event_id", items[i].key, "attempt", attempt, "retry_in", wait, "error", he.Err.Error())
 			if err := sleep(wait, stop); err != nil {
 				return total, err
@@ -410,6 +431,8 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 // deadLetterTx records a failing event as dead, with its partition's next
 // offset, in one transaction.
 func (a *applier) deadLetterTx(ctx context.Context, it *item, attempts int, reason string) (out outcome, err error) {
+	ctx, txSpan := a.tr.startTx(ctx, "inbox transaction", []item{*it})
+	defer func() { endTx(txSpan, nil, &out, err) }()
 	tx, err := a.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return out, fmt.Errorf("begin: %w", err)
@@ -432,8 +455,13 @@ func (a *applier) deadLetterTx(ctx context.Context, it *item, attempts int, reas
 	if inserted {
 		out.dead = 1
 		out.deadItems = []deadLetter{{rec: it.rec, reason: reason}}
+		it.result = outcomeDeadLettered
 	} else {
 		out.duplicates = 1 // someone else applied or dead-lettered it meanwhile
+		it.result = outcomeDuplicate
+	}
+	if it.span != nil && it.span.IsRecording() {
+		it.span.AddLink(trace.Link{SpanContext: txSpan.SpanContext()})
 	}
 	return out, nil
 }

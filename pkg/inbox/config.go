@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/seqguard"
@@ -162,6 +163,12 @@ type Config struct {
 	// franz-go's 45s). The broker bounds it
 	// (group.min.session.timeout.ms, 6s by default).
 	SessionTimeout time.Duration
+
+	// TracerProvider makes the consumer's spans: per event a "process"
+	// span continuing the event's trace, per Postgres transaction an "inbox
+	// transaction" span, and the built-in handlers' spans (see
+	// docs/tracing.md). Default: the global provider (otel.GetTracerProvider).
+	TracerProvider trace.TracerProvider
 
 	// Topics to consume (required).
 	Topics []string

@@ -108,7 +108,7 @@ func New(cfg Config) (*Consumer, error) {
 		workers:      map[tp]*worker{},
 		resubscribed: map[string]time.Time{},
 	}
-	c.app = &applier{cfg: &c.cfg, handler: h}
+	c.app = &applier{cfg: &c.cfg, handler: h, tr: newTracing(&c.cfg)}
 	c.app.guard = newGuard(&c.cfg)
 	return c, nil
 }
@@ -595,7 +595,7 @@ func (c *Consumer) runWorker(cl *kgo.Client, w *worker) {
 
 // processBatch applies one batch and commits its offset to Kafka. It
 // retries infrastructure errors until they pass or the worker is stopped.
-func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, topicID [16]byte) error {
+func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, topicID [16]byte) (err error) {
 	ctx := c.baseCtx
 	start := time.Now()
 	c.m.inFlight.Inc()
@@ -606,6 +606,8 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 		items[i] = decodeItem(r, c.cfg.MaxPayloadBytes)
 		items[i].topicID = id
 	}
+	c.app.tr.startProcess(ctx, items)
+	defer func() { c.app.tr.endProcess(items, err) }()
 	b := backoff.NewExponentialBackOff(backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
 	var out outcome
 	for {
@@ -615,6 +617,9 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 			known, err = c.app.allKnown(ctx, items)
 			if err == nil && known {
 				out = outcome{duplicates: len(items)}
+				for i := range items {
+					items[i].result = outcomeDuplicate
+				}
 				break
 			}
 			w.expectDups = false

@@ -33,6 +33,9 @@ type DeadLetter struct {
 	// DeadLettersInReplayOrder).
 	ErrorKey string
 	Group    string
+	// TraceID is the W3C trace id of the event's traceparent (empty when it
+	// carried none): the trace of the request that produced it.
+	TraceID string
 }
 
 // ListDeadLetters returns up to limit dead and held rows of consumer, oldest

@@ -147,7 +147,7 @@ func findDead(ctx context.Context, pool *pgxpool.Pool, query, consumer string, f
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
 		err := r.Scan(&d.EventID, &d.Status, &d.Source, &d.Seq, &d.EventType, &d.Topic, &d.Partition,
-			&d.Offset, &d.Attempts, &d.LastError, &d.Received, &d.ErrorKey, &d.Group)
+			&d.Offset, &d.Attempts, &d.LastError, &d.Received, &d.ErrorKey, &d.Group, &d.TraceID)
 		return d, err
 	})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 )
@@ -21,6 +22,10 @@ type Event struct {
 	// Late is set when the sequence guard delivers an event that arrived
 	// after its gap was given up. The arrival-order guard never sets it.
 	Late bool
+
+	// span is the event's process span (nil with tracing off); see
+	// EventContext.
+	span trace.Span
 }
 
 func eventFromEnvelope(e envelope.Envelope, topic string, partition int32, offset int64) Event {
@@ -59,7 +64,7 @@ type perEvent struct{ h Handler }
 
 func (p perEvent) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
 	for i := range evs {
-		if err := p.h.Handle(ctx, tx, evs[i]); err != nil {
+		if err := p.h.Handle(EventContext(ctx, evs[i]), tx, evs[i]); err != nil {
 			return &HandlerError{EventID: evs[i].EventID, Err: err}
 		}
 	}

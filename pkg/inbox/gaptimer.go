@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/seqguard"
 )
@@ -86,6 +87,7 @@ func (c *Consumer) gapTick(ctx context.Context, g *seqGuard, failures map[string
 // `consumer dlq replay`, which then delivers it marked late) and applies
 // the rest.
 func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time, failures map[string]int) (out outcome, err error) {
+	begun := time.Now()
 	tx, err := a.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return out, fmt.Errorf("begin: %w", err)
@@ -102,6 +104,13 @@ func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time,
 	if len(outs) == 0 {
 		return out, tx.Commit(ctx)
 	}
+	// A span only for a run that gives something up.
+	ctx, txSpan := a.tr.startTx(ctx, "gap timer transaction", nil, trace.WithTimestamp(begun))
+	var releasedSpans []releasedSpan
+	defer func() {
+		endReleased(releasedSpans, txSpan, &out, err)
+		endTx(txSpan, nil, &out, err)
+	}()
 	var apply []Event
 	released := map[string]seqguard.Event{}
 	for _, o := range outs {
@@ -109,6 +118,7 @@ func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time,
 		if err != nil {
 			return out, err
 		}
+		releasedSpans = append(releasedSpans, a.tr.startReleased(ctx, evs, releaseReason(o.Steps))...)
 		apply = append(apply, evs...)
 		for _, a := range o.Apply {
 			released[a.Event.EventID] = a.Event
@@ -121,6 +131,9 @@ func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time,
 		}
 		failures[ev.EventID]++
 		return failures[ev.EventID] >= a.cfg.RetryMaxAttempts
+	}
+	if err := a.recordGapTraces(ctx, tx, out.guard.givenUp); err != nil {
+		return out, err
 	}
 	if err := a.runEach(ctx, tx, apply, released, deadOK, &out); err != nil {
 		return out, err
@@ -142,13 +155,18 @@ type deadReleased struct {
 	reason string
 }
 
-// logGivenUp logs each given-up gap at ERROR, after its commit.
+// logGivenUp logs each given-up gap at ERROR, after its commit, with the
+// trace of the transaction that gave it up (when traced).
 func (c *Consumer) logGivenUp(ctx context.Context, gaps []givenUpGap) {
 	for _, g := range gaps {
-		c.log.ErrorContext(ctx, "sequence gap given up: events of the source are missing; the events after them were applied without them",
+		lctx := ctx
+		if g.txSpan.IsValid() {
+			lctx = trace.ContextWithSpanContext(ctx, g.txSpan)
+		}
+		c.log.ErrorContext(lctx, "sequence gap given up: events of the source are missing; the events after them were applied without them",
 			"source", g.source, "from_seq", g.step.Gap.From, "to_seq", g.step.Gap.To,
 			"range", g.step.Gap.String(), "opened_at", g.step.Gap.OpenedAt, "deadline", g.step.Gap.Deadline,
-			"reason", string(g.step.Reason))
+			"reason", string(g.step.Reason), "trace_ids", g.traceIDs)
 	}
 }
 
@@ -202,7 +220,7 @@ func (o *outcome) isDeadReleased(id string) bool {
 // logDeadReleased logs released parked events that were dead-lettered.
 func (c *Consumer) logDeadReleased(ctx context.Context, dead []deadReleased, by string) {
 	for _, d := range dead {
-		c.log.ErrorContext(ctx, "event dead-lettered", "event_id", d.EventID, "source", d.Source, "seq", d.Seq,
+		c.log.ErrorContext(EventContext(ctx, d.Event), "event dead-lettered", "event_id", d.EventID, "source", d.Source, "seq", d.Seq,
 			"attempts", c.cfg.RetryMaxAttempts, "error", d.reason, "released_by", by)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/seqguard"
@@ -129,6 +130,8 @@ type admitted struct {
 	// released are the released parked events among apply, as the store
 	// returned them (with the headers and payload their rows had kept).
 	released []seqguard.Event
+	// raw are the guard's steps for the event (for its span).
+	raw []seqguard.Step
 }
 
 // guardSteps tallies guard decisions of committed transactions.
@@ -140,6 +143,10 @@ type guardSteps struct {
 type givenUpGap struct {
 	source string
 	step   seqguard.Step
+	// traceIDs of the events that waited behind the gap, and txSpan the span
+	// of the transaction that gave it up (see tracing.go).
+	traceIDs []string
+	txSpan   trace.SpanContext
 }
 
 func (g *guardSteps) addOutcome(o seqguard.Outcome) {
@@ -152,7 +159,7 @@ func (g *guardSteps) addOutcome(o seqguard.Outcome) {
 	g.counts.GapsOpened += c.GapsOpened
 	g.counts.GapsGivenUp += c.GapsGivenUp
 	for _, st := range o.GivenUp() {
-		g.givenUp = append(g.givenUp, givenUpGap{source: o.Source, step: st})
+		g.givenUp = append(g.givenUp, givenUpGap{source: o.Source, step: st, traceIDs: outcomeTraceIDs(o)})
 	}
 }
 
@@ -246,7 +253,7 @@ func (s *seqLocked) admit(ctx context.Context, it *item) (admitted, error) {
 			released = append(released, a.Event)
 		}
 	}
-	return admitted{apply: apply, steps: steps, released: released}, nil
+	return admitted{apply: apply, steps: steps, released: released, raw: out.Steps}, nil
 }
 
 func (s *seqLocked) flush(ctx context.Context) error { return s.l.Flush(ctx) }

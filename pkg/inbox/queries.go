@@ -90,6 +90,12 @@ UPDATE onceflow.inbox
 SET status = 'dead', processed_at = NULL, attempts = $3, last_error = $4, headers = $5, payload = $6
 WHERE consumer = $1 AND event_id = $2`
 
+// qGapTraceIDs records the trace ids of the events a given-up gap involved
+// (the events that waited behind it).
+const qGapTraceIDs = `
+UPDATE onceflow.seq_gaps SET trace_ids = $5
+WHERE consumer = $1 AND source = $2 AND from_seq = $3 AND to_seq = $4 AND state = 'given_up' AND trace_ids IS NULL`
+
 // Dead-letter search and grouping (dlqfilter.go). The error key and the
 // group id are computed here and nowhere else; docs/console.md states the
 // rule in words. The key of a row is its last_error with every word (a
@@ -118,7 +124,8 @@ WHERE i.consumer = $1 AND i.status = ANY($2::text[])
 
 	qDeadColumns = `
 SELECT i.event_id, i.status, i.source, i.seq, i.event_type, i.topic, i.kafka_partition, i.kafka_offset,
-       i.attempts, coalesce(i.last_error, ''), i.received_at, ` + qErrorKey + `, ` + qGroupID
+       i.attempts, coalesce(i.last_error, ''), i.received_at, ` + qErrorKey + `, ` + qGroupID + `,
+       coalesce(split_part(i.headers->>'traceparent', '-', 2), '')`
 
 	// qFindDead lists matching rows oldest first; $10 is the limit.
 	qFindDead = qDeadColumns + qDeadWhere + `

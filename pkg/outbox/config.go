@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a Relay. Fields are alphabetized; each says its default.
@@ -104,6 +105,10 @@ type Config struct {
 	// retried with backoff. Both count as errors_total{kind="topic"}.
 	// Default: none.
 	TopicCheck func(ctx context.Context, topic string) error
+	// TracerProvider makes the span of each Kafka transaction ("relay
+	// transaction", linked to each event's producer context; see
+	// docs/tracing.md). Default: the global provider (otel.GetTracerProvider).
+	TracerProvider trace.TracerProvider
 	// TransactionTimeout is the Kafka transaction.timeout.ms. Default 10s.
 	TransactionTimeout time.Duration
 	// TransactionalIDPrefix + Shard is the producer's transactional.id,

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 )
@@ -36,8 +38,14 @@ type Message struct {
 	Key []byte
 	// Headers are extra application headers; the envelope's names are reserved.
 	Headers map[string]string
-	// Traceparent is an optional W3C trace context carried as a header.
+	// Traceparent is the W3C trace context the event carries as a header.
+	// Empty means the span context of the ctx given to Enqueue (that of
+	// its "enqueue" span when tracing records it), if ctx carries one.
 	Traceparent string
+	// Tracestate is the W3C tracestate that goes with Traceparent (carried
+	// as the header "tracestate"). It needs a Traceparent; it is taken from
+	// ctx together with the traceparent when Traceparent is empty.
+	Tracestate string
 }
 
 // Result is what Enqueue allocated.
@@ -55,6 +63,9 @@ type Writer struct {
 	// *envelope.PayloadError names the violation. Types without a schema
 	// pass. Default: none.
 	PayloadSchemas *envelope.PayloadSchemas
+	// TracerProvider makes the "enqueue" span of each call (see
+	// docs/tracing.md). Default: the global provider (otel.GetTracerProvider).
+	TracerProvider trace.TracerProvider
 }
 
 // Enqueue inserts msg into the outbox inside tx with the zero Writer.
@@ -71,12 +82,19 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Result, err
 // seq. The event is published when tx commits and is never published if tx
 // rolls back. Invalid input is refused with a *FieldError naming the field;
 // an EventID that already exists gives a *DuplicateEventError (and aborts tx).
-func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) (Result, error) {
+//
+// Unless msg has a Traceparent of its own, the event carries the trace
+// context of ctx, so that the relay and the consumer continue the caller's
+// trace.
+func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) (r Result, err error) {
+	msgs := []Message{msg}
+	ctx, span := w.startEnqueue(ctx, msgs)
+	defer func() { endEnqueue(span, []Result{r}, err) }()
+	msg = msgs[0]
 	args, err := w.args(msg)
 	if err != nil {
 		return Result{}, err
 	}
-	var r Result
 	if err := tx.QueryRow(ctx, enqueueSQL, args...).Scan(&r.EventID, &r.Seq); err != nil {
 		return Result{}, interpretEnqueueError(err, msg.EventID)
 	}
@@ -88,8 +106,12 @@ func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) (Result, er
 // batches touching the same sources cannot deadlock each other; they can
 // still deadlock with a transaction that enqueued in another order, which
 // fails with SQLSTATE 40P01 (IsRetryable): retry the whole transaction.
-// Results are in the order of msgs.
-func (w Writer) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Result, error) {
+// Results are in the order of msgs. One "enqueue" span covers the call;
+// messages without a Traceparent of their own carry its trace context.
+func (w Writer) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (res []Result, err error) {
+	msgs = slices.Clone(msgs)
+	ctx, span := w.startEnqueue(ctx, msgs)
+	defer func() { endEnqueue(span, res, err) }()
 	order := make([]int, len(msgs))
 	for i := range order {
 		order[i] = i
@@ -103,7 +125,7 @@ func (w Writer) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]
 		}
 		b.Queue(enqueueSQL, args...)
 	}
-	res := make([]Result, len(msgs))
+	res = make([]Result, len(msgs))
 	br := tx.SendBatch(ctx, &b)
 	for _, i := range order {
 		if err := br.QueryRow().Scan(&res[i].EventID, &res[i].Seq); err != nil {
@@ -145,18 +167,36 @@ func (w Writer) args(msg Message) ([]any, error) {
 	if msg.Payload == nil {
 		msg.Payload = []byte{}
 	}
+	tracestate := msg.Tracestate
+	if v, ok := msg.Headers[envelope.HeaderTracestate]; ok {
+		if tracestate != "" {
+			return nil, &FieldError{Field: envelope.HeaderTracestate, Reason: "is set both as Tracestate and in Headers"}
+		}
+		tracestate = v
+	}
+	if tracestate != "" {
+		if msg.Traceparent == "" {
+			return nil, &FieldError{Field: envelope.HeaderTracestate, Reason: "needs a traceparent"}
+		}
+		if err := envelope.CheckTracestate(tracestate); err != nil {
+			return nil, err
+		}
+	}
 	ct := msg.ContentType
 	if ct == "" {
 		ct = envelope.ContentTypeJSON
 	}
 	var hs map[string]string
 	if len(msg.Headers) > 0 || msg.Traceparent != "" {
-		hs = make(map[string]string, len(msg.Headers)+1)
+		hs = make(map[string]string, len(msg.Headers)+2)
 		for k, v := range msg.Headers {
 			hs[k] = v
 		}
 		if msg.Traceparent != "" {
 			hs[envelope.HeaderTraceparent] = msg.Traceparent
+		}
+		if tracestate != "" {
+			hs[envelope.HeaderTracestate] = tracestate
 		}
 	}
 	headers := []byte("{}")

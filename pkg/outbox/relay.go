@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/pkg/envelope"
@@ -57,6 +58,11 @@ type Relay struct {
 
 	// checked holds the topics Config.TopicCheck accepted (leader loop only).
 	checked map[string]bool
+
+	tracer trace.Tracer
+	// recovered is the last recovery, for the next transaction's span
+	// (leader loop only).
+	recovered *recovery
 }
 
 // New checks cfg (after WithDefaults) and registers the metrics.
@@ -70,10 +76,11 @@ func New(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("register relay metrics: %w", err)
 	}
 	r := &Relay{
-		cfg:   cfg,
-		log:   cfg.Logger.With(slog.String("shard", cfg.Shard), slog.String("holder", cfg.HolderID)),
-		m:     m,
-		start: time.Now(),
+		cfg:    cfg,
+		log:    cfg.Logger.With(slog.String("shard", cfg.Shard), slog.String("holder", cfg.HolderID)),
+		m:      m,
+		start:  time.Now(),
+		tracer: tracer(cfg.TracerProvider),
 	}
 	return r, nil
 }
@@ -231,11 +238,14 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		}
 	}()
 	bo := r.newBackoff()
-	fail := func(kind, what string, err error) {
+	// failAt logs with lctx: a failed transaction's log line carries its
+	// span's trace_id.
+	failAt := func(lctx context.Context, kind, what string, err error) {
 		r.m.errors.WithLabelValues(kind).Inc()
-		log.ErrorContext(ctx, what, slog.String("kind", kind), slog.Any("error", err))
+		log.ErrorContext(lctx, what, slog.String("kind", kind), slog.Any("error", err))
 		_ = sleep(stop, bo.NextBackOff())
 	}
+	fail := func(kind, what string, err error) { failAt(ctx, kind, what, err) }
 
 	// The mark of batch N runs while batch N+1 is fetched and published.
 	// Batch N+1's checkpoint names both batches, and batch N+2 starts only
@@ -353,7 +363,10 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			}
 		}
 		tPublish := time.Now()
-		if err := r.publish(opCtx, cl, rows, unmarkedCkpt); err != nil {
+		txn := r.startTxn(opCtx, rows, len(unmarkedCkpt))
+		err = r.publish(txn.ctx, cl, rows, unmarkedCkpt)
+		txn.end(err)
+		if err != nil {
 			// Whatever happened, the producer is thrown away and the next
 			// round recovers through the checkpoint: a new producer with
 			// the same transactional.id completes or aborts whatever this
@@ -370,7 +383,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 					for id, rf := range re.refused {
 						suspects[id] = rf
 					}
-					log.WarnContext(ctx, "publish batch: Kafka refused records; trying them one by one", slog.Any("error", err))
+					log.WarnContext(txn.ctx, "publish batch: Kafka refused records; trying them one by one", slog.Any("error", err))
 					continue
 				}
 				rf := re.refused[rows[0].id]
@@ -382,9 +395,9 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 				}
 				delete(suspects, rows[0].id)
 			case errors.Is(err, errUnknownOutcome):
-				fail(errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
+				failAt(txn.ctx, errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
 			default:
-				fail(errKindKafka, "publish batch", err)
+				failAt(txn.ctx, errKindKafka, "publish batch", err)
 			}
 			continue
 		}
@@ -407,7 +420,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		go func() { job.done <- r.mark(opCtx, job.ids) }()
 		inflight = job
 		if log.Enabled(ctx, slog.LevelDebug) {
-			log.DebugContext(ctx, "batch published", slog.Int("rows", len(rows)),
+			log.DebugContext(txn.ctx, "batch published", slog.Int("rows", len(rows)),
 				slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)),
 				slog.Duration("previous_mark_wait", time.Since(tMark)))
 		}
@@ -597,6 +610,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	}
 	attrs := []any{slog.String("transactional_id", r.txnID), slog.String("checkpoint_key", r.ckptKey)}
 	if rec == nil {
+		r.recovered = &recovery{}
 		log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs, slog.String("checkpoint", "none"))...)
 		return cl, nil
 	}
@@ -613,6 +627,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 		cl.Close()
 		return nil, err
 	}
+	r.recovered = &recovery{checkpointIDs: len(c.ids), marked: marked}
 	log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs,
 		slog.Int64("checkpoint_offset", rec.Offset), slog.Int("checkpoint_ids", len(c.ids)), slog.Int64("marked", marked))...)
 	return cl, nil

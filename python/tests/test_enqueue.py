@@ -57,9 +57,9 @@ def test_enqueue_errors(db_url: str) -> None:
 
 
 def test_traceparent_today(db_url: str) -> None:
-    """Today's onceflow.enqueue has no traceparent parameter: the event is
-    enqueued without it and a warning says so. When the function gains the
-    parameter, enqueue passes it (see docs/agents.md)."""
+    """onceflow.enqueue has a traceparent parameter since migration 009: the
+    event carries it. Against an older schema the event is enqueued without
+    it and a warning says so (see docs/agents.md)."""
     with psycopg.connect(db_url) as conn:
         row = conn.execute(
             "SELECT bool_or('traceparent' = ANY (proargnames)) FROM pg_proc WHERE proname = 'enqueue' "
@@ -73,6 +73,8 @@ def test_traceparent_today(db_url: str) -> None:
     assert got.event_id == "traced"
     dropped = [w for w in caught if issubclass(w.category, TraceparentDroppedWarning)]
     assert bool(dropped) != has_param
+    stored = [r[6].get("traceparent") for r in outbox(db_url) if r[0] == "traced"]
+    assert stored == [TP if has_param else None]
 
 
 def test_aenqueue(db_url: str) -> None:

@@ -118,7 +118,7 @@ def enqueue(
     random UUID made by the database; ``headers`` are extra string headers
     (the envelope's own names are reserved); ``key`` is the Kafka record key
     (default: the source). ``traceparent`` (W3C) is passed to
-    ``onceflow.enqueue`` when the database's function takes one; an older
+    ``onceflow.enqueue`` (which takes one since migration 009); an older
     schema enqueues without it and a :class:`TraceparentDroppedWarning` is
     issued.
 
