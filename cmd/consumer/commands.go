@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
+	"github.com/onceflow/onceflow/internal/pprofserver"
 	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
@@ -111,6 +112,14 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	g.Go(func() error {
 		return httpserver.Serve(gctx, httpserver.Config{Addr: cfg.HTTPAddr, Gatherer: reg, Ready: c.Ready, Logger: log},
 			func(a net.Addr) { log.InfoContext(ctx, "http listening", slog.String("addr", a.String())) })
+	})
+	g.Go(func() error {
+		if err := pprofserver.Serve(gctx, cfg.PprofAddr, log, func(a net.Addr) {
+			log.InfoContext(ctx, "pprof listening", slog.String("addr", a.String()))
+		}); err != nil {
+			return fmt.Errorf("pprof server: %w", err)
+		}
+		return nil
 	})
 	if err := g.Wait(); err != nil {
 		return err

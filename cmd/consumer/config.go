@@ -54,6 +54,7 @@ type runConfig struct {
 	RetentionFile        string
 	PruneInterval        time.Duration
 	HTTPAddr             string
+	PprofAddr            string
 	InstanceID           string
 	LatePolicy           string
 	MaxParked            int
@@ -89,6 +90,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.PruneInterval, "prune-interval", 0, "with -retention-file: prune expired rows this often (0: never; use 'consumer prune' from a CronJob)")
 	fs.StringVar(&c.RetentionFile, "retention-file", "", "JSON file of retention classes and sources' redelivery horizons, checked at start (see docs/effects.md)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":9464", "address for /metrics, /healthz and /readyz (empty disables)")
+	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "address of Go's /debug/pprof profiles, e.g. 127.0.0.1:6060 (empty, the default, disables)")
 	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id, stable per replica (e.g. the pod name); empty: dynamic")
 	fs.StringVar(&c.LatePolicy, "late-policy", seqguard.DeliverLate.String(), "event arriving after its gap was given up: deliver-late (handler sees Late) or hold (kept for an operator)")
 	fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "most parked events per source; beyond it the lowest gaps are given up early")
