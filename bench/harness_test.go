@@ -46,6 +46,8 @@ type sizes struct {
 	RelayWindow    int           `json:"relay_window"`      // events timed out of the large backlog
 	RelayBase      int           `json:"relay_base"`        // small relay backlog, drained RelayBaseRounds times
 	RelayRounds    int           `json:"relay_base_rounds"` // rounds of the small backlog
+	WriteTxns      int           `json:"write_txns"`        // write-path transactions per variant
+	WriteTxnEvents int           `json:"write_txn_events"`  // events per write-path transaction
 }
 
 func benchSizes(tb testing.TB) sizes {
@@ -62,6 +64,8 @@ func benchSizes(tb testing.TB) sizes {
 		RelayWindow:    envInt(tb, "ONCEFLOW_BENCH_RELAY_WINDOW", 200_000),
 		RelayBase:      10_000,
 		RelayRounds:    5,
+		WriteTxns:      envInt(tb, "ONCEFLOW_BENCH_WRITE_TXNS", 200),
+		WriteTxnEvents: 1000,
 	}
 }
 
@@ -70,6 +74,7 @@ func smokeSizes() sizes {
 		RelayEvents: 2_000, ConsumerEvents: 2_000, EnqueueFor: 300 * time.Millisecond,
 		PipelineEvents: 1_000, LatencyFor: time.Second,
 		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
+		WriteTxns: 4, WriteTxnEvents: 100,
 	}
 }
 
