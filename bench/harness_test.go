@@ -48,6 +48,8 @@ type sizes struct {
 	RelayRounds    int           `json:"relay_base_rounds"` // rounds of the small backlog
 	WriteTxns      int           `json:"write_txns"`        // write-path transactions per variant
 	WriteTxnEvents int           `json:"write_txn_events"`  // events per write-path transaction
+	MemorySmall    int           `json:"memory_small"`      // small backlog of the peak-RSS figures
+	MemoryEvents   int           `json:"memory_events"`     // large backlog of the peak-RSS figures
 }
 
 func benchSizes(tb testing.TB) sizes {
@@ -66,6 +68,8 @@ func benchSizes(tb testing.TB) sizes {
 		RelayRounds:    5,
 		WriteTxns:      envInt(tb, "ONCEFLOW_BENCH_WRITE_TXNS", 200),
 		WriteTxnEvents: 1000,
+		MemorySmall:    envInt(tb, "ONCEFLOW_BENCH_MEMORY_SMALL", 10_000),
+		MemoryEvents:   envInt(tb, "ONCEFLOW_BENCH_MEMORY_EVENTS", 1_000_000),
 	}
 }
 
@@ -74,7 +78,7 @@ func smokeSizes() sizes {
 		RelayEvents: 2_000, ConsumerEvents: 2_000, EnqueueFor: 300 * time.Millisecond,
 		PipelineEvents: 1_000, LatencyFor: time.Second,
 		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
-		WriteTxns: 4, WriteTxnEvents: 100,
+		WriteTxns: 4, WriteTxnEvents: 100, MemorySmall: 200, MemoryEvents: 2_000,
 	}
 }
 

@@ -63,6 +63,10 @@ func pipeline(tb testing.TB, rep *report, sz sizes) {
 	p.openLoop(tb, rep, "half", half, sz.LatencyFor, false)
 
 	for _, pr := range []*testkit.Proc{p.relay, p.consumer} {
+		rep.measure()(figure{Name: "peak RSS: " + pr.Name + " binary, pipeline run", Value: vmHWM(tb, pr.Cmd.Process.Pid), Unit: "MiB",
+			Notes: []string{"VmHWM after the pipeline drain and both latency phases, default flags"}})
+	}
+	for _, pr := range []*testkit.Proc{p.relay, p.consumer} {
 		pr.Signal(syscall.SIGTERM)
 		if err := pr.Wait(30 * time.Second); err != nil {
 			tb.Logf("%s: %v", pr.Name, err)

@@ -36,7 +36,7 @@ func TestBenchSmoke(t *testing.T) {
 			[]string{"ceiling: raw franz-go consume", "ceiling: raw batched inbox insert", "consumer drain (sql upsert handler)",
 				"ceiling: inbox insert + sql handler statement", "consumer drain (sql upsert handler) vs raw inbox insert"}},
 		{"pipeline", func(t *testing.T) { pipeline(t, rep, sz) },
-			[]string{"pipeline drain", "CPU per 1M events: relay", "CPU per 1M events: consumer", "CPU per 1M events: postgres", "CPU per 1M events: kafka",
+			[]string{"pipeline drain", "peak RSS: relay binary, pipeline run", "peak RSS: consumer binary, pipeline run", "CPU per 1M events: relay", "CPU per 1M events: consumer", "CPU per 1M events: postgres", "CPU per 1M events: kafka",
 				"e2e latency @ 1000 ev/s p50", "e2e latency @ 1000 ev/s p99", "e2e latency @ 1000 ev/s p99.9", "(50% of max) p99"}},
 		{"growth-consumer", func(t *testing.T) { consumerGrowth(t, rep, sz.GrowthEvents, sz.InboxRows) },
 			[]string{"consumer drain, empty inbox", "growth: consumer drain", "growth: raw batched inbox insert"}},
@@ -46,6 +46,9 @@ func TestBenchSmoke(t *testing.T) {
 			[]string{"ceiling: write path: plain batched INSERT", "write path: EnqueueBatch", "write path: SQL function",
 				"write path: outbox rows set-based, seq from the client", "write path: outbox copy with its primary key only",
 				"write path: outbox rows set-based with the seq counter"}},
+		{"memory", func(t *testing.T) { memory(t, rep, sz.MemorySmall, sz.MemoryEvents) },
+			[]string{"peak RSS: relay binary draining 200 events", "peak RSS: relay binary draining 2000 events",
+				"peak RSS: consumer binary draining 200 events", "peak RSS: consumer binary draining 2000 events"}},
 	}
 	var mu sync.Mutex
 	var want []string
