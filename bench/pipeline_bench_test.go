@@ -58,9 +58,13 @@ func pipeline(tb testing.TB, rep *report, sz sizes) {
 
 	maxRate := p.drainCPU(tb, rep, sz.PipelineEvents)
 
-	p.openLoop(tb, rep, "1k", 1000, sz.LatencyFor, true)
+	// One event per transaction at 1k ev/s; at half the maximum,
+	// transactions of several events every 5ms (200 per second) over the
+	// producer pool's connections, so that the producers are not the
+	// bottleneck.
+	p.openLoop(tb, rep, "1k", 1000, time.Millisecond, sz.LatencyFor, true)
 	half := math.Max(1, math.Round(maxRate/2))
-	p.openLoop(tb, rep, "half", half, sz.LatencyFor, false)
+	p.openLoop(tb, rep, "half", half, 5*time.Millisecond, sz.LatencyFor, false)
 
 	for _, pr := range []*testkit.Proc{p.relay, p.consumer} {
 		rep.measure()(figure{Name: "peak RSS: " + pr.Name + " binary, pipeline run", Value: vmHWM(tb, pr.Cmd.Process.Pid), Unit: "MiB",
@@ -242,39 +246,56 @@ func (p *pipe) drainCPU(tb testing.TB, rep *report, n int) float64 {
 	return rate
 }
 
-// openLoop offers rate events/s for d: every millisecond the events whose
-// planned time has come are enqueued in one transaction, on their own
-// goroutine, whether or not earlier transactions finished. Latency is from
-// each event's planned time to its notification.
-func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, d time.Duration, target bool) {
+// openLoop offers rate events/s for d: every tick the events whose planned
+// time has come are enqueued in one transaction, on their own goroutine,
+// whether or not earlier transactions finished. Latency is from each event's
+// planned time to its notification, split into four parts per event:
+//
+//   - producer: planned time -> the producer's commit returned;
+//   - relay read: commit -> the record's timestamp, which the relay's
+//     producer client stamps when the relay hands it the record, right after
+//     reading the row (Kafka keeps it in milliseconds);
+//   - Kafka: record timestamp -> visible to a read_committed reader (the
+//     relay's transaction commit and the reader's fetch, whose long poll is
+//     bounded at 10ms);
+//   - consumer: visible to that reader -> the consumer's commit (NOTIFY).
+func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, tick, d time.Duration, target bool) {
 	ctx := context.Background()
 	n := max(1, int(rate*d.Seconds()))
 	prefix := "lat" + tag + "-"
-	lat := make([]time.Duration, 0, n)
+	var mu sync.Mutex // guards the per-event times below
+	committed := make([]time.Time, n)
+	produced := make([]time.Time, n)
+	visible := make([]time.Time, n)
+	applied := make([]time.Time, n)
+	nApplied := 0
 	all := make(chan struct{})
 	var start time.Time
 	planned := func(i int) time.Time { return start.Add(time.Duration(float64(i) / rate * float64(time.Second))) }
+	index := func(id string) (int, bool) {
+		s, ok := strings.CutPrefix(id, prefix)
+		if !ok {
+			return 0, false
+		}
+		i, err := strconv.Atoi(s)
+		return i, err == nil && i >= 0 && i < n
+	}
 	record := rep.measure()
 	start = time.Now().Add(100 * time.Millisecond)
 	p.notify(func(id string, at time.Time) {
-		s, ok := strings.CutPrefix(id, prefix)
+		i, ok := index(id)
 		if !ok {
 			return
 		}
-		i, err := strconv.Atoi(s)
-		if err != nil {
-			return
-		}
-		lat = append(lat, at.Sub(planned(i)))
-		if len(lat) == n {
-			close(all)
+		mu.Lock()
+		defer mu.Unlock()
+		if applied[i].IsZero() {
+			applied[i] = at
+			if nApplied++; nApplied == n {
+				close(all)
+			}
 		}
 	})
-	// A read_committed reader timestamps when each event becomes visible in
-	// Kafka, splitting the latency into producer+relay and consumer. Its
-	// long poll is bounded at 10ms (a commit marker does not wake a fetch).
-	var visMu sync.Mutex
-	vis := make([]time.Duration, 0, n)
 	rctx, stopReader := context.WithCancel(ctx)
 	readerDone := make(chan struct{})
 	reader, err := kgo.NewClient(append(relayKafkaOpts(tb), kgo.ConsumeTopics(p.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
@@ -292,12 +313,10 @@ func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, d 
 					if h.Key != envelope.HeaderEventID {
 						continue
 					}
-					if s, ok := strings.CutPrefix(string(h.Value), prefix); ok {
-						if i, err := strconv.Atoi(s); err == nil {
-							visMu.Lock()
-							vis = append(vis, now.Sub(planned(i)))
-							visMu.Unlock()
-						}
+					if i, ok := index(string(h.Value)); ok {
+						mu.Lock()
+						visible[i], produced[i] = now, r.Timestamp
+						mu.Unlock()
 					}
 				}
 			})
@@ -309,9 +328,9 @@ func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, d 
 	var wg sync.WaitGroup
 	var errMu sync.Mutex
 	var firstErr error
-	var maxInFlight, inFlight int
+	var maxInFlight, inFlight, txns int
 	for next := 0; next < n; {
-		if w := time.Until(planned(next)); w > 0 {
+		if w := time.Until(planned(next).Add(tick - time.Millisecond)); w > 0 {
 			time.Sleep(w)
 		}
 		due := min(n, int(time.Since(start).Seconds()*rate)+1)
@@ -323,7 +342,9 @@ func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, d 
 			msgs = append(msgs, outbox.Message{Topic: p.topic, Source: prefix + strconv.Itoa(i%64), EventType: "bench.event",
 				EventID: prefix + strconv.Itoa(i), Payload: payload})
 		}
+		first := next
 		next = due
+		txns++
 		wg.Add(1)
 		errMu.Lock()
 		inFlight++
@@ -335,6 +356,12 @@ func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, d 
 				_, err := outbox.EnqueueBatch(ctx, tx, msgs)
 				return err
 			})
+			now := time.Now()
+			mu.Lock()
+			for i := first; i < first+len(msgs); i++ {
+				committed[i] = now
+			}
+			mu.Unlock()
 			errMu.Lock()
 			inFlight--
 			if err != nil && firstErr == nil {
@@ -354,42 +381,70 @@ func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, d 
 	case <-time.After(d + 2*time.Minute):
 		timedOut = true
 	}
-	applied := time.Since(start)
-	p.mu.Lock()
-	got := sortedDurations(lat)
-	p.onNotify = nil
-	p.mu.Unlock()
+	took := time.Since(start)
+	p.notify(nil)
 	stopReader()
 	<-readerDone
 	reader.Close()
-	visMu.Lock()
-	visible := sortedDurations(vis)
-	visMu.Unlock()
-	if len(got) < n/2 {
-		tb.Fatalf("open loop %s: %d of %d events applied", tag, len(got), n)
+	mu.Lock()
+	defer mu.Unlock()
+	var e2e, producer, relayRead, kafka, consumer []time.Duration
+	for i := range n {
+		if applied[i].IsZero() {
+			continue
+		}
+		pl := planned(i)
+		e2e = append(e2e, applied[i].Sub(pl))
+		if visible[i].IsZero() {
+			continue
+		}
+		producer = append(producer, committed[i].Sub(pl))
+		relayRead = append(relayRead, produced[i].Sub(committed[i]))
+		kafka = append(kafka, visible[i].Sub(produced[i]))
+		consumer = append(consumer, applied[i].Sub(visible[i]))
 	}
-	notes := []string{fmt.Sprintf("offered %.0f ev/s for %s (%d events, issued in %s, at most %d producer transactions in flight); from planned time to consumer commit (NOTIFY)",
-		rate, d, n, issued.Round(time.Millisecond), maxInFlight)}
-	notes = append(notes, fmt.Sprintf("applied %d events in %s from the first planned time (%.0f ev/s achieved)", len(got), applied.Round(time.Millisecond), float64(len(got))/applied.Seconds()))
-	if len(visible) > 0 {
-		notes = append(notes, fmt.Sprintf("split: planned -> visible in Kafka (producer commit + relay) p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms (n=%d); the rest is the consumer",
-			percentileMs(visible, 50), percentileMs(visible, 99), percentileMs(visible, 99.9), len(visible)))
+	if len(e2e) < n/2 {
+		tb.Fatalf("open loop %s: %d of %d events applied", tag, len(e2e), n)
 	}
+	got := sortedDurations(e2e)
+	notes := []string{fmt.Sprintf("offered %.0f ev/s for %s (%d events in %d producer transactions of about %.0f events, one every %s, at most %d in flight, %d pooled connections); from planned time to consumer commit (NOTIFY)",
+		rate, d, n, txns, float64(n)/float64(txns), tick, maxInFlight, p.producer.Config().MaxConns)}
+	notes = append(notes, fmt.Sprintf("issued in %s; applied %d events in %s from the first planned time (%.0f ev/s achieved)", issued.Round(time.Millisecond), len(e2e), took.Round(time.Millisecond), float64(len(e2e))/took.Seconds()))
 	if timedOut {
-		notes = append(notes, fmt.Sprintf("%d events not applied within %s: percentiles exclude them", n-len(got), d+2*time.Minute))
+		notes = append(notes, fmt.Sprintf("%d events not applied within %s: percentiles exclude them", n-len(e2e), d+2*time.Minute))
 	}
 	label := fmt.Sprintf("e2e latency @ %.0f ev/s", rate)
 	if tag == "half" {
 		label = fmt.Sprintf("e2e latency @ %.0f ev/s (50%% of max)", rate)
 	}
+	split := fmt.Sprintf("split (n=%d seen by the reader), p50 / p99 ms:", len(producer))
+	for _, part := range []struct {
+		name string
+		d    []time.Duration
+	}{{"producer (planned -> commit)", producer}, {"relay read (commit -> record timestamp)", relayRead},
+		{"Kafka (record timestamp -> visible read_committed)", kafka}, {"consumer (visible -> consumer commit)", consumer}} {
+		sorted := sortedDurations(part.d)
+		split += fmt.Sprintf(" %s %.1f / %.1f;", part.name, percentileMs(sorted, 50), percentileMs(sorted, 99))
+	}
+	notes = append(notes, split)
 	p50, p99, p999 := percentileMs(got, 50), percentileMs(got, 99), percentileMs(got, 99.9)
 	record(figure{Name: label + " p50", Value: p50, Unit: "ms", Notes: notes})
-	if len(visible) > 0 {
-		record(figure{Name: label + " p99, planned -> visible in Kafka (part)", Value: percentileMs(visible, 99), Unit: "ms"})
+	for _, part := range []struct {
+		name string
+		d    []time.Duration
+	}{{"producer", producer}, {"relay read", relayRead}, {"Kafka", kafka}, {"consumer", consumer}} {
+		sorted := sortedDurations(part.d)
+		if len(sorted) == 0 {
+			continue
+		}
+		record(figure{Name: fmt.Sprintf("%s p99, split: %s", label, part.name), Value: math.Max(percentileMs(sorted, 99), 0.001), Unit: "ms",
+			Notes: []string{fmt.Sprintf("p50 %.1f ms, p99.9 %.1f ms", percentileMs(sorted, 50), percentileMs(sorted, 99.9))}})
 	}
 	f := figure{Name: label + " p99", Value: p99, Unit: "ms"}
 	if target {
 		f.Target, f.Met = "<= 50 ms", met(p99 <= 50)
+	} else {
+		f.Target, f.Met = "<= 250 ms", met(p99 <= 250)
 	}
 	record(f)
 	record(figure{Name: label + " p99.9", Value: p999, Unit: "ms"})
