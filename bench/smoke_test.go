@@ -51,6 +51,10 @@ func TestBenchSmoke(t *testing.T) {
 		{"memory", func(t *testing.T) { memory(t, rep, sz.MemorySmall, sz.MemoryEvents) },
 			[]string{"peak RSS: relay binary draining 200 events", "peak RSS: relay binary draining 2000 events",
 				"peak RSS: consumer binary draining 200 events", "peak RSS: consumer binary draining 2000 events"}},
+		{"peers", func(t *testing.T) { peers(t, rep, sz.PeerEvents, sz.WatermillEvents) },
+			[]string{"peers: onceflow relay drain, default (mark) mode", "peers: onceflow relay drain, -delete-on-publish",
+				"peers: Watermill SQL forwarder", "peers: Debezium Postgres connector", "peers: onceflow default mode vs Watermill",
+				"peers: onceflow default mode vs Debezium", "peers: onceflow -delete-on-publish vs Debezium"}},
 	}
 	var mu sync.Mutex
 	var want []string
