@@ -3,7 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -51,6 +54,9 @@ type pipe struct {
 
 	mu       sync.Mutex
 	onNotify func(id string, at time.Time)
+
+	// pprof addresses of the binaries when ONCEFLOW_BENCH_PROFILE_DIR is set.
+	relayPprof, consumerPprof string
 }
 
 func pipeline(tb testing.TB, rep *report, sz sizes) {
@@ -134,12 +140,17 @@ func startPipe(tb testing.TB) *pipe {
 		tb.Fatal(err)
 	}
 	brokers := testkit.KafkaBrokers(tb)
-	p.relay = testkit.Start(tb, "relay", testkit.Binary(tb, "relay"), nil, "run",
+	var relayExtra, consumerExtra []string
+	if os.Getenv("ONCEFLOW_BENCH_PROFILE_DIR") != "" {
+		p.relayPprof, p.consumerPprof = freeAddr(tb), freeAddr(tb)
+		relayExtra, consumerExtra = []string{"-pprof-addr", p.relayPprof}, []string{"-pprof-addr", p.consumerPprof}
+	}
+	p.relay = testkit.Start(tb, "relay", testkit.Binary(tb, "relay"), nil, append([]string{"run",
 		"-database-url", p.db.URL, "-kafka-brokers", brokers, "-checkpoint-topic", ckpt,
-		"-transactional-id-prefix", "bench-"+p.topic+"-", "-http-addr", "", "-log-level", "warn")
-	p.consumer = testkit.Start(tb, "consumer", testkit.Binary(tb, "consumer"), nil, "run",
-		"-database-url", p.db.URL, "-kafka-brokers", brokers, "-group", "bench-"+p.topic, "-topics", p.topic,
-		"-handlers-file", handlers, "-http-addr", "", "-log-level", "warn")
+		"-transactional-id-prefix", "bench-" + p.topic + "-", "-http-addr", "", "-log-level", "warn"}, relayExtra...)...)
+	p.consumer = testkit.Start(tb, "consumer", testkit.Binary(tb, "consumer"), nil, append([]string{"run",
+		"-database-url", p.db.URL, "-kafka-brokers", brokers, "-group", "bench-" + p.topic, "-topics", p.topic,
+		"-handlers-file", handlers, "-http-addr", "", "-log-level", "warn"}, consumerExtra...)...)
 
 	// Warm up: one event through both binaries (lease, producer id, group
 	// join, partition assignment).
@@ -214,6 +225,7 @@ func (p *pipe) drainCPU(tb testing.TB, rep *report, n int) float64 {
 		tb.Fatal(err)
 	}
 	before, t0 := p.cpu(tb), time.Now()
+	profiled := p.profile(tb, "drain")
 	select {
 	case <-all:
 	case <-time.After(30 * time.Minute):
@@ -221,6 +233,7 @@ func (p *pipe) drainCPU(tb testing.TB, rep *report, n int) float64 {
 	}
 	elapsed := time.Since(t0)
 	after := p.cpu(tb)
+	profiled()
 	rate := float64(n) / elapsed.Seconds()
 	note := fmt.Sprintf("%d events from one bulk INSERT to the last consumer commit, relay and consumer binaries with default flags", n)
 	record(figure{Name: "pipeline drain, relay + consumer binaries (max)", Value: rate, Unit: "events/s", Notes: []string{note}})
@@ -448,4 +461,66 @@ func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, ti
 	}
 	record(f)
 	record(figure{Name: label + " p99.9", Value: p999, Unit: "ms"})
+}
+
+// profile, when ONCEFLOW_BENCH_PROFILE_DIR is set, starts taking a CPU
+// profile of each binary (ONCEFLOW_BENCH_PROFILE_SECONDS, default 10) and
+// returns a function that waits for them and writes
+// <dir>/<binary>-<tag>.cpu.pprof and a heap profile beside it (read them
+// with go tool pprof -top). Otherwise it does nothing.
+func (p *pipe) profile(tb testing.TB, tag string) (wait func()) {
+	dir := os.Getenv("ONCEFLOW_BENCH_PROFILE_DIR")
+	if dir == "" {
+		return func() {}
+	}
+	secs := envInt(tb, "ONCEFLOW_BENCH_PROFILE_SECONDS", 10)
+	var wg sync.WaitGroup
+	for name, addr := range map[string]string{"relay": p.relayPprof, "consumer": p.consumerPprof} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, prof := range []struct{ path, file string }{
+				{fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), name + "-" + tag + ".cpu.pprof"},
+				{"/debug/pprof/heap", name + "-" + tag + ".heap.pprof"},
+			} {
+				if err := fetchTo(addr+prof.path, filepath.Join(dir, prof.file)); err != nil {
+					tb.Logf("profile %s: %v", name, err)
+				}
+			}
+		}()
+	}
+	return wg.Wait
+}
+
+func fetchTo(url, path string) error {
+	resp, err := http.Get("http://" + url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// freeAddr is a loopback address with a port free at the time of the call.
+func freeAddr(tb testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
