@@ -199,6 +199,99 @@ func TestEnqueueHeadersKeyTraceparentStored(t *testing.T) {
 	}
 }
 
+// EnqueueBatch writes a batch in one statement: every row as Enqueue would
+// write it, each result matched to its message (generated ids too), seqs
+// continuing the counters, a duplicate event id refused naming it.
+func TestEnqueueBatchRowsAndResults(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	batch := func(msgs []outbox.Message) ([]outbox.Result, error) {
+		var res []outbox.Result
+		err := pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+			var err error
+			res, err = outbox.EnqueueBatch(b.ctx, tx, msgs)
+			return err
+		})
+		return res, err
+	}
+	if res, err := batch(nil); err != nil || res != nil {
+		t.Fatalf("empty batch: %v %v", res, err)
+	}
+	// The counter of "b" already stands at 2.
+	for range 2 {
+		if _, err := b.enqueue(t, outbox.Writer{}, msg("b")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var msgs []outbox.Message
+	for i := range 30 {
+		m := msg([]string{"c", "b", "a"}[i%3])
+		m.ContentType = "application/octet-stream"
+		m.Payload = []byte{byte(i), 0, 0xff}
+		if i%5 == 0 {
+			m.EventID = "given-" + string(rune('A'+i))
+		}
+		if i%7 == 0 {
+			m.Key = []byte{'k', byte('0' + i%10)}
+			m.Headers = map[string]string{"tenant": "t" + string(rune('0'+i%10))}
+			m.Traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		}
+		msgs = append(msgs, m)
+	}
+	res, err := batch(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := map[string]int64{"a": 1, "b": 3, "c": 1}
+	for i, m := range msgs {
+		r := res[i]
+		if r.Seq != next[m.Source] {
+			t.Fatalf("message %d (%s): seq %d, want %d", i, m.Source, r.Seq, next[m.Source])
+		}
+		next[m.Source]++
+		if m.EventID != "" && r.EventID != m.EventID {
+			t.Fatalf("message %d: event id %q, want the given %q", i, r.EventID, m.EventID)
+		}
+		var source, ct, headers string
+		var seq int64
+		var key, payload []byte
+		if err := b.db.Pool.QueryRow(b.ctx, `SELECT source, seq, content_type, record_key, headers::text, payload FROM onceflow.outbox WHERE event_id = $1`, r.EventID).
+			Scan(&source, &seq, &ct, &key, &headers, &payload); err != nil {
+			t.Fatalf("message %d: row %q: %v", i, r.EventID, err)
+		}
+		if source != m.Source || seq != r.Seq || ct != m.ContentType || string(key) != string(m.Key) || string(payload) != string(m.Payload) {
+			t.Fatalf("message %d: row %s/%d %q key %q payload %x, want %s/%d %q key %q payload %x", i, source, seq, ct, key, payload, m.Source, r.Seq, m.ContentType, m.Key, m.Payload)
+		}
+		if m.Headers != nil && (!strings.Contains(headers, `"tenant": "`+m.Headers["tenant"]+`"`) || !strings.Contains(headers, m.Traceparent)) {
+			t.Fatalf("message %d: headers %s", i, headers)
+		}
+		if m.Headers == nil && headers != "{}" {
+			t.Fatalf("message %d: headers %s, want {}", i, headers)
+		}
+	}
+	// Per source, id order is seq order.
+	var bad int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY source ORDER BY id) AS back FROM onceflow.outbox) x WHERE back`).Scan(&bad); err != nil || bad != 0 {
+		t.Fatalf("%d rows whose seq goes back in id order (%v)", bad, err)
+	}
+	// A duplicate (already stored, or twice in the batch) refuses the batch
+	// and names the event id; the counters stay.
+	for _, dup := range [][]outbox.Message{
+		{msg("a"), func() outbox.Message { m := msg("d"); m.EventID = "given-A"; return m }()},
+		{func() outbox.Message { m := msg("e"); m.EventID = "twice"; return m }(), func() outbox.Message { m := msg("e"); m.EventID = "twice"; return m }()},
+	} {
+		_, err := batch(dup)
+		var de *outbox.DuplicateEventError
+		if !errors.As(err, &de) || de.EventID != dup[len(dup)-1].EventID {
+			t.Fatalf("duplicate batch: %v, want a DuplicateEventError naming %q", err, dup[len(dup)-1].EventID)
+		}
+	}
+	var last int64
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT last_seq FROM onceflow.source_seq WHERE source = 'a'`).Scan(&last); err != nil || last != 10 {
+		t.Fatalf("counter of a after refused batches: %d (%v), want 10", last, err)
+	}
+}
+
 // The SQL function behaves like the Go API for non-Go producers.
 func TestSQLEnqueueFunction(t *testing.T) {
 	t.Parallel()
