@@ -55,6 +55,8 @@ func TestBenchSmoke(t *testing.T) {
 			[]string{"peers: onceflow relay drain, default (mark) mode", "peers: onceflow relay drain, -delete-on-publish",
 				"peers: Watermill SQL forwarder", "peers: Debezium Postgres connector", "peers: onceflow default mode vs Watermill",
 				"peers: onceflow default mode vs Debezium", "peers: onceflow -delete-on-publish vs Debezium"}},
+		{"relay-designs", func(t *testing.T) { relayDesigns(t, rep, sz.RelayDesignBatches) },
+			[]string{"relay design: mark", "relay design: delete", "relay design: move", "relay design: queue"}},
 	}
 	var mu sync.Mutex
 	var want []string
