@@ -17,8 +17,10 @@ import (
 const FailpointAfterCall = "effects-after-call"
 
 // lockClass is the first key of the two-int advisory lock Do takes on a key
-// (the second is hashtext(key)). Two-int advisory locks never collide with
-// the one-bigint locks used elsewhere (migrations, tests).
+// (the second is hashtext(scope || E'\n' || key)). Two-int advisory locks
+// never collide with the one-bigint locks used elsewhere (migrations, tests).
+// Every implementation of the ledger protocol (docs/effects.md) takes the
+// same lock.
 const lockClass = 0x0eff
 
 // Result is what a call returned, recorded in the ledger.
@@ -58,12 +60,22 @@ func eventIDFrom(ctx context.Context) any {
 	return nil
 }
 
-// Do performs call at most once per recorded result for key:
+// Do is DoScoped with the empty scope: for callers that own the whole
+// ledger, or whose keys are unique across every caller of it.
+func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Result, error) {
+	return DoScoped(ctx, db, "", key, call)
+}
+
+// DoScoped performs call at most once per recorded result for key within
+// scope. A scope names the owner of a set of effects (the consumer's http
+// handler uses ConsumerScope); the same key in two scopes is two effects,
+// each called and recorded once. The key is what the downstream sees; the
+// scope is never sent.
 //
-//  1. It takes a session advisory lock on key (on a connection of its own,
-//     never the caller's transaction), so two callers with the same key never
-//     call at the same time: the second waits and then finds the first's
-//     result. A crash releases the lock with the session.
+//  1. It takes a session advisory lock on (scope, key) (on a connection of
+//     its own, never the caller's transaction), so two callers with the same
+//     scope and key never call at the same time: the second waits and then
+//     finds the first's result. A crash releases the lock with the session.
 //  2. It records the intent (status intent, attempts+1) in its own
 //     auto-committed statement, so the intent survives a crash during the
 //     call. A row that is already done is returned as is, with Replayed set,
@@ -72,9 +84,12 @@ func eventIDFrom(ctx context.Context) any {
 //     attempt calls again with the same key and the downstream dedups).
 //  4. It records the result (status done, result_code, result, completed_at).
 //
-// Do must not be given the caller's inbox transaction: the intent has to be
-// committed before the call whatever becomes of that transaction.
-func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Result, error) {
+// DoScoped must not be given the caller's inbox transaction: the intent has
+// to be committed before the call whatever becomes of that transaction.
+func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call CallFunc) (Result, error) {
+	if err := ValidateScope(scope); err != nil {
+		return Result{}, err
+	}
 	if err := ValidateKey(key); err != nil {
 		return Result{}, err
 	}
@@ -85,14 +100,14 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 	locked := false
 	defer func() {
 		if locked {
-			if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, lockClass, key); err != nil {
+			if _, err := conn.Exec(context.WithoutCancel(ctx), qUnlock, lockClass, scope, key); err != nil {
 				// Never hand a connection holding the lock back to the pool.
 				_ = conn.Conn().Close(context.WithoutCancel(ctx))
 			}
 		}
 		conn.Release()
 	}()
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, key); err != nil {
+	if _, err := conn.Exec(ctx, qLock, lockClass, scope, key); err != nil {
 		// A cancelled wait may leave the session's state unknown.
 		_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		return Result{}, fmt.Errorf("effects: lock key %q: %w", key, err)
@@ -104,7 +119,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 		code   *int
 		sum    []byte
 	)
-	err = conn.QueryRow(ctx, qIntent, key, eventIDFrom(ctx)).Scan(&status, &code, &sum)
+	err = conn.QueryRow(ctx, qIntent, scope, key, eventIDFrom(ctx)).Scan(&status, &code, &sum)
 	if err != nil {
 		return Result{}, fmt.Errorf("effects: record intent of %q: %w", key, err)
 	}
@@ -128,7 +143,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 		}
 		summary = string(res.Summary)
 	}
-	tag, err := conn.Exec(context.WithoutCancel(ctx), qDone, key, res.Code, summary)
+	tag, err := conn.Exec(context.WithoutCancel(ctx), qDone, scope, key, res.Code, summary)
 	if err != nil {
 		return Result{}, fmt.Errorf("effects: record result of %q: %w", key, err)
 	}
@@ -139,23 +154,31 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 	return res, nil
 }
 
+// The advisory lock of (scope, key): the contract every implementation of
+// the ledger protocol shares.
+const (
+	qLock   = `SELECT pg_advisory_lock($1, hashtext($2::text || E'\n' || $3::text))`
+	qUnlock = `SELECT pg_advisory_unlock($1, hashtext($2::text || E'\n' || $3::text))`
+)
+
 // qIntent inserts the intent or, when the key is known, counts one more
 // attempt if it is still an intent; it returns the row as it now is.
 const qIntent = `
-INSERT INTO onceflow.effects AS e (idempotency_key, event_id, status, attempts)
-VALUES ($1, $2, 'intent', 1)
-ON CONFLICT (idempotency_key) DO UPDATE
+INSERT INTO onceflow.effects AS e (scope, idempotency_key, event_id, status, attempts)
+VALUES ($1, $2, $3, 'intent', 1)
+ON CONFLICT (scope, idempotency_key) DO UPDATE
    SET attempts = e.attempts + CASE WHEN e.status = 'intent' THEN 1 ELSE 0 END,
        event_id = COALESCE(e.event_id, EXCLUDED.event_id)
 RETURNING status, result_code, result::text`
 
 const qDone = `
 UPDATE onceflow.effects
-   SET status = 'done', result_code = $2, result = $3::jsonb, completed_at = now()
- WHERE idempotency_key = $1`
+   SET status = 'done', result_code = $3, result = $4::jsonb, completed_at = now()
+ WHERE scope = $1 AND idempotency_key = $2`
 
 // Entry is one ledger row.
 type Entry struct {
+	Scope    string
 	Key      string
 	EventID  string
 	Status   string
@@ -163,16 +186,21 @@ type Entry struct {
 	Result   Result
 }
 
-// Lookup returns the ledger row of key, or ok=false.
+// Lookup returns the ledger row of key in the empty scope, or ok=false.
 func Lookup(ctx context.Context, db *pgxpool.Pool, key string) (e Entry, ok bool, err error) {
+	return LookupScoped(ctx, db, "", key)
+}
+
+// LookupScoped returns the ledger row of key in scope, or ok=false.
+func LookupScoped(ctx context.Context, db *pgxpool.Pool, scope, key string) (e Entry, ok bool, err error) {
 	var (
 		eventID *string
 		code    *int
 		sum     *string
 	)
-	err = db.QueryRow(ctx, `SELECT idempotency_key, event_id, status, attempts, result_code, result::text
-	  FROM onceflow.effects WHERE idempotency_key = $1`, key).
-		Scan(&e.Key, &eventID, &e.Status, &e.Attempts, &code, &sum)
+	err = db.QueryRow(ctx, `SELECT scope, idempotency_key, event_id, status, attempts, result_code, result::text
+	  FROM onceflow.effects WHERE scope = $1 AND idempotency_key = $2`, scope, key).
+		Scan(&e.Scope, &e.Key, &eventID, &e.Status, &e.Attempts, &code, &sum)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, false, nil
 	}

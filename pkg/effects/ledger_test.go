@@ -225,3 +225,56 @@ func TestGraphKeyOneEffect(t *testing.T) {
 		t.Fatalf("ledger row %+v: want the first event's id and one attempt", e)
 	}
 }
+
+// TestDoScoped: one key in two scopes is two effects, each called once and
+// replayed after; DoScoped waits for the advisory lock (0x0eff,
+// hashtext(scope || E'\n' || key)) that every implementation of the ledger
+// takes, and only for its own scope; a bad scope is refused before any I/O.
+func TestDoScoped(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	call := func(_ context.Context, key string) (effects.Result, error) {
+		calls.Add(1)
+		return effects.Result{Code: 200}, nil
+	}
+	for _, scope := range []string{"inbox/a/http/x", "inbox/b/http/x", "inbox/a/http/x", "inbox/b/http/x"} {
+		if _, err := effects.DoScoped(ctx, db.Pool, scope, "event:e1", call); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d calls for one key in two scopes, want 2", n)
+	}
+	e, ok, err := effects.LookupScoped(ctx, db.Pool, "inbox/b/http/x", "event:e1")
+	if err != nil || !ok || e.Scope != "inbox/b/http/x" || e.Status != effects.StatusDone {
+		t.Fatalf("LookupScoped = %+v, %v, %v", e, ok, err)
+	}
+	if _, ok, _ := effects.Lookup(ctx, db.Pool, "event:e1"); ok {
+		t.Fatal("the empty scope has a row it never wrote")
+	}
+
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(3839, hashtext('inbox/a/http/x' || E'\n' || 'event:e2'))`); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := effects.DoScoped(short, db.Pool, "inbox/a/http/x", "event:e2", call); err == nil {
+		t.Fatal("DoScoped did not wait for the held lock of its scope and key")
+	}
+	if _, err := effects.DoScoped(ctx, db.Pool, "inbox/b/http/x", "event:e2", call); err != nil {
+		t.Fatalf("another scope's key waited: %v", err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(3839, hashtext('inbox/a/http/x' || E'\n' || 'event:e2'))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := effects.DoScoped(ctx, db.Pool, "bad\nscope", "event:e3", call); !errors.Is(err, effects.ErrInvalidKey) {
+		t.Fatalf("bad scope: %v", err)
+	}
+}
