@@ -14,11 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/onceflow/onceflow/internal/testkit"
 )
 
 // BenchmarkMemory drains a small and a large backlog through a fresh relay
-// binary and a fresh consumer binary each (default flags, 256 B payloads)
+// binary and a fresh consumer binary each (default flags, 256 B payloads;
+// the consumer's topic is filled by the relay, see relayFill)
 // and reports each process's peak resident set (VmHWM from
 // /proc/<pid>/status) after the drain. Memory must be bounded by
 // configuration (batch and fetch limits), not by the backlog: the large
@@ -96,8 +99,7 @@ func consumerPeakRSS(tb testing.TB, n int) (float64, time.Duration) {
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.bench_state (source text PRIMARY KEY, seq bigint NOT NULL, n bigint NOT NULL)`); err != nil {
 		tb.Fatal(err)
 	}
-	topic := testkit.Topic(tb, "bench-mem-consumer", benchPartitions, nil)
-	prefill(tb, topic, n)
+	topic := relayFill(tb, db, n)
 	handlers := filepath.Join(tb.TempDir(), "handlers.json")
 	spec := `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
 		"INSERT INTO public.bench_state (source, seq, n) VALUES (:source, :seq, 1) ON CONFLICT (source) DO UPDATE SET seq = EXCLUDED.seq, n = bench_state.n + 1 WHERE bench_state.seq < EXCLUDED.seq"}]}`
@@ -198,4 +200,30 @@ func stopProc(tb testing.TB, p *testkit.Proc) {
 	if err := p.Wait(30 * time.Second); err != nil {
 		tb.Logf("%s: %v", p.Name, err)
 	}
+}
+
+// relayFill fills a new topic the way onceflow fills topics: n rows
+// bulk-inserted into the outbox and published by an in-process relay
+// (transactions of 1000 over 4 partitions), and returns it. The payloads
+// are hex digits (256 B), which compress about as much as real data: a fetch
+// limit counts compressed bytes, and the throughput benchmarks' 'x' padding
+// compresses about thirtyfold, which would make every fetch thirty times
+// larger in memory than the same limit with real payloads.
+func relayFill(tb testing.TB, db *testkit.DB, n int) string {
+	tb.Helper()
+	ctx := context.Background()
+	topic := testkit.Topic(tb, "bench-mem-consumer", benchPartitions, nil)
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, payload)
+		SELECT 'ev-' || g, $1, 'src-' || (g % 1000), g / 1000 + 1, 'bench.event', 'application/json',
+		       convert_to('{"pad":"' || left(md5(g::text) || md5(g::text || 'a') || md5(g::text || 'b') || md5(g::text || 'c')
+		           || md5(g::text || 'd') || md5(g::text || 'e') || md5(g::text || 'f') || md5(g::text || 'g'), $3 - 10) || '"}', 'UTF8')
+		  FROM generate_series(0, $2 - 1) g`, topic, n, benchPayload); err != nil {
+		tb.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	stop := startBenchRelay(tb, db, relayBenchBatch, true, false, reg)
+	waitCounter(tb, reg, "onceflow_relay_published_total", 0, float64(n), 30*time.Minute)
+	stop()
+	return topic
 }

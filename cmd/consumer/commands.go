@@ -83,7 +83,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	c, err := inbox.New(inbox.Config{
+	icfg := inbox.Config{
 		BatchHandler:         handler,
 		BatchMaxRecords:      cfg.BatchMaxRecords,
 		ConsumerName:         cfg.ConsumerName,
@@ -108,7 +108,9 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		RetryMaxInterval:     cfg.RetryMaxInterval,
 		SessionTimeout:       cfg.SessionTimeout,
 		Topics:               cfg.Topics,
-	})
+	}
+	icfg.FetchMaxBytes, icfg.FetchMaxPartitionBytes = int32(cfg.FetchMaxBytes), int32(cfg.FetchMaxPartitionBytes)
+	c, err := inbox.New(icfg)
 	if err != nil {
 		return &usageError{err}
 	}

@@ -69,6 +69,9 @@ type runConfig struct {
 	SessionTimeout       time.Duration
 	Topics               cli.List
 
+	// Fetch limits (bytes, compressed as stored): they bound memory.
+	FetchMaxBytes, FetchMaxPartitionBytes int
+
 	// Parsed by validate.
 	firstSeen   seqguard.FirstSeen
 	gapTimeouts []inbox.GapTimeout
@@ -85,6 +88,8 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.BatchMaxRecords, "batch-max-records", 500, "most records of one partition applied in one transaction")
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
 	fs.StringVar(&c.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
+	fs.IntVar(&c.FetchMaxBytes, "fetch-max-bytes", 1<<20, "most bytes (compressed, as stored) one fetch from a broker brings; with -fetch-max-partition-bytes, -batch-max-records and the queue depth it bounds memory")
+	fs.IntVar(&c.FetchMaxPartitionBytes, "fetch-max-partition-bytes", 256<<10, "most bytes of one partition in one fetch (a broker still returns at least one record batch)")
 	fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "start policy for a source seen for the first time: expect-first-seq-1 or accept-first-seen")
 	fs.DurationVar(&c.GapCheckInterval, "gap-check-interval", time.Second, "how often the gap timer gives up expired gaps and refreshes the guard gauges")
 	fs.DurationVar(&c.GapTimeout, "gap-timeout", seqguard.DefaultGapTimeout, "how long a sequence gap stays open before it is given up")
@@ -124,6 +129,12 @@ func (c *runConfig) validate() error {
 	}
 	if c.BatchMaxRecords < 1 {
 		errs = append(errs, fmt.Errorf("-batch-max-records (ONCEFLOW_BATCH_MAX_RECORDS) must be at least 1, got %d", c.BatchMaxRecords))
+	}
+	if c.FetchMaxBytes < 1 || c.FetchMaxBytes > 1<<30 {
+		errs = append(errs, fmt.Errorf("-fetch-max-bytes (ONCEFLOW_FETCH_MAX_BYTES) must be between 1 and 1 GiB, got %d", c.FetchMaxBytes))
+	}
+	if c.FetchMaxPartitionBytes < 1 || c.FetchMaxPartitionBytes > c.FetchMaxBytes {
+		errs = append(errs, fmt.Errorf("-fetch-max-partition-bytes (ONCEFLOW_FETCH_MAX_PARTITION_BYTES) must be between 1 and -fetch-max-bytes (%d), got %d", c.FetchMaxBytes, c.FetchMaxPartitionBytes))
 	}
 	if c.MaxPayloadBytes < 1 {
 		errs = append(errs, fmt.Errorf("-max-payload-bytes (ONCEFLOW_MAX_PAYLOAD_BYTES) must be at least 1, got %d", c.MaxPayloadBytes))
