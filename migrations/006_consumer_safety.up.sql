@@ -11,14 +11,11 @@ ALTER TABLE onceflow.consumer_offsets ADD COLUMN topic_id text;
 -- none, and for the consumer's http handler "inbox/<consumer>/http/<event
 -- type entry>" (each part path-escaped). The same idempotency key in two
 -- scopes is two effects. Rows written before this migration keep scope ''.
--- (IF NOT EXISTS / IF EXISTS: the SQL fencing functions' migration may have
--- added the same column and key already.)
-ALTER TABLE onceflow.effects ADD COLUMN IF NOT EXISTS scope text NOT NULL DEFAULT '';
-ALTER TABLE onceflow.effects DROP CONSTRAINT IF EXISTS effects_pkey,
-    ADD CONSTRAINT effects_pkey PRIMARY KEY (scope, idempotency_key);
-ALTER TABLE onceflow.effects DROP CONSTRAINT IF EXISTS effects_scope_length,
-    ADD CONSTRAINT effects_scope_length CHECK (octet_length(scope) <= 512);
-DROP INDEX IF EXISTS onceflow.effects_event_id;
+ALTER TABLE onceflow.effects ADD COLUMN scope text NOT NULL DEFAULT '';
+ALTER TABLE onceflow.effects DROP CONSTRAINT effects_pkey;
+ALTER TABLE onceflow.effects ADD PRIMARY KEY (scope, idempotency_key);
+ALTER TABLE onceflow.effects ADD CONSTRAINT effects_scope_length CHECK (octet_length(scope) <= 512);
+DROP INDEX onceflow.effects_event_id;
 CREATE INDEX effects_event_id ON onceflow.effects (event_id, scope);
 
 -- The seq a source started at: 1 under expect-first-seq-1, the first seq

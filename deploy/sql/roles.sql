@@ -167,6 +167,13 @@ BEGIN
     LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', r.rel, v_consumer);
     END LOOP;
+    -- The effects ledger's protocol functions (effects.Do, and fences from
+    -- other languages, run them with the caller's rights).
+    FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname LIKE 'effect\_%'
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_consumer);
+    END LOOP;
     -- Console (docs/console.md): the consumer records operator changes in
     -- the audit (never deletes them), and the consumer and the relay may read
     -- the relay's status through onceflow.relay_status(), which shows counts

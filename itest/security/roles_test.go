@@ -146,6 +146,8 @@ func checkPrivileges(t *testing.T, db *testkit.DB, cases []privCase) {
 }
 
 const (
+	// The ledger protocol: claim, then give the key back in the same statement.
+	effectClaim   = `SELECT onceflow.effect_release('k-claim', '') FROM onceflow.effect_claim('k-claim')`
 	handlerTable  = `CREATE TABLE public.sec_handler_effects (event_id text PRIMARY KEY, n integer NOT NULL)`
 	enqueueCall   = `SELECT * FROM onceflow.enqueue('orders', 'order-1', 'order.created', '{"total": 1}'::jsonb)`
 	inboxInsert   = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status) VALUES ('c', 'e1', 's', 1, 't', 'orders', 0, 0, 'processed')`
@@ -186,6 +188,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{w, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
 		{w, "read the lease", `SELECT * FROM onceflow.relay_lease`, false},
 		{w, "read seq state", `SELECT * FROM onceflow.seq_state`, false},
+		{w, "claim an effect", effectClaim, false},
 
 		{r, "read unpublished rows", `SELECT id, event_id, topic, source, seq, event_type, content_type, record_key, headers, payload FROM onceflow.outbox WHERE published_at IS NULL ORDER BY id LIMIT 10`, true},
 		{r, "mark rows published", `UPDATE onceflow.outbox SET published_at = now() WHERE id = ANY('{1,2}'::bigint[]) AND published_at IS NULL`, true},
@@ -198,6 +201,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{r, "read seq state", `SELECT * FROM onceflow.seq_state`, false},
 		{r, "read gaps", `SELECT * FROM onceflow.seq_gaps`, false},
 		{r, "read effects", `SELECT * FROM onceflow.effects`, false},
+		{r, "claim an effect", effectClaim, false},
 		{r, "read consumer offsets", `SELECT * FROM onceflow.consumer_offsets`, false},
 		{r, "create events", outboxInsert, false},
 		{r, "enqueue()", enqueueCall, false},
@@ -209,6 +213,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{c, "write seq state", `INSERT INTO onceflow.seq_state (consumer, source, last_applied) VALUES ('c', 's', 1)`, true},
 		{c, "open a gap", `INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline) VALUES ('c', 's', 2, 3, now(), now()) RETURNING id`, true},
 		{c, "record an effect", `INSERT INTO onceflow.effects (idempotency_key) VALUES ('k')`, true},
+		{c, "claim an effect (effects.Do)", effectClaim, true},
 		{c, "write its handler table", `INSERT INTO public.sec_handler_effects VALUES ('e', 1)`, true},
 		{c, "write the outbox", outboxInsert, false},
 		{c, "enqueue() (not configured)", enqueueCall, false},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -276,5 +277,62 @@ func TestDoScoped(t *testing.T) {
 	}
 	if _, err := effects.DoScoped(ctx, db.Pool, "bad\nscope", "event:e3", call); !errors.Is(err, effects.ErrInvalidKey) {
 		t.Fatalf("bad scope: %v", err)
+	}
+}
+
+// TestDoScopedRunsTheSQLProtocol: DoScoped is the SQL functions, not a
+// second implementation of them. A scoped key claimed and recorded through
+// onceflow.effect_claim/effect_record by another session is waited for and
+// then replayed; and with effect_claim gone DoScoped cannot run at all.
+func TestDoScopedRunsTheSQLProtocol(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	const scope, key = "inbox/agents%2F1/http/%2A", "event:sql-1"
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	var status string
+	if err := holder.QueryRow(ctx, `SELECT status FROM onceflow.effect_claim($1, $2)`, key, scope).Scan(&status); err != nil || status != effects.StatusIntent {
+		t.Fatalf("SQL claim: %q, %v", status, err)
+	}
+	done := make(chan error, 1)
+	var got effects.Result
+	go func() {
+		var err error
+		got, err = effects.DoScoped(ctx, db.Pool, scope, key, func(context.Context, string) (effects.Result, error) {
+			t.Error("DoScoped called a key the SQL caller recorded")
+			return effects.Result{}, nil
+		})
+		done <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting := 0; waiting != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("DoScoped never waited on the key the SQL caller holds")
+		}
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 3839 AND NOT granted`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := holder.Exec(ctx, `SELECT onceflow.effect_record($1, $2, 201, '{"by":"sql"}')`, key, scope); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !got.Replayed || got.Code != 201 || string(got.Summary) != `{"by": "sql"}` {
+		t.Fatalf("DoScoped after the SQL record = %+v (%s), %v", got, got.Summary, err)
+	}
+
+	if _, err := db.Pool.Exec(ctx, `ALTER FUNCTION onceflow.effect_claim(text, text, text) RENAME TO effect_claim_gone`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = effects.DoScoped(ctx, db.Pool, scope, "event:sql-2", func(context.Context, string) (effects.Result, error) {
+		t.Error("DoScoped called without onceflow.effect_claim")
+		return effects.Result{}, nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "effect_claim") {
+		t.Fatalf("DoScoped without onceflow.effect_claim: %v; want it to fail naming the function", err)
 	}
 }
