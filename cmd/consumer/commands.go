@@ -110,6 +110,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		Topics:               cfg.Topics,
 	}
 	icfg.FetchMaxBytes, icfg.FetchMaxPartitionBytes = int32(cfg.FetchMaxBytes), int32(cfg.FetchMaxPartitionBytes)
+	icfg.FetchMaxWait = cfg.FetchMaxWait
 	c, err := inbox.New(icfg)
 	if err != nil {
 		return &usageError{err}

@@ -71,6 +71,7 @@ type runConfig struct {
 
 	// Fetch limits (bytes, compressed as stored): they bound memory.
 	FetchMaxBytes, FetchMaxPartitionBytes int
+	FetchMaxWait                          time.Duration
 
 	// Parsed by validate.
 	firstSeen   seqguard.FirstSeen
@@ -89,6 +90,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
 	fs.StringVar(&c.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
 	fs.IntVar(&c.FetchMaxBytes, "fetch-max-bytes", 1<<20, "most bytes (compressed, as stored) one fetch from a broker brings; with -fetch-max-partition-bytes, -batch-max-records and the queue depth it bounds memory")
+	fs.DurationVar(&c.FetchMaxWait, "fetch-max-wait", 50*time.Millisecond, "longest a broker holds a fetch that finds nothing new (a transaction's commit does not end the wait: this bounds an idle partition's latency)")
 	fs.IntVar(&c.FetchMaxPartitionBytes, "fetch-max-partition-bytes", 256<<10, "most bytes of one partition in one fetch (a broker still returns at least one record batch)")
 	fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "start policy for a source seen for the first time: expect-first-seq-1 or accept-first-seen")
 	fs.DurationVar(&c.GapCheckInterval, "gap-check-interval", time.Second, "how often the gap timer gives up expired gaps and refreshes the guard gauges")
@@ -129,6 +131,9 @@ func (c *runConfig) validate() error {
 	}
 	if c.BatchMaxRecords < 1 {
 		errs = append(errs, fmt.Errorf("-batch-max-records (ONCEFLOW_BATCH_MAX_RECORDS) must be at least 1, got %d", c.BatchMaxRecords))
+	}
+	if c.FetchMaxWait < time.Millisecond {
+		errs = append(errs, fmt.Errorf("-fetch-max-wait (ONCEFLOW_FETCH_MAX_WAIT) must be at least 1ms, got %s", c.FetchMaxWait))
 	}
 	if c.FetchMaxBytes < 1 || c.FetchMaxBytes > 1<<30 {
 		errs = append(errs, fmt.Errorf("-fetch-max-bytes (ONCEFLOW_FETCH_MAX_BYTES) must be between 1 and 1 GiB, got %d", c.FetchMaxBytes))

@@ -47,6 +47,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"gap check interval", append(append([]string{"run"}, base...), "-gap-check-interval", "-1s"), "-gap-check-interval (ONCEFLOW_GAP_CHECK_INTERVAL)"},
 		{"max parked", append(append([]string{"run"}, base...), "-max-parked", "0"), "-max-parked (ONCEFLOW_MAX_PARKED)"},
 		{"fetch max bytes", append(append([]string{"run"}, base...), "-fetch-max-bytes", "0"), "-fetch-max-bytes (ONCEFLOW_FETCH_MAX_BYTES)"},
+		{"fetch max wait", append(append([]string{"run"}, base...), "-fetch-max-wait", "0s"), "-fetch-max-wait (ONCEFLOW_FETCH_MAX_WAIT)"},
 		{"fetch partition bytes", append(append([]string{"run"}, base...), "-fetch-max-partition-bytes", "2000000"), "-fetch-max-partition-bytes (ONCEFLOW_FETCH_MAX_PARTITION_BYTES)"},
 		{"gaps subcommand", []string{"gaps", "purge"}, `unknown command "purge"`},
 		{"gaps resolve range", []string{"gaps", "resolve", "src", "9-7", "-note", "x"}, `range "9-7"`},

@@ -69,6 +69,13 @@ type Config struct {
 	FetchMaxBytes          int32
 	FetchMaxPartitionBytes int32
 
+	// FetchMaxWait is how long a broker holds a fetch that finds nothing
+	// new (default 50ms). A read_committed fetch is not answered early when
+	// a transaction's commit makes waiting records visible, so this bounds
+	// what an idle partition adds to an event's latency; each idle wait
+	// costs one small request.
+	FetchMaxWait time.Duration
+
 	// FirstSeen is the sequence guard's start policy for a source seen for
 	// the first time (default seqguard.ExpectFirstSeq1: a first event with
 	// seq 5 is parked behind the gap 1–4; seqguard.AcceptFirstSeen starts
@@ -186,6 +193,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FetchMaxPartitionBytes == 0 {
 		c.FetchMaxPartitionBytes = 256 << 10
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = 50 * time.Millisecond
 	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = time.Minute
@@ -307,6 +317,8 @@ func (c *Config) validate() error {
 		return bad("QueueDepth", "must be at least 1")
 	case c.FetchMaxBytes < 1:
 		return bad("FetchMaxBytes", "must be at least 1")
+	case c.FetchMaxWait < time.Millisecond:
+		return bad("FetchMaxWait", "must be at least 1ms")
 	case c.FetchMaxPartitionBytes < 1 || c.FetchMaxPartitionBytes > c.FetchMaxBytes:
 		return bad("FetchMaxPartitionBytes", fmt.Sprintf("must be between 1 and FetchMaxBytes (%d), got %d", c.FetchMaxBytes, c.FetchMaxPartitionBytes))
 	case c.RetryInitialInterval < 0:

@@ -157,6 +157,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// What one fetch may bring bounds memory, not the backlog.
 		kgo.FetchMaxBytes(c.cfg.FetchMaxBytes),
 		kgo.FetchMaxPartitionBytes(c.cfg.FetchMaxPartitionBytes),
+		kgo.FetchMaxWait(c.cfg.FetchMaxWait),
 	)
 	if c.cfg.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(c.cfg.InstanceID))
