@@ -26,11 +26,13 @@ import (
 
 	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/pprofserver"
-	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
@@ -40,7 +42,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 			cli.Usage(fs, stderr)
 			return err
 		}
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	return nil
 }
@@ -56,24 +58,24 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		return usage("consumer run: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	log, err := cfg.Log.logger(stderr)
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
-	handler, err := inbox.LoadHandlerFile(cfg.HandlersFile)
+	handler, err := handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall)))
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
-	var retention *effects.Retention
+	var policy *retention.Policy
 	if cfg.RetentionFile != "" {
-		if retention, err = loadRetention(cfg.RetentionFile); err != nil {
+		if policy, err = loadRetention(cfg.RetentionFile); err != nil {
 			return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
 		}
 	}
-	if cfg.PruneInterval < 0 || (cfg.PruneInterval > 0 && retention == nil) {
-		return usage("-prune-interval (ONCEFLOW_PRUNE_INTERVAL) must be positive and needs -retention-file, got %s", cfg.PruneInterval)
+	if cfg.RetentionInterval < 0 || (cfg.RetentionInterval > 0 && policy == nil) {
+		return usage("-retention-interval (ONCEFLOW_RETENTION_INTERVAL) must be positive and needs -retention-file, got %s", cfg.RetentionInterval)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer")
 	if err != nil {
@@ -84,15 +86,19 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	icfg := inbox.Config{
-		BatchHandler:         handler,
-		BatchMaxRecords:      cfg.BatchMaxRecords,
-		ConsumerName:         cfg.ConsumerName,
-		DLQTopic:             cfg.DLQTopic,
-		FirstSeen:            cfg.firstSeen,
-		GapCheckInterval:     cfg.GapCheckInterval,
-		GapTimeout:           cfg.GapTimeout,
-		GapTimeouts:          cfg.gapTimeouts,
-		Group:                cfg.Group,
+		BatchHandler:     handler,
+		BatchMaxRecords:  cfg.BatchMaxRecords,
+		ConsumerName:     cfg.ConsumerName,
+		DLQTopic:         cfg.DLQTopic,
+		FirstSeen:        cfg.firstSeen,
+		GapCheckInterval: cfg.GapCheckInterval,
+		GapTimeout:       cfg.GapTimeout,
+		GapTimeouts:      cfg.gapTimeouts,
+		Group:            cfg.Group,
+		Hooks: inbox.Hooks{
+			OnAfterHandler:  failpoint.Func(failpoint.ConsumerAfterHandler),
+			OnAfterPGCommit: failpoint.Func(failpoint.ConsumerAfterPGCommit),
+		},
 		InstanceID:           cfg.InstanceID,
 		KafkaOpts:            cfg.Kafka.Opts(log),
 		LatePolicy:           cfg.latePolicy,
@@ -113,7 +119,13 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	icfg.FetchMaxWait = cfg.FetchMaxWait
 	c, err := inbox.New(icfg)
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
+	}
+	var pm *retention.Metrics
+	if cfg.RetentionInterval > 0 {
+		if pm, err = retention.NewMetrics(reg); err != nil {
+			return err
+		}
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return c.Run(gctx) })
@@ -130,10 +142,9 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 			return nil
 		})
 	}
-	if cfg.PruneInterval > 0 {
-		pm := effects.NewPrunerMetrics(reg)
+	if cfg.RetentionInterval > 0 {
 		g.Go(func() error {
-			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{Consumer: cfg.ConsumerName}, pm, log)
+			return retention.Run(gctx, pool, policy, cfg.RetentionInterval, retention.Options{Consumer: cfg.ConsumerName}, pm, log)
 		})
 	}
 	g.Go(func() error {
@@ -205,11 +216,7 @@ func replayer(rc inbox.ReplayConfig) admin.ReplayFunc {
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var lc logConfig
 	log, _ := lc.logger(stderr)
-	err := migrate.Command(ctx, "consumer", args, stdout, log)
-	if err != nil && err != flag.ErrHelp && strings.Contains(err.Error(), "ONCEFLOW_") {
-		return &usageError{err} // a bad setting, named
-	}
-	return err
+	return migrate.Command(ctx, "consumer", args, stdout, log)
 }
 
 func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -223,7 +230,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usage("consumer dlq list: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if cfg.Limit < 1 {
 		return usage("-limit (ONCEFLOW_LIMIT) must be at least 1, got %d", cfg.Limit)
@@ -305,7 +312,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		req.Expect = &cfg.Expect
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	var replay admin.ReplayFunc
 	if cfg.HandlersFile == "" && !cfg.DryRun {
@@ -313,10 +320,10 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	rc, err := cfg.replayConfig()
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if cfg.HandlersFile != "" {
-		if rc.Handler, err = inbox.LoadHandlerFile(cfg.HandlersFile); err != nil {
+		if rc.Handler, err = handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall))); err != nil {
 			return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 		}
 	}

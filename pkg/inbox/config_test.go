@@ -65,9 +65,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		c.FetchMaxBytes != 1<<20 || c.FetchMaxPartitionBytes != 256<<10 || c.FetchMaxWait != 50*time.Millisecond {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
-	c.setGuard()
-	if _, ok := c.guard.(*seqGuard); !ok {
-		t.Fatalf("default guard %T, want the sequence guard", c.guard)
+	if g := newGuard(&c); !isSeqGuard(g) {
+		t.Fatalf("default guard %T, want the sequence guard", g)
 	}
 }
 
@@ -88,4 +87,9 @@ func TestParseGapTimeouts(t *testing.T) {
 			t.Errorf("%s: timeout %v, want %v", typ, p.GapTimeout, want)
 		}
 	}
+}
+
+func isSeqGuard(g guard) bool {
+	_, ok := g.(*seqGuard)
+	return ok
 }
