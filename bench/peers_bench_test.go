@@ -42,7 +42,8 @@ import (
 // it has it; otherwise the benchmark starts its own throwaway server with it
 // (internal/pgtemp) and runs every contender there, so they still share one
 // server. Each rate runs from the first record visible in Kafka to the last
-// (process start-up excluded; the notes give the rate from process start).
+// (process start-up excluded; the notes give the rate from process start):
+// from the last poll that saw no record yet to the first that saw all.
 // Sizes: ONCEFLOW_BENCH_PEER_EVENTS (200k) for onceflow and Debezium,
 // ONCEFLOW_BENCH_WATERMILL_EVENTS (50k) for Watermill.
 func BenchmarkPeers(b *testing.B) {
@@ -58,7 +59,12 @@ type drainResult struct {
 	cpu, rssMiB        float64
 }
 
-func (d drainResult) rate() float64          { return float64(d.n) / d.done.Sub(d.first).Seconds() }
+func (d drainResult) rate() float64 {
+	if d.first.IsZero() { // no poll saw the topic empty
+		d.first = d.start
+	}
+	return float64(d.n) / d.done.Sub(d.first).Seconds()
+}
 func (d drainResult) rateFromStart() float64 { return float64(d.n) / d.done.Sub(d.start).Seconds() }
 func (d drainResult) note() string {
 	return fmt.Sprintf("%d events; first record %s after process start, last %s later (%.0f ev/s from process start); process CPU %.1f s (%.1f s per 1M), peak RSS %.0f MiB",
@@ -208,8 +214,8 @@ func onceflowPeerDrain(tb testing.TB, admin string, n int, deleteOnPublish bool)
 	for {
 		v, err := scrape(addr, "onceflow_relay_published_total")
 		now := time.Now()
-		if err == nil && v > 0 && res.first.IsZero() {
-			res.first = now
+		if err == nil && v == 0 {
+			res.first = now // the last poll before the first record: the drain starts after it
 		}
 		if err == nil && v >= float64(n) {
 			res.done = now
@@ -239,8 +245,8 @@ func waitTopic(tb testing.TB, topic string, n int, res *drainResult, exited func
 		if err == nil {
 			offs.Each(func(o kadm.ListedOffset) { sum += o.Offset })
 		}
-		if sum > 0 && res.first.IsZero() {
-			res.first = now
+		if sum == 0 {
+			res.first = now // the last poll before the first record
 		}
 		if sum >= int64(n) {
 			res.done = now
