@@ -45,7 +45,7 @@ func TestBenchSmoke(t *testing.T) {
 		{"growth-relay", func(t *testing.T) { relayGrowth(t, rep, sz) },
 			[]string{"relay drain, 500 pending", "growth: relay drain"}},
 		{"write", func(t *testing.T) { writePath(t, rep, sz.WriteTxns, sz.WriteTxnEvents) },
-			[]string{"ceiling: write path: plain batched INSERT", "write path: EnqueueBatch", "write path: SQL function",
+			[]string{"ceiling: write path: plain batched INSERT", "write path: EnqueueBatch", "write path: SQL function onceflow.enqueue,", "write path: SQL function onceflow.enqueue_batch",
 				"write path: outbox rows set-based, seq from the client", "write path: outbox copy with its primary key only",
 				"write path: outbox rows set-based with the seq counter"}},
 		{"memory", func(t *testing.T) { memory(t, rep, sz.MemorySmall, sz.MemoryEvents) },

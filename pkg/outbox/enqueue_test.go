@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -352,6 +353,118 @@ func TestSQLEnqueueFunction(t *testing.T) {
 		if !errors.As(err, &pe) || pe.Code != tt.sqlstate || !strings.Contains(pe.Message, tt.mention) {
 			t.Errorf("%s: %v, want SQLSTATE %s mentioning %q", tt.call, err, tt.sqlstate, tt.mention)
 		}
+	}
+}
+
+// onceflow.enqueue_batch enqueues an array in one statement like EnqueueBatch,
+// and refuses exactly what onceflow.enqueue refuses: every bad case is run
+// through both functions (the batch one with a good event before the bad
+// one, which it must name as event 2), and nothing is written.
+func TestSQLEnqueueBatchFunction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.enqueue(t, outbox.Writer{}, msg("b")); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT event_id, seq FROM onceflow.enqueue_batch($1::jsonb)`, `[
+		{"topic": "orders", "source": "c", "event_type": "x", "payload": {"n": 1}},
+		{"topic": "orders", "source": "b", "event_type": "x", "payload": [1, 2], "event_id": "given-1", "headers": {"tenant": "acme"}, "key": "k"},
+		{"topic": "orders", "source": "c", "event_type": "x", "payload": null},
+		{"topic": "orders", "source": "a", "event_type": "x", "payload": "text"},
+		{"topic": "orders", "source": "b", "event_type": "x", "payload": {}}]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		id  string
+		seq int64
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (res, error) {
+		var x res
+		err := r.Scan(&x.id, &x.seq)
+		return x, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSeq := []int64{1, 2, 2, 1, 3}
+	if len(got) != len(wantSeq) {
+		t.Fatalf("%d results, want %d", len(got), len(wantSeq))
+	}
+	for i, r := range got {
+		if r.seq != wantSeq[i] || r.id == "" || (i == 1 && r.id != "given-1") {
+			t.Fatalf("result %d: %+v, want seq %d", i, r, wantSeq[i])
+		}
+		var source string
+		var seq int64
+		if err := b.db.Pool.QueryRow(b.ctx, `SELECT source, seq FROM onceflow.outbox WHERE event_id = $1`, r.id).Scan(&source, &seq); err != nil || seq != r.seq {
+			t.Fatalf("result %d: row %s/%d (%v)", i, source, seq, err)
+		}
+	}
+	var key, tenant string
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT convert_from(record_key, 'UTF8'), headers->>'tenant' FROM onceflow.outbox WHERE event_id = 'given-1'`).Scan(&key, &tenant); err != nil || key != "k" || tenant != "acme" {
+		t.Fatalf("given-1: key %q tenant %q (%v)", key, tenant, err)
+	}
+	var bad int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY source ORDER BY id) AS back FROM onceflow.outbox) x WHERE back`).Scan(&bad); err != nil || bad != 0 {
+		t.Fatalf("%d rows whose seq goes back in id order (%v)", bad, err)
+	}
+
+	// Each case: onceflow.enqueue's arguments as SQL expressions and the
+	// same event as a JSON object expression.
+	cases := []struct {
+		topic, source, eventType, payload, extra string // extra: named arguments of enqueue
+		event                                    string
+		sqlstate, mention                        string
+	}{
+		{`'orders'`, `''`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', '', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "source"},
+		{`'orders'`, `'s'`, `''`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', '', 'payload', '{}'::jsonb)`, "22023", "event_type"},
+		{`''`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', '', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`'bad topic'`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'bad topic', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`'..'`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', '..', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`'commandes-é'`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'commandes-é', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`repeat('t', 250)`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', repeat('t', 250), 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`'orders'`, `repeat('s', 513)`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', repeat('s', 513), 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "source"},
+		{`'orders'`, `'a' || chr(10) || 'b'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', 'a' || chr(10) || 'b', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "source"},
+		{`'orders'`, `'s'`, `'x' || chr(13)`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x' || chr(13), 'payload', '{}'::jsonb)`, "22023", "event_type"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, event_id => 'e' || chr(10)`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'event_id', 'e' || chr(10))`, "22023", "event_id"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, event_id => ''`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'event_id', '')`, "22023", "event_id"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, headers => '{"seq":"1"}'`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'headers', '{"seq":"1"}'::jsonb)`, "22023", "headers"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, headers => '{"n":1}'`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'headers', '{"n":1}'::jsonb)`, "22023", "headers"},
+		{`'orders'`, `'s'`, `'x'`, `jsonb_build_object('p', repeat('x', 1100000))`, ``, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', jsonb_build_object('p', repeat('x', 1100000)))`, "22023", "payload"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, event_id => 'given-1'`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'event_id', 'given-1')`, "23505", "given-1"},
+	}
+	var before int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM onceflow.outbox`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		single := fmt.Sprintf("SELECT * FROM onceflow.enqueue(%s, %s, %s, %s%s)", tc.topic, tc.source, tc.eventType, tc.payload, tc.extra)
+		batch := fmt.Sprintf(`SELECT * FROM onceflow.enqueue_batch(jsonb_build_array(jsonb_build_object('topic', 'orders', 'source', 'ok', 'event_type', 'x', 'payload', '{}'::jsonb), %s))`, tc.event)
+		for _, call := range []string{single, batch} {
+			_, err := b.db.Pool.Exec(b.ctx, call)
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != tc.sqlstate || !strings.Contains(pe.Message, tc.mention) {
+				t.Errorf("%.120s: %v, want SQLSTATE %s mentioning %q", call, err, tc.sqlstate, tc.mention)
+				continue
+			}
+			if call == batch && tc.sqlstate == "22023" && !strings.Contains(pe.Message, "event 2") {
+				t.Errorf("%.120s: %q does not name event 2", call, pe.Message)
+			}
+		}
+	}
+	// A legal event of each kind of the cases above passes.
+	if _, err := b.db.Pool.Exec(b.ctx, `SELECT * FROM onceflow.enqueue_batch(jsonb_build_array(jsonb_build_object('topic', 'Orders.v1_eu-west-' || repeat('9', 231), 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'headers', '{"tenant": "a"}'::jsonb)))`); err != nil {
+		t.Fatalf("a legal event: %v", err)
+	}
+	for _, bad := range []string{`'{}'`, `'[1]'`, `NULL`} {
+		if _, err := b.db.Pool.Exec(b.ctx, `SELECT * FROM onceflow.enqueue_batch(`+bad+`::jsonb)`); err == nil {
+			t.Errorf("enqueue_batch(%s) passed", bad)
+		}
+	}
+	var after int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM onceflow.outbox`).Scan(&after); err != nil || after != before+1 {
+		t.Fatalf("%d rows after the refused calls and one legal one, want %d (%v)", after, before+1, err)
 	}
 }
 
