@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -20,19 +21,58 @@ func TestBenchSmoke(t *testing.T) {
 	sz := smokeSizes()
 	rep := newReport()
 	rep.setSizes(sz)
+	// Each part and the figures it must produce. A run of a subset
+	// (-run 'TestBenchSmoke/parts/write') checks the figures of what ran.
+	parts := []struct {
+		name string
+		run  func(t *testing.T)
+		want []string
+	}{
+		{"relay", func(t *testing.T) { relayDrain(t, rep, sz.RelayEvents, false) },
+			[]string{"ceiling: raw franz-go transactional produce", "relay drain (mark)"}},
+		{"enqueue", func(t *testing.T) { relaySourceThroughput(t, rep, sz.EnqueueFor) },
+			[]string{"ceiling: Postgres single-row commits", "enqueue, 1 event/txn, 16 source(s)"}},
+		{"consumer", func(t *testing.T) { consumerDrain(t, rep, sz.ConsumerEvents, false) },
+			[]string{"ceiling: raw franz-go consume", "ceiling: raw batched inbox insert", "consumer drain (sql upsert handler)",
+				"ceiling: inbox insert + sql handler statement", "consumer drain (sql upsert handler) vs raw inbox insert"}},
+		{"pipeline", func(t *testing.T) { pipeline(t, rep, sz) },
+			[]string{"pipeline drain", "peak RSS: relay binary, pipeline run", "peak RSS: consumer binary, pipeline run", "CPU per 1M events: relay", "CPU per 1M events: consumer", "CPU per 1M events: postgres", "CPU per 1M events: kafka",
+				"e2e latency @ 1000 ev/s p50", "e2e latency @ 1000 ev/s p99", "e2e latency @ 1000 ev/s p99.9", "(50% of max) p99",
+				"e2e latency @ 1000 ev/s p99, split: producer", "e2e latency @ 1000 ev/s p99, split: relay read", "e2e latency @ 1000 ev/s p99, split: Kafka",
+				"e2e latency @ 1000 ev/s p99, split: consumer"}},
+		{"growth-consumer", func(t *testing.T) { consumerGrowth(t, rep, sz.GrowthEvents, sz.InboxRows) },
+			[]string{"consumer drain, empty inbox", "growth: consumer drain", "growth: raw batched inbox insert"}},
+		{"growth-relay", func(t *testing.T) { relayGrowth(t, rep, sz) },
+			[]string{"relay drain, 500 pending", "growth: relay drain"}},
+		{"write", func(t *testing.T) { writePath(t, rep, sz.WriteTxns, sz.WriteTxnEvents) },
+			[]string{"ceiling: write path: plain batched INSERT", "write path: EnqueueBatch", "write path: SQL function onceflow.enqueue,", "write path: SQL function onceflow.enqueue_batch",
+				"write path: outbox rows set-based, seq from the client", "write path: outbox copy with its primary key only",
+				"write path: outbox rows set-based with the seq counter"}},
+		{"memory", func(t *testing.T) { memory(t, rep, sz.MemorySmall, sz.MemoryEvents) },
+			[]string{"peak RSS: relay binary draining 200 events", "peak RSS: relay binary draining 2000 events",
+				"peak RSS: consumer binary draining 200 events", "peak RSS: consumer binary draining 2000 events"}},
+		{"peers", func(t *testing.T) { peers(t, rep, sz.PeerEvents, sz.WatermillEvents) },
+			[]string{"peers: onceflow relay drain, default (mark) mode", "peers: onceflow relay drain, -delete-on-publish",
+				"peers: Watermill SQL forwarder", "peers: Debezium Postgres connector", "peers: onceflow default mode vs Watermill",
+				"peers: onceflow default mode vs Debezium", "peers: onceflow -delete-on-publish vs Debezium"}},
+		{"relay-designs", func(t *testing.T) { relayDesigns(t, rep, sz.RelayDesignBatches) },
+			[]string{"relay design: mark", "relay design: delete", "relay design: move", "relay design: queue"}},
+		{"tracing", func(t *testing.T) { tracingOverhead(t, rep, sz) },
+			[]string{"tracing off: enqueue", "tracing default (global provider, no SDK): enqueue", "tracing on, 1 trace in 10 sampled: enqueue",
+				"tracing on, every span exported: enqueue", "tracing off: consumer drain", "tracing on, every span exported: consumer drain",
+				"tracing on, every span exported: consumer CPU per event"}},
+	}
+	var mu sync.Mutex
+	var want []string
 	t.Run("parts", func(t *testing.T) {
-		for name, part := range map[string]func(t *testing.T){
-			"relay":    func(t *testing.T) { relayDrain(t, rep, sz.RelayEvents, false) },
-			"enqueue":  func(t *testing.T) { relaySourceThroughput(t, rep, sz.EnqueueFor) },
-			"consumer": func(t *testing.T) { consumerDrain(t, rep, sz.ConsumerEvents, false) },
-			"pipeline": func(t *testing.T) { pipeline(t, rep, sz) },
-			"growth-consumer": func(t *testing.T) {
-				consumerGrowth(t, rep, sz.GrowthEvents, sz.InboxRows)
-			},
-			"growth-relay": func(t *testing.T) { relayGrowth(t, rep, sz) },
-			"tracing":      func(t *testing.T) { tracingOverhead(t, rep, sz) },
-		} {
-			t.Run(name, func(t *testing.T) { t.Parallel(); part(t) })
+		for _, p := range parts {
+			t.Run(p.name, func(t *testing.T) {
+				t.Parallel()
+				mu.Lock()
+				want = append(want, p.want...)
+				mu.Unlock()
+				p.run(t)
+			})
 		}
 	})
 	if t.Failed() {
@@ -53,17 +93,6 @@ func TestBenchSmoke(t *testing.T) {
 	var back report
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatalf("results JSON: %v", err)
-	}
-	want := []string{
-		"ceiling: raw franz-go transactional produce", "relay drain (mark)",
-		"ceiling: Postgres single-row commits", "enqueue, 1 event/txn, 16 source(s)",
-		"ceiling: raw franz-go consume", "ceiling: raw batched inbox insert", "consumer drain (sql upsert handler)",
-		"pipeline drain", "CPU per 1M events: relay", "CPU per 1M events: consumer", "CPU per 1M events: postgres", "CPU per 1M events: kafka",
-		"e2e latency @ 1000 ev/s p50", "e2e latency @ 1000 ev/s p99", "e2e latency @ 1000 ev/s p99.9", "(50% of max) p99",
-		"consumer drain, empty inbox", "growth: consumer drain", "growth: raw batched inbox insert", "relay drain, 500 pending", "growth: relay drain",
-		"tracing off: enqueue", "tracing default (global provider, no SDK): enqueue", "tracing on, 1 trace in 10 sampled: enqueue",
-		"tracing on, every span exported: enqueue", "tracing off: consumer drain", "tracing on, every span exported: consumer drain",
-		"tracing on, every span exported: consumer CPU per event",
 	}
 	for _, w := range want {
 		found := false

@@ -30,6 +30,7 @@ import (
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/obs"
+	"github.com/onceflow/onceflow/internal/pprofserver"
 	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/retention"
@@ -90,7 +91,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	c, err := inbox.New(inbox.Config{
+	icfg := inbox.Config{
 		BatchHandler:     handler,
 		BatchMaxRecords:  cfg.BatchMaxRecords,
 		ConsumerName:     cfg.ConsumerName,
@@ -120,7 +121,10 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		SessionTimeout:       cfg.SessionTimeout,
 		Topics:               cfg.Topics,
 		TracerProvider:       tracing.Provider,
-	})
+	}
+	icfg.FetchMaxBytes, icfg.FetchMaxPartitionBytes = int32(cfg.FetchMaxBytes), int32(cfg.FetchMaxPartitionBytes)
+	icfg.FetchMaxWait = cfg.FetchMaxWait
+	c, err := inbox.New(icfg)
 	if err != nil {
 		return &usageError{Err: err}
 	}
@@ -153,6 +157,14 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	g.Go(func() error {
 		return httpserver.Serve(gctx, httpserver.Config{Addr: cfg.HTTPAddr, Gatherer: reg, Ready: c.Ready, Logger: log},
 			func(a net.Addr) { log.InfoContext(ctx, "http listening", slog.String("addr", a.String())) })
+	})
+	g.Go(func() error {
+		if err := pprofserver.Serve(gctx, cfg.PprofAddr, log, func(a net.Addr) {
+			log.InfoContext(ctx, "pprof listening", slog.String("addr", a.String()))
+		}); err != nil {
+			return fmt.Errorf("pprof server: %w", err)
+		}
+		return nil
 	})
 	if err := g.Wait(); err != nil {
 		return err

@@ -56,6 +56,7 @@ type runConfig struct {
 	RetentionFile        string
 	RetentionInterval    time.Duration
 	HTTPAddr             string
+	PprofAddr            string
 	InstanceID           string
 	LatePolicy           string
 	MaxParked            int
@@ -67,6 +68,10 @@ type runConfig struct {
 	RetryMaxInterval     time.Duration
 	SessionTimeout       time.Duration
 	Topics               cli.List
+
+	// Fetch limits (bytes, compressed as stored): they bound memory.
+	FetchMaxBytes, FetchMaxPartitionBytes int
+	FetchMaxWait                          time.Duration
 
 	// Parsed by validate.
 	firstSeen   seqguard.FirstSeen
@@ -84,6 +89,9 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.BatchMaxRecords, "batch-max-records", 500, "most records of one partition applied in one transaction")
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
 	fs.StringVar(&c.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
+	fs.IntVar(&c.FetchMaxBytes, "fetch-max-bytes", 1<<20, "most bytes (compressed, as stored) one fetch from a broker brings; with -fetch-max-partition-bytes, -batch-max-records and the queue depth it bounds memory")
+	fs.DurationVar(&c.FetchMaxWait, "fetch-max-wait", 50*time.Millisecond, "longest a broker holds a fetch that finds nothing new (a transaction's commit does not end the wait: this bounds an idle partition's latency)")
+	fs.IntVar(&c.FetchMaxPartitionBytes, "fetch-max-partition-bytes", 256<<10, "most bytes of one partition in one fetch (a broker still returns at least one record batch)")
 	fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "start policy for a source seen for the first time: expect-first-seq-1 or accept-first-seen")
 	fs.DurationVar(&c.GapCheckInterval, "gap-check-interval", time.Second, "how often the gap timer gives up expired gaps and refreshes the guard gauges")
 	fs.DurationVar(&c.GapTimeout, "gap-timeout", seqguard.DefaultGapTimeout, "how long a sequence gap stays open before it is given up")
@@ -94,6 +102,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	cli.Deprecated(fs, "prune-interval", "retention-interval")
 	fs.StringVar(&c.RetentionFile, "retention-file", "", "JSON file of retention classes and sources' redelivery horizons, checked at start (see docs/effects.md)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":9464", "address of /metrics, /healthz and /readyz (empty disables)")
+	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "address of Go's /debug/pprof profiles, e.g. 127.0.0.1:6060 (empty, the default, disables)")
 	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id, stable per replica (e.g. the pod name); empty: dynamic")
 	fs.StringVar(&c.LatePolicy, "late-policy", seqguard.DeliverLate.String(), "event arriving after its gap was given up: deliver-late (handler sees Late) or hold (kept for an operator)")
 	fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "most parked events per source; beyond it the lowest gaps are given up early")
@@ -123,6 +132,15 @@ func (c *runConfig) validate() error {
 	}
 	if c.BatchMaxRecords < 1 {
 		errs = append(errs, fmt.Errorf("-batch-max-records (ONCEFLOW_BATCH_MAX_RECORDS) must be at least 1, got %d", c.BatchMaxRecords))
+	}
+	if c.FetchMaxWait < time.Millisecond {
+		errs = append(errs, fmt.Errorf("-fetch-max-wait (ONCEFLOW_FETCH_MAX_WAIT) must be at least 1ms, got %s", c.FetchMaxWait))
+	}
+	if c.FetchMaxBytes < 1 || c.FetchMaxBytes > 1<<30 {
+		errs = append(errs, fmt.Errorf("-fetch-max-bytes (ONCEFLOW_FETCH_MAX_BYTES) must be between 1 and 1 GiB, got %d", c.FetchMaxBytes))
+	}
+	if c.FetchMaxPartitionBytes < 1 || c.FetchMaxPartitionBytes > c.FetchMaxBytes {
+		errs = append(errs, fmt.Errorf("-fetch-max-partition-bytes (ONCEFLOW_FETCH_MAX_PARTITION_BYTES) must be between 1 and -fetch-max-bytes (%d), got %d", c.FetchMaxBytes, c.FetchMaxPartitionBytes))
 	}
 	if c.MaxPayloadBytes < 1 {
 		errs = append(errs, fmt.Errorf("-max-payload-bytes (ONCEFLOW_MAX_PAYLOAD_BYTES) must be at least 1, got %d", c.MaxPayloadBytes))

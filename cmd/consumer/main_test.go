@@ -4,9 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // Invalid configuration fails at start with one line naming the setting and
@@ -39,6 +46,9 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"gap timeout", append(append([]string{"run"}, base...), "-gap-timeout", "0s"), "-gap-timeout (ONCEFLOW_GAP_TIMEOUT)"},
 		{"gap check interval", append(append([]string{"run"}, base...), "-gap-check-interval", "-1s"), "-gap-check-interval (ONCEFLOW_GAP_CHECK_INTERVAL)"},
 		{"max parked", append(append([]string{"run"}, base...), "-max-parked", "0"), "-max-parked (ONCEFLOW_MAX_PARKED)"},
+		{"fetch max bytes", append(append([]string{"run"}, base...), "-fetch-max-bytes", "0"), "-fetch-max-bytes (ONCEFLOW_FETCH_MAX_BYTES)"},
+		{"fetch max wait", append(append([]string{"run"}, base...), "-fetch-max-wait", "0s"), "-fetch-max-wait (ONCEFLOW_FETCH_MAX_WAIT)"},
+		{"fetch partition bytes", append(append([]string{"run"}, base...), "-fetch-max-partition-bytes", "2000000"), "-fetch-max-partition-bytes (ONCEFLOW_FETCH_MAX_PARTITION_BYTES)"},
 		{"gaps subcommand", []string{"gaps", "purge"}, `unknown command "purge"`},
 		{"gaps resolve range", []string{"gaps", "resolve", "src", "9-7", "-note", "x"}, `range "9-7"`},
 		{"gaps resolve note", []string{"gaps", "resolve", "src", "7-9"}, "-note (ONCEFLOW_NOTE)"},
@@ -79,5 +89,76 @@ func TestRunEnvFallback(t *testing.T) {
 	// Everything else came from the environment: the handlers file is next.
 	if err == nil || !strings.Contains(err.Error(), "-handlers-file (ONCEFLOW_HANDLERS_FILE): read handler file") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// -pprof-addr (and ONCEFLOW_PPROF_ADDR) serves Go's profiles on an address
+// of its own; off by default. No database or broker is needed: the
+// consumer retries connecting while the profile endpoint serves.
+func TestPprofAddr(t *testing.T) {
+	handlers := filepath.Join(t.TempDir(), "handlers.json")
+	if err := os.WriteFile(handlers, []byte(`{"handlers": [{"event_type": "*", "kind": "log"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("ONCEFLOW_PPROF_ADDR", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"run", "-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", "-kafka-brokers", "127.0.0.1:1",
+			"-group", "g", "-topics", "t", "-handlers-file", handlers, "-http-addr", ""}, &bytes.Buffer{}, &logs)
+	}()
+	re := regexp.MustCompile(`"msg":"pprof listening","addr":"([^"]+)"`)
+	var addr string
+	for deadline := time.Now().Add(30 * time.Second); addr == ""; {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no pprof address logged:\n%s", logs.String())
+		} else {
+			time.Sleep(10 * time.Millisecond) // polling a condition: the log line
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "goroutine profile") {
+		t.Fatalf("GET goroutine profile: %d %.80q", resp.StatusCode, body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("consumer run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("consumer did not stop")
+	}
+	var c runConfig
+	fs := flag.NewFlagSet("consumer run", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if f := fs.Lookup("pprof-addr"); f == nil || f.DefValue != "" {
+		t.Fatalf("-pprof-addr default %v, want empty (off)", f)
 	}
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/obs"
 	"github.com/onceflow/onceflow/internal/pgconn"
+	"github.com/onceflow/onceflow/internal/pprofserver"
 	"github.com/onceflow/onceflow/internal/topics"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
@@ -131,6 +132,7 @@ type config struct {
 	db        pgconn.Config
 	kafka     kafkaconn.Config
 	httpAddr  string
+	pprofAddr string
 	logFormat string
 	logLevel  string
 
@@ -163,6 +165,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	c.db.RegisterFlags(fs)
 	c.kafka.RegisterFlags(fs, "onceflow-relay")
 	fs.StringVar(&c.httpAddr, "http-addr", ":9090", "address of /metrics, /healthz and /readyz (empty disables)")
+	fs.StringVar(&c.pprofAddr, "pprof-addr", "", "address of Go's /debug/pprof profiles, e.g. 127.0.0.1:6060 (empty, the default, disables)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&c.backoffMax, "backoff-max", 5*time.Second, "longest wait between retries of Kafka and PostgreSQL errors")
@@ -339,6 +342,14 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 		if err != nil {
 			return fmt.Errorf("http server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := pprofserver.Serve(gctx, c.pprofAddr, log, func(a net.Addr) {
+			log.InfoContext(gctx, "pprof listening", slog.String("addr", a.String()))
+		}); err != nil {
+			return fmt.Errorf("pprof server: %w", err)
 		}
 		return nil
 	})

@@ -1,10 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"flag"
 	"io"
+	"net/http"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestInvalidConfigNamesTheSetting(t *testing.T) {
@@ -47,5 +54,71 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 				t.Fatalf("run(%q) = %q, want one line naming %s", tt.args, err, tt.want)
 			}
 		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// -pprof-addr serves Go's profiles on an address of its own; nothing
+// listens for them by default. No database or broker is needed: the relay
+// retries connecting while the profile endpoint serves.
+func TestPprofAddr(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runRelay(ctx, []string{"-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", "-kafka-brokers", "127.0.0.1:1",
+			"-http-addr", "", "-pprof-addr", "127.0.0.1:0"}, &logs)
+	}()
+	re := regexp.MustCompile(`"msg":"pprof listening","addr":"([^"]+)"`)
+	var addr string
+	for deadline := time.Now().Add(30 * time.Second); addr == ""; {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no pprof address logged:\n%s", logs.String())
+		} else {
+			time.Sleep(10 * time.Millisecond) // polling a condition: the log line
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "heap profile") {
+		t.Fatalf("GET heap profile: %d %.80q", resp.StatusCode, body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("runRelay: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay did not stop")
+	}
+	var c config
+	fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if f := fs.Lookup("pprof-addr"); f == nil || f.DefValue != "" {
+		t.Fatalf("-pprof-addr default %v, want empty (off)", f)
 	}
 }

@@ -139,13 +139,13 @@ BEGIN
     END LOOP;
     EXECUTE format('GRANT USAGE ON SCHEMA onceflow TO %s', v_apps);
 
-    -- Writer: enqueue only. onceflow.enqueue runs with the caller's rights,
+    -- Writer: enqueue only. onceflow.enqueue (and enqueue_batch) runs with the caller's rights,
     -- so the writer holds exactly what it (and the Go API's single INSERT)
     -- does: lock-and-bump the source's counter, insert the event, read back
     -- the event id and seq (column SELECT on those two only: payloads stay
     -- unreadable).
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
-              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname = 'enqueue'
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch')
     LOOP
         EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_writer);
     END LOOP;

@@ -60,6 +60,23 @@ type Config struct {
 	// row is the record of truth; the copy is best effort.
 	DLQTopic string
 
+	// FetchMaxBytes bounds one fetch response from a broker (default
+	// 1 MiB), and FetchMaxPartitionBytes one partition's share of it
+	// (default 256 KiB). Both count compressed bytes as the broker stores
+	// them, and a broker returns at least one whole record batch. The
+	// client buffers one fetch per broker; with QueueDepth and
+	// BatchMaxRecords they bound the consumer's memory whatever the
+	// backlog (docs/performance.md measures it).
+	FetchMaxBytes          int32
+	FetchMaxPartitionBytes int32
+
+	// FetchMaxWait is how long a broker holds a fetch that finds nothing
+	// new (default 50ms). A read_committed fetch is not answered early when
+	// a transaction's commit makes waiting records visible, so this bounds
+	// what an idle partition adds to an event's latency; each idle wait
+	// costs one small request.
+	FetchMaxWait time.Duration
+
 	// FirstSeen is the sequence guard's start policy for a source seen for
 	// the first time (default seqguard.ExpectFirstSeq1: a first event with
 	// seq 5 is parked behind the gap 1–4; seqguard.AcceptFirstSeen starts
@@ -206,6 +223,15 @@ func (c Config) WithDefaults() Config {
 	if c.BatchMaxRecords == 0 {
 		c.BatchMaxRecords = 500
 	}
+	if c.FetchMaxBytes == 0 {
+		c.FetchMaxBytes = 1 << 20
+	}
+	if c.FetchMaxPartitionBytes == 0 {
+		c.FetchMaxPartitionBytes = 256 << 10
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = 50 * time.Millisecond
+	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = time.Minute
 	}
@@ -314,6 +340,12 @@ func (c *Config) validate() error {
 		return bad("Pool", "is required")
 	case c.QueueDepth < 1:
 		return bad("QueueDepth", "must be at least 1")
+	case c.FetchMaxBytes < 1:
+		return bad("FetchMaxBytes", "must be at least 1")
+	case c.FetchMaxWait < time.Millisecond:
+		return bad("FetchMaxWait", "must be at least 1ms")
+	case c.FetchMaxPartitionBytes < 1 || c.FetchMaxPartitionBytes > c.FetchMaxBytes:
+		return bad("FetchMaxPartitionBytes", fmt.Sprintf("must be between 1 and FetchMaxBytes (%d), got %d", c.FetchMaxBytes, c.FetchMaxPartitionBytes))
 	case c.RetryInitialInterval < 0:
 		return bad("RetryInitialInterval", "must not be negative")
 	case c.RetryMaxAttempts < 1:

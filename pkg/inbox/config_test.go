@@ -30,6 +30,10 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{"RetryMaxAttempts", func(c *Config) { c.RetryMaxAttempts = -2 }},
 		{"RetryMaxInterval", func(c *Config) { c.RetryInitialInterval, c.RetryMaxInterval = 10, 5 }},
 		{"QueueDepth", func(c *Config) { c.QueueDepth = -1 }},
+		{"FetchMaxBytes", func(c *Config) { c.FetchMaxBytes = -1 }},
+		{"FetchMaxWait", func(c *Config) { c.FetchMaxWait = time.Microsecond }},
+		{"FetchMaxPartitionBytes", func(c *Config) { c.FetchMaxPartitionBytes = -1 }},
+		{"FetchMaxPartitionBytes", func(c *Config) { c.FetchMaxBytes, c.FetchMaxPartitionBytes = 1000, 2000 }},
 		{"Ordering", func(c *Config) { c.Ordering = 7 }},
 		{"FirstSeen", func(c *Config) { c.FirstSeen = 7 }},
 		{"LatePolicy", func(c *Config) { c.LatePolicy = 7 }},
@@ -57,7 +61,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		t.Fatalf("good config: %v", err)
 	}
 	if c.ConsumerName != DefaultConsumerName || c.BatchMaxRecords != 500 || c.RetryMaxAttempts != 5 ||
-		c.GapTimeout != 30*time.Second || c.GapCheckInterval != time.Second || c.MaxParked != 1000 || c.Ordering != OrderSeq {
+		c.GapTimeout != 30*time.Second || c.GapCheckInterval != time.Second || c.MaxParked != 1000 || c.Ordering != OrderSeq ||
+		c.FetchMaxBytes != 1<<20 || c.FetchMaxPartitionBytes != 256<<10 || c.FetchMaxWait != 50*time.Millisecond {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 	if g := newGuard(&c); !isSeqGuard(g) {

@@ -156,6 +156,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
 		kgo.AdjustFetchOffsetsFn(c.adjustOffsets),
+		// What one fetch may bring bounds memory, not the backlog.
+		kgo.FetchMaxBytes(c.cfg.FetchMaxBytes),
+		kgo.FetchMaxPartitionBytes(c.cfg.FetchMaxPartitionBytes),
+		kgo.FetchMaxWait(c.cfg.FetchMaxWait),
 	)
 	if c.cfg.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(c.cfg.InstanceID))

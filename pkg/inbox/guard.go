@@ -233,11 +233,18 @@ type seqLocked struct {
 
 func (s *seqLocked) admit(ctx context.Context, it *item) (admitted, error) {
 	ev := it.ev
-	out, err := s.l.Receive(ctx, seqguard.Event{
+	gev := seqguard.Event{
 		EventID: ev.EventID, Source: ev.Source, Seq: ev.Seq, EventType: ev.EventType,
 		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset,
-		Headers: recordHeaders(it.rec), Payload: nonNil(it.rec.Value),
-	}, s.now, s.g.policy(ev.EventType))
+	}
+	// Headers and payload are written only if the event is parked or held.
+	// The next seq of a source with nothing parked and no open gap is
+	// applied at once, so the common case skips encoding its headers
+	// (a JSON object per event was a sixth of the consumer's CPU).
+	if st, ok := s.l.State(ev.Source); !ok || !st.Started || ev.Seq != st.LastApplied+1 || len(st.Parked) > 0 || len(st.Gaps) > 0 {
+		gev.Headers, gev.Payload = recordHeaders(it.rec), nonNil(it.rec.Value)
+	}
+	out, err := s.l.Receive(ctx, gev, s.now, s.g.policy(ev.EventType))
 	if err != nil {
 		return admitted{}, err
 	}

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -205,6 +206,99 @@ func TestEnqueueHeadersKeyTraceparentStored(t *testing.T) {
 	}
 }
 
+// EnqueueBatch writes a batch in one statement: every row as Enqueue would
+// write it, each result matched to its message (generated ids too), seqs
+// continuing the counters, a duplicate event id refused naming it.
+func TestEnqueueBatchRowsAndResults(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	batch := func(msgs []outbox.Message) ([]outbox.Result, error) {
+		var res []outbox.Result
+		err := pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+			var err error
+			res, err = outbox.EnqueueBatch(b.ctx, tx, msgs)
+			return err
+		})
+		return res, err
+	}
+	if res, err := batch(nil); err != nil || res != nil {
+		t.Fatalf("empty batch: %v %v", res, err)
+	}
+	// The counter of "b" already stands at 2.
+	for range 2 {
+		if _, err := b.enqueue(t, outbox.Writer{}, msg("b")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var msgs []outbox.Message
+	for i := range 30 {
+		m := msg([]string{"c", "b", "a"}[i%3])
+		m.ContentType = "application/octet-stream"
+		m.Payload = []byte{byte(i), 0, 0xff}
+		if i%5 == 0 {
+			m.EventID = "given-" + string(rune('A'+i))
+		}
+		if i%7 == 0 {
+			m.Key = []byte{'k', byte('0' + i%10)}
+			m.Headers = map[string]string{"tenant": "t" + string(rune('0'+i%10))}
+			m.Traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		}
+		msgs = append(msgs, m)
+	}
+	res, err := batch(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := map[string]int64{"a": 1, "b": 3, "c": 1}
+	for i, m := range msgs {
+		r := res[i]
+		if r.Seq != next[m.Source] {
+			t.Fatalf("message %d (%s): seq %d, want %d", i, m.Source, r.Seq, next[m.Source])
+		}
+		next[m.Source]++
+		if m.EventID != "" && r.EventID != m.EventID {
+			t.Fatalf("message %d: event id %q, want the given %q", i, r.EventID, m.EventID)
+		}
+		var source, ct, headers string
+		var seq int64
+		var key, payload []byte
+		if err := b.db.Pool.QueryRow(b.ctx, `SELECT source, seq, content_type, record_key, headers::text, payload FROM onceflow.outbox WHERE event_id = $1`, r.EventID).
+			Scan(&source, &seq, &ct, &key, &headers, &payload); err != nil {
+			t.Fatalf("message %d: row %q: %v", i, r.EventID, err)
+		}
+		if source != m.Source || seq != r.Seq || ct != m.ContentType || string(key) != string(m.Key) || string(payload) != string(m.Payload) {
+			t.Fatalf("message %d: row %s/%d %q key %q payload %x, want %s/%d %q key %q payload %x", i, source, seq, ct, key, payload, m.Source, r.Seq, m.ContentType, m.Key, m.Payload)
+		}
+		if m.Headers != nil && (!strings.Contains(headers, `"tenant": "`+m.Headers["tenant"]+`"`) || !strings.Contains(headers, m.Traceparent)) {
+			t.Fatalf("message %d: headers %s", i, headers)
+		}
+		if m.Headers == nil && headers != "{}" {
+			t.Fatalf("message %d: headers %s, want {}", i, headers)
+		}
+	}
+	// Per source, id order is seq order.
+	var bad int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY source ORDER BY id) AS back FROM onceflow.outbox) x WHERE back`).Scan(&bad); err != nil || bad != 0 {
+		t.Fatalf("%d rows whose seq goes back in id order (%v)", bad, err)
+	}
+	// A duplicate (already stored, or twice in the batch) refuses the batch
+	// and names the event id; the counters stay.
+	for _, dup := range [][]outbox.Message{
+		{msg("a"), func() outbox.Message { m := msg("d"); m.EventID = "given-A"; return m }()},
+		{func() outbox.Message { m := msg("e"); m.EventID = "twice"; return m }(), func() outbox.Message { m := msg("e"); m.EventID = "twice"; return m }()},
+	} {
+		_, err := batch(dup)
+		var de *outbox.DuplicateEventError
+		if !errors.As(err, &de) || de.EventID != dup[len(dup)-1].EventID {
+			t.Fatalf("duplicate batch: %v, want a DuplicateEventError naming %q", err, dup[len(dup)-1].EventID)
+		}
+	}
+	var last int64
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT last_seq FROM onceflow.source_seq WHERE source = 'a'`).Scan(&last); err != nil || last != 10 {
+		t.Fatalf("counter of a after refused batches: %d (%v), want 10", last, err)
+	}
+}
+
 // The SQL function behaves like the Go API for non-Go producers.
 func TestSQLEnqueueFunction(t *testing.T) {
 	t.Parallel()
@@ -259,6 +353,118 @@ func TestSQLEnqueueFunction(t *testing.T) {
 		if !errors.As(err, &pe) || pe.Code != tt.sqlstate || !strings.Contains(pe.Message, tt.mention) {
 			t.Errorf("%s: %v, want SQLSTATE %s mentioning %q", tt.call, err, tt.sqlstate, tt.mention)
 		}
+	}
+}
+
+// onceflow.enqueue_batch enqueues an array in one statement like EnqueueBatch,
+// and refuses exactly what onceflow.enqueue refuses: every bad case is run
+// through both functions (the batch one with a good event before the bad
+// one, which it must name as event 2), and nothing is written.
+func TestSQLEnqueueBatchFunction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.enqueue(t, outbox.Writer{}, msg("b")); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT event_id, seq FROM onceflow.enqueue_batch($1::jsonb)`, `[
+		{"topic": "orders", "source": "c", "event_type": "x", "payload": {"n": 1}},
+		{"topic": "orders", "source": "b", "event_type": "x", "payload": [1, 2], "event_id": "given-1", "headers": {"tenant": "acme"}, "key": "k"},
+		{"topic": "orders", "source": "c", "event_type": "x", "payload": null},
+		{"topic": "orders", "source": "a", "event_type": "x", "payload": "text"},
+		{"topic": "orders", "source": "b", "event_type": "x", "payload": {}}]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		id  string
+		seq int64
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (res, error) {
+		var x res
+		err := r.Scan(&x.id, &x.seq)
+		return x, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSeq := []int64{1, 2, 2, 1, 3}
+	if len(got) != len(wantSeq) {
+		t.Fatalf("%d results, want %d", len(got), len(wantSeq))
+	}
+	for i, r := range got {
+		if r.seq != wantSeq[i] || r.id == "" || (i == 1 && r.id != "given-1") {
+			t.Fatalf("result %d: %+v, want seq %d", i, r, wantSeq[i])
+		}
+		var source string
+		var seq int64
+		if err := b.db.Pool.QueryRow(b.ctx, `SELECT source, seq FROM onceflow.outbox WHERE event_id = $1`, r.id).Scan(&source, &seq); err != nil || seq != r.seq {
+			t.Fatalf("result %d: row %s/%d (%v)", i, source, seq, err)
+		}
+	}
+	var key, tenant string
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT convert_from(record_key, 'UTF8'), headers->>'tenant' FROM onceflow.outbox WHERE event_id = 'given-1'`).Scan(&key, &tenant); err != nil || key != "k" || tenant != "acme" {
+		t.Fatalf("given-1: key %q tenant %q (%v)", key, tenant, err)
+	}
+	var bad int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY source ORDER BY id) AS back FROM onceflow.outbox) x WHERE back`).Scan(&bad); err != nil || bad != 0 {
+		t.Fatalf("%d rows whose seq goes back in id order (%v)", bad, err)
+	}
+
+	// Each case: onceflow.enqueue's arguments as SQL expressions and the
+	// same event as a JSON object expression.
+	cases := []struct {
+		topic, source, eventType, payload, extra string // extra: named arguments of enqueue
+		event                                    string
+		sqlstate, mention                        string
+	}{
+		{`'orders'`, `''`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', '', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "source"},
+		{`'orders'`, `'s'`, `''`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', '', 'payload', '{}'::jsonb)`, "22023", "event_type"},
+		{`''`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', '', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`'bad topic'`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'bad topic', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`'..'`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', '..', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`'commandes-é'`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'commandes-é', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`repeat('t', 250)`, `'s'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', repeat('t', 250), 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "topic"},
+		{`'orders'`, `repeat('s', 513)`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', repeat('s', 513), 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "source"},
+		{`'orders'`, `'a' || chr(10) || 'b'`, `'x'`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', 'a' || chr(10) || 'b', 'event_type', 'x', 'payload', '{}'::jsonb)`, "22023", "source"},
+		{`'orders'`, `'s'`, `'x' || chr(13)`, `'{}'`, ``, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x' || chr(13), 'payload', '{}'::jsonb)`, "22023", "event_type"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, event_id => 'e' || chr(10)`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'event_id', 'e' || chr(10))`, "22023", "event_id"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, event_id => ''`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'event_id', '')`, "22023", "event_id"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, headers => '{"seq":"1"}'`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'headers', '{"seq":"1"}'::jsonb)`, "22023", "headers"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, headers => '{"n":1}'`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'headers', '{"n":1}'::jsonb)`, "22023", "headers"},
+		{`'orders'`, `'s'`, `'x'`, `jsonb_build_object('p', repeat('x', 1100000))`, ``, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', jsonb_build_object('p', repeat('x', 1100000)))`, "22023", "payload"},
+		{`'orders'`, `'s'`, `'x'`, `'{}'`, `, event_id => 'given-1'`, `jsonb_build_object('topic', 'orders', 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'event_id', 'given-1')`, "23505", "given-1"},
+	}
+	var before int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM onceflow.outbox`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		single := fmt.Sprintf("SELECT * FROM onceflow.enqueue(%s, %s, %s, %s%s)", tc.topic, tc.source, tc.eventType, tc.payload, tc.extra)
+		batch := fmt.Sprintf(`SELECT * FROM onceflow.enqueue_batch(jsonb_build_array(jsonb_build_object('topic', 'orders', 'source', 'ok', 'event_type', 'x', 'payload', '{}'::jsonb), %s))`, tc.event)
+		for _, call := range []string{single, batch} {
+			_, err := b.db.Pool.Exec(b.ctx, call)
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != tc.sqlstate || !strings.Contains(pe.Message, tc.mention) {
+				t.Errorf("%.120s: %v, want SQLSTATE %s mentioning %q", call, err, tc.sqlstate, tc.mention)
+				continue
+			}
+			if call == batch && tc.sqlstate == "22023" && !strings.Contains(pe.Message, "event 2") {
+				t.Errorf("%.120s: %q does not name event 2", call, pe.Message)
+			}
+		}
+	}
+	// A legal event of each kind of the cases above passes.
+	if _, err := b.db.Pool.Exec(b.ctx, `SELECT * FROM onceflow.enqueue_batch(jsonb_build_array(jsonb_build_object('topic', 'Orders.v1_eu-west-' || repeat('9', 231), 'source', 's', 'event_type', 'x', 'payload', '{}'::jsonb, 'headers', '{"tenant": "a"}'::jsonb)))`); err != nil {
+		t.Fatalf("a legal event: %v", err)
+	}
+	for _, bad := range []string{`'{}'`, `'[1]'`, `NULL`} {
+		if _, err := b.db.Pool.Exec(b.ctx, `SELECT * FROM onceflow.enqueue_batch(`+bad+`::jsonb)`); err == nil {
+			t.Errorf("enqueue_batch(%s) passed", bad)
+		}
+	}
+	var after int
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM onceflow.outbox`).Scan(&after); err != nil || after != before+1 {
+		t.Fatalf("%d rows after the refused calls and one legal one, want %d (%v)", after, before+1, err)
 	}
 }
 

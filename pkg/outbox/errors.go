@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -78,9 +79,23 @@ func IsRetryable(err error) bool {
 func interpretEnqueueError(err error, eventID string) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == sqlstateUniqueViolation && pe.ConstraintName == "outbox_event_id_key" {
+		if eventID == "" { // a batch: the server's detail names the key
+			eventID = duplicateKey(pe.Detail)
+		}
 		return &DuplicateEventError{EventID: eventID}
 	}
 	return fmt.Errorf("enqueue: %w", err)
+}
+
+// duplicateKey is the value in a unique violation's detail,
+// "Key (event_id)=(order-88) already exists.".
+func duplicateKey(detail string) string {
+	_, v, ok := strings.Cut(detail, ")=(")
+	if !ok {
+		return ""
+	}
+	v, _, _ = strings.Cut(v, ") already exists")
+	return v
 }
 
 // isTopicMissing reports whether a produce error means the topic is absent.

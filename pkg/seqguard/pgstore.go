@@ -113,13 +113,65 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now tim
 	srcs := slices.Clone(sources)
 	slices.Sort(srcs)
 	srcs = slices.Compact(srcs)
-	if _, err := tx.Exec(ctx, qEnsureState, s.Consumer, srcs, now); err != nil {
-		return nil, fmt.Errorf("create seq state: %w", err)
-	}
 	l := &Locked{store: s, tx: tx, sources: srcs}
-	if err := l.load(ctx, qLockState, srcs); err != nil {
-		return nil, err
+	// One round trip: create the missing rows, lock every row in source
+	// order, then read the parked seqs and open gaps under the lock (a
+	// batch's statements run in order; each starts once the previous one
+	// finished, so the reads see the locked state).
+	c := s.Consumer
+	states := make(map[string]State, len(srcs))
+	b := &pgx.Batch{}
+	b.Queue(qEnsureState, c, srcs, now)
+	b.Queue(qLockState, c, srcs).Query(func(rows pgx.Rows) error {
+		var src string
+		var last, first *int64
+		_, err := pgx.ForEachRow(rows, []any{&src, &last, &first, &l.dbNow}, func() error {
+			st := State{}
+			if last != nil {
+				st.Started, st.LastApplied = true, *last
+			}
+			if first != nil && last != nil {
+				st.First = *first
+			}
+			states[src] = st
+			return nil
+		})
+		return err
+	})
+	b.Queue(qLoadParked, c, srcs).Query(func(rows pgx.Rows) error {
+		var src string
+		var seq int64
+		_, err := pgx.ForEachRow(rows, []any{&src, &seq}, func() error {
+			st := states[src]
+			st.Parked = append(st.Parked, seq)
+			states[src] = st
+			return nil
+		})
+		return err
+	})
+	b.Queue(qLoadGaps, c, srcs).Query(func(rows pgx.Rows) error {
+		var src string
+		var g Gap
+		_, err := pgx.ForEachRow(rows, []any{&src, &g.From, &g.To, &g.OpenedAt, &g.Deadline}, func() error {
+			st := states[src]
+			st.Gaps = append(st.Gaps, g)
+			states[src] = st
+			return nil
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("lock seq state: %w", err)
 	}
+	if len(states) != len(srcs) {
+		return nil, fmt.Errorf("%w: consumer %q: locked %d of %d sources", ErrCorruptState, c, len(states), len(srcs))
+	}
+	for src, st := range states {
+		if err := st.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: consumer %q source %q: %v", ErrCorruptState, c, src, err)
+		}
+	}
+	l.states = states
 	return l, nil
 }
 

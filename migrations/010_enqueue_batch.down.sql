@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS onceflow.enqueue_batch(jsonb);
