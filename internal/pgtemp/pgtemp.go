@@ -31,6 +31,7 @@ type Cluster struct {
 	dir  string
 	bin  string
 	asPG bool
+	opts string // the server options given to pg_ctl start
 }
 
 // BinDir finds the directory holding initdb and pg_ctl: the newest
@@ -62,6 +63,9 @@ type Options struct {
 	// only.
 	SSLCertFile string
 	SSLKeyFile  string
+	// Settings are extra server settings, name to value (e.g.
+	// "max_connections": "300"); default none.
+	Settings map[string]string
 }
 
 // Start creates and starts a cluster. Stop removes it.
@@ -115,9 +119,18 @@ func StartWithOptions(ctx context.Context, o Options) (*Cluster, error) {
 		}
 		opts += fmt.Sprintf(" -c ssl=on -c ssl_cert_file=%s -c ssl_key_file=%s", crt, key)
 	}
-	if out, err := c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(c.dir, "postgres.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
+	names := make([]string, 0, len(o.Settings))
+	for k := range o.Settings {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		opts += fmt.Sprintf(" -c %s=%s", k, o.Settings[k])
+	}
+	c.opts = opts
+	if err := c.StartServer(ctx); err != nil {
 		_ = os.RemoveAll(c.dir)
-		return nil, fmt.Errorf("pg_ctl start: %v: %s", err, lastLines(out, 5))
+		return nil, err
 	}
 	c.Port = port
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
@@ -144,6 +157,26 @@ func (c *Cluster) installTLS(ctx context.Context, certFile, keyFile string) (crt
 		}
 	}
 	return crt, key, nil
+}
+
+// StopServer stops the server and keeps its data: mode is pg_ctl's
+// shutdown mode, "fast" (clean) or "immediate" (no checkpoint: the next
+// start runs crash recovery, as after a power cut of the server process).
+func (c *Cluster) StopServer(ctx context.Context, mode string) error {
+	if out, err := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", mode, "-w", "-t", "60", "stop"); err != nil {
+		return fmt.Errorf("pg_ctl stop -m %s: %v: %s", mode, err, lastLines(out, 5))
+	}
+	return nil
+}
+
+// StartServer starts the (stopped) server again on the same port and data,
+// waiting until it accepts connections.
+func (c *Cluster) StartServer(ctx context.Context) error {
+	data := filepath.Join(c.dir, "data")
+	if out, err := c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(c.dir, "postgres.log"), "-o", c.opts, "-w", "-t", "60", "start"); err != nil {
+		return fmt.Errorf("pg_ctl start: %v: %s", err, lastLines(out, 5))
+	}
+	return nil
 }
 
 // Dir is where data and the server log live.
