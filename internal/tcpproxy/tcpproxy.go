@@ -104,7 +104,9 @@ func (p *Proxy) Stall(d time.Duration) {
 	p.stallStop = time.AfterFunc(d, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if p.gate == gate {
+		select {
+		case <-gate: // healed meanwhile
+		default:
 			close(gate)
 		}
 	})

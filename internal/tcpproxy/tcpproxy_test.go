@@ -89,9 +89,11 @@ func TestCut(t *testing.T) {
 	} else if errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatal("the open connection hung instead of being reset")
 	}
-	c2, r2 := dial(t, p)
-	if _, err := roundTrip(c2, r2, "new during cut", 5*time.Second); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("a new connection during the cut: %v, want a reset", err)
+	if c2, err := net.Dial("tcp", p.Addr()); err == nil { // else refused already at connect
+		defer c2.Close()
+		if _, err := roundTrip(c2, bufio.NewReader(c2), "new during cut", 5*time.Second); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a new connection during the cut: %v, want a reset", err)
+		}
 	}
 	p.Heal()
 	c3, r3 := dial(t, p)
@@ -129,6 +131,20 @@ func TestStallEnds(t *testing.T) {
 	c, r := dial(t, p)
 	p.Stall(50 * time.Millisecond)
 	if got, err := roundTrip(c, r, "later", 5*time.Second); err != nil || got != "later\n" {
+		t.Fatalf("%q %v", got, err)
+	}
+}
+
+// Healing just as a stall ends by itself must not close the gate twice.
+func TestStallHealRace(t *testing.T) {
+	p := setup(t)
+	for range 200 {
+		p.Stall(time.Millisecond)
+		time.Sleep(time.Millisecond) // aim at the timer's moment
+		p.Heal()
+	}
+	c, r := dial(t, p)
+	if got, err := roundTrip(c, r, "ok", 5*time.Second); err != nil || got != "ok\n" {
 		t.Fatalf("%q %v", got, err)
 	}
 }
