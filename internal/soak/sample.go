@@ -1,0 +1,118 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// sample is the pipeline's state at one moment. A field is -1 when it
+// could not be read (the database was away).
+type sample struct {
+	T           float64 `json:"t_s"`
+	Committed   int64   `json:"committed"`
+	OnTopic     int64   `json:"on_topic"`
+	Applied     int64   `json:"applied"`
+	RelayLag    int64   `json:"relay_lag"`
+	ConsumerLag int64   `json:"consumer_lag"`
+}
+
+type series struct {
+	mu      sync.Mutex
+	samples []sample
+}
+
+func (s *series) add(x sample) {
+	s.mu.Lock()
+	s.samples = append(s.samples, x)
+	s.mu.Unlock()
+}
+
+func (s *series) all() []sample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]sample(nil), s.samples...)
+}
+
+const sampleEvery = time.Second
+
+// sample records the series every second and prints a progress line
+// every ten.
+func (r *run) sample(ctx context.Context) {
+	t := time.NewTicker(sampleEvery)
+	defer t.Stop()
+	lastLine := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		x := sample{T: r.elapsed().Seconds(), Committed: r.led.n.Load(), OnTopic: r.topic.seen.Load(), Applied: -1, RelayLag: -1, ConsumerLag: -1}
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		var unpublished, applied int64
+		if err := r.pool.QueryRow(qctx, `SELECT (SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL),
+			(SELECT count(*) FROM soak.effects)`).Scan(&unpublished, &applied); err == nil {
+			x.Applied, x.RelayLag = applied, unpublished
+			x.ConsumerLag = max(x.OnTopic-applied, 0)
+		}
+		cancel()
+		r.series.add(x)
+		if time.Since(lastLine) >= 10*time.Second {
+			lastLine = time.Now()
+			r.printf("%s\n", r.progressLine(x))
+		}
+	}
+}
+
+func (r *run) progressLine(x sample) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[%5.0fs] committed %d (rolled back %d) | on topic %d | applied %s | lag relay %s consumer %s | faults %s",
+		x.T, x.Committed, r.led.rb.Load(), x.OnTopic, orDash(x.Applied), orDash(x.RelayLag), orDash(x.ConsumerLag), r.faultCounts())
+	if cur := r.current.Load(); cur != nil {
+		fmt.Fprintf(&b, " | now: %s", *cur)
+	}
+	return b.String()
+}
+
+func orDash(n int64) string {
+	if n < 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
+// faultCounts is "N (kind n, …)".
+func (r *run) faultCounts() string {
+	r.faultsMu.Lock()
+	defer r.faultsMu.Unlock()
+	by := map[string]int{}
+	for _, f := range r.faults {
+		by[f.Kind]++
+	}
+	kinds := make([]string, 0, len(by))
+	for k := range by {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool { return kindOrder(kinds[i]) < kindOrder(kinds[j]) })
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%s %d", k, by[k])
+	}
+	if len(parts) == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (%s)", len(r.faults), strings.Join(parts, ", "))
+}
+
+func kindOrder(k string) int {
+	for i, x := range AllKinds {
+		if x == k {
+			return i
+		}
+	}
+	return len(AllKinds)
+}
