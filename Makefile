@@ -9,6 +9,9 @@ TEST_TIMEOUT ?= 14m
 # Services are started by scripts/services.sh unless these name existing ones.
 SERVICES  := scripts/services.sh
 WITH_SERVICES = set -a; eval "$$($(SERVICES) up)"; set +a;
+# Installs the Debian packages a target needs (as root) or names the command
+# that does; the groups and packages are listed in the script.
+REQUIRE   := scripts/require.sh
 
 .PHONY: help
 help: ## Show this help.
@@ -20,6 +23,7 @@ build: ## Build the relay and consumer binaries into ./bin.
 
 .PHONY: test
 test: ## Run all tests (unit, integration, fault) with -race against real PostgreSQL and Kafka.
+	@$(REQUIRE) postgres kafka test
 	@$(WITH_SERVICES) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 .PHONY: test-short
@@ -34,15 +38,18 @@ lint: ## gofmt check, go vet and staticcheck.
 
 .PHONY: bench
 bench: ## Run the benchmarks against real services; prints figures beside same-run ceilings.
+	@$(REQUIRE) postgres kafka
 	@$(WITH_SERVICES) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./bench/
 
 .PHONY: bench-smoke
 bench-smoke: ## Run the benchmark harness with tiny sizes (< 60 s); checks the figures are produced. Part of `make test`.
+	@$(REQUIRE) postgres kafka
 	@$(WITH_SERVICES) $(GO) test -race -count=1 -run '^TestBenchSmoke$$' -timeout 5m ./bench/
 
 DEMO_ARGS ?=
 .PHONY: demo
 demo: build ## Run onceflow end to end on embedded defaults, with chaos; KAFKA=local uses the real broker. DEMO_ARGS="-duration 60s -rate 500".
+	@$(REQUIRE) postgres $(if $(filter local,$(KAFKA)),kafka,)
 	@if [ "$(KAFKA)" = local ]; then set -a; eval "$$($(SERVICES) up kafka)"; set +a; fi; \
 	$(GO) run ./cmd/demo -bin-dir bin $(if $(filter local,$(KAFKA)),-kafka local,) $(DEMO_ARGS)
 
@@ -51,10 +58,18 @@ SEED ?= 0
 SOAK_ARGS ?=
 .PHONY: soak
 soak: build ## Chaos soak: 3 Kafka brokers, own PostgreSQL, relays/consumers/brokers/database killed; report in soak-results/. DURATION=1h SEED=n SOAK_ARGS="-rate 300".
+	@$(REQUIRE) postgres kafka
 	$(GO) run ./cmd/soak -bin-dir bin -duration $(DURATION) -seed $(SEED) $(SOAK_ARGS)
+
+IMAGE ?= bin/onceflow-image.oci.tar
+.PHONY: image
+image: ## Build the container image (both binaries, from scratch, non-root) into $(IMAGE), an OCI archive; no Docker daemon or registry needed.
+	@$(REQUIRE) image
+	@scripts/image.sh $(IMAGE)
 
 .PHONY: services-up
 services-up: ## Start (or reuse) the local PostgreSQL and Kafka; prints their env.
+	@$(REQUIRE) postgres kafka
 	@$(SERVICES) up
 
 .PHONY: services-down

@@ -2,19 +2,30 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"os"
+	"os/user"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
@@ -102,6 +113,19 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return c.Run(gctx) })
+	if cfg.Admin.Enabled {
+		h, closeAdmin, err := adminHandler(ctx, &cfg, handler, log)
+		if err != nil {
+			return err
+		}
+		defer closeAdmin()
+		g.Go(func() error {
+			if err := admin.Serve(gctx, cfg.Admin.Addr, h, log); err != nil {
+				return fmt.Errorf("admin server: %w", err)
+			}
+			return nil
+		})
+	}
 	if cfg.PruneInterval > 0 {
 		pm := effects.NewPrunerMetrics(reg)
 		g.Go(func() error {
@@ -117,6 +141,52 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log.InfoContext(context.WithoutCancel(ctx), "consumer exited cleanly")
 	return nil
+}
+
+// adminHandler builds the admin API and console of `consumer run -admin`.
+// It has a pool of its own, so that an operator's bulk replay cannot take
+// the connections of the partition workers.
+func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log *slog.Logger) (http.Handler, func(), error) {
+	tokens, err := admin.LoadTokens(cfg.Admin.TokenFile)
+	if err != nil {
+		return nil, nil, usage("-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE): %v", err)
+	}
+	db := cfg.DB
+	db.MaxConns = 6
+	pool, err := db.Pool(ctx, "onceflow-consumer-admin")
+	if err != nil {
+		return nil, nil, fmt.Errorf("admin database pool: %w", err)
+	}
+	kcl, err := kgo.NewClient(cfg.Kafka.Opts(log)...)
+	if err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("admin kafka client: %w", err)
+	}
+	svc, err := admin.NewService(admin.Config{
+		Consumer: cfg.ConsumerName,
+		Group:    cfg.Group,
+		Topics:   cfg.Topics,
+		Kafka:    kadm.NewClient(kcl),
+		Logger:   log,
+		Pool:     pool,
+		Replay:   replayer(pool, cfg.ConsumerName, h),
+	})
+	if err != nil {
+		kcl.Close()
+		pool.Close()
+		return nil, nil, err
+	}
+	log.InfoContext(ctx, "admin enabled", slog.String("addr", cfg.Admin.Addr), slog.Any("tokens", tokens.Names()))
+	return admin.NewHandler(svc, tokens, log), func() { kcl.Close(); pool.Close() }, nil
+}
+
+// replayer is how this binary re-drives a dead letter, for `dlq replay`
+// and the admin API alike: inbox.Replay, through the handlers and the
+// sequence guard.
+func replayer(pool *pgxpool.Pool, consumer string, h inbox.BatchHandler) admin.ReplayFunc {
+	return func(ctx context.Context, eventID string) (inbox.ReplayResult, error) {
+		return inbox.Replay(ctx, pool, consumer, h, eventID)
+	}
 }
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -136,65 +206,206 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return usage("consumer dlq list: unexpected argument %q", fs.Arg(0))
+	}
 	if err := cfg.DB.Validate(); err != nil {
 		return &usageError{err}
 	}
 	if cfg.Limit < 1 {
 		return usage("-limit (ONCEFLOW_LIMIT) must be at least 1, got %d", cfg.Limit)
 	}
+	if cfg.GroupBy != "" && cfg.GroupBy != "error" {
+		return usage("-group-by (ONCEFLOW_GROUP_BY) %q: want error", cfg.GroupBy)
+	}
+	if _, err := cfg.Filter.Filter(time.Now()); err != nil {
+		return usage("consumer dlq list: %v", err)
+	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-dlq")
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	rows, err := inbox.ListDeadLetters(ctx, pool, cfg.ConsumerName, cfg.Limit)
+	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool})
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT ID\tSTATUS\tSOURCE\tSEQ\tTYPE\tPOSITION\tATTEMPTS\tRECEIVED\tLAST ERROR")
-	for _, r := range rows {
-		seq := "-"
-		if r.Seq != nil {
-			seq = fmt.Sprint(*r.Seq)
+	if cfg.GroupBy == "error" {
+		groups, err := svc.Groups(ctx, cfg.Filter, cfg.Limit)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%d\t%s\t%s\n", r.EventID, r.Status, r.Source, seq, r.EventType,
-			r.Topic, r.Partition, r.Offset, r.Attempts, r.Received.UTC().Format(time.RFC3339), oneLine(r.LastError))
+		printGroups(tw, groups)
+		return tw.Flush()
+	}
+	rows, err := svc.DeadLetters(ctx, cfg.Filter, cfg.Limit)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(tw, "EVENT ID\tSTATUS\tSOURCE\tSEQ\tTYPE\tPOSITION\tATTEMPTS\tRECEIVED\tGROUP\tLAST ERROR")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%d\t%s\t%s\t%s\n", r.EventID, r.Status, r.Source, seqText(r.Seq), r.EventType,
+			r.Topic, r.Partition, r.Offset, r.Attempts, r.Received.UTC().Format(time.RFC3339), r.Group, oneLine(r.LastError))
 	}
 	return tw.Flush()
+}
+
+func printGroups(tw *tabwriter.Writer, groups []admin.Group) {
+	fmt.Fprintln(tw, "GROUP\tSTATUS\tCOUNT\tSOURCES\tTYPES\tFIRST\tLAST\tERROR")
+	for _, g := range groups {
+		key := g.Key
+		if key == "" {
+			key = "(no error recorded)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", g.ID, g.Status, g.Count, g.Sources, strings.Join(g.EventTypes, ","),
+			g.First.UTC().Format(time.RFC3339), g.Last.UTC().Format(time.RFC3339), oneLine(key))
+	}
+}
+
+func seqText(seq *int64) string {
+	if seq == nil {
+		return "-"
+	}
+	return fmt.Sprint(*seq)
 }
 
 func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("consumer dlq replay", flag.ContinueOnError)
 	var cfg dlqConfig
 	cfg.RegisterFlags(fs, true)
-	if err := parse(fs, args, stderr); err != nil {
+	pos, err := parseInterleaved(fs, args, stderr)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return usage("consumer dlq replay: want exactly one EVENT-ID argument (flags go before it)")
+	req := admin.ReplayRequest{Note: cfg.Note, DryRun: cfg.DryRun, Filter: cfg.Filter, All: cfg.All, Limit: cfg.Limit, RequestID: cfg.RequestID}
+	switch {
+	case len(pos) > 1:
+		return usage("consumer dlq replay: want at most one EVENT-ID, got %d arguments", len(pos))
+	case len(pos) == 1:
+		req.EventID = pos[0]
+	}
+	if req.EventID == "" && req.Filter.Empty() && !req.All {
+		return usage("consumer dlq replay: want an EVENT-ID, or a filter (-event-type, -source, -error, -from/-to/-since, -group, -status), or -all")
+	}
+	if cfg.Expect >= 0 {
+		req.Expect = &cfg.Expect
 	}
 	if err := cfg.DB.Validate(); err != nil {
 		return &usageError{err}
 	}
-	if cfg.HandlersFile == "" {
+	var replay admin.ReplayFunc
+	if cfg.HandlersFile == "" && !cfg.DryRun {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE) is required")
 	}
-	handler, err := inbox.LoadHandlerFile(cfg.HandlersFile)
-	if err != nil {
-		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
+	var handler inbox.BatchHandler
+	if cfg.HandlersFile != "" {
+		h, err := inbox.LoadHandlerFile(cfg.HandlersFile)
+		if err != nil {
+			return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
+		}
+		handler = h
+	}
+	if req.RequestID == "" {
+		req.RequestID = newRequestID()
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-dlq")
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	res, err := inbox.Replay(ctx, pool, cfg.ConsumerName, handler, fs.Arg(0))
+	if handler != nil {
+		replay = replayer(pool, cfg.ConsumerName, handler)
+	}
+	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool, Replay: replay})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: %s\n", fs.Arg(0), res)
+	out, err := svc.Replay(ctx, admin.Caller{Actor: cliActor(cfg.Actor), Via: "cli"}, req)
+	var bad *admin.BadRequest
+	if errors.As(err, &bad) {
+		return usage("consumer dlq replay: %v", err)
+	}
+	if err != nil {
+		return err
+	}
+	if req.EventID != "" && !req.DryRun {
+		ev := out.Events[0]
+		if ev.Error != "" || ev.Result == admin.ResultNotFound {
+			if out.Error != "" {
+				return errors.New(out.Error)
+			}
+			return fmt.Errorf("%s: %s", ev.EventID, ev.Error)
+		}
+		fmt.Fprintf(stdout, "%s: %s\n", ev.EventID, ev.Result)
+		return nil
+	}
+	return printReplay(stdout, out)
+}
+
+// printReplay prints a bulk replay's outcome; failures make it an error.
+func printReplay(w io.Writer, out admin.ReplayOutcome) error {
+	if out.DryRun {
+		fmt.Fprintf(w, "dry run: %d event(s) of %d source(s) match; a replay would apply %d, in seq order per source (nothing was changed)\n",
+			out.Matched, out.Sources, out.Attempted)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		if len(out.Groups) > 0 {
+			printGroups(tw, out.Groups)
+			fmt.Fprintln(tw)
+		}
+		fmt.Fprintln(tw, "FIRST EVENTS\tSOURCE\tSEQ")
+		for _, e := range out.Events {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", e.EventID, e.Source, seqText(e.Seq))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if out.Error != "" {
+			return errors.New(out.Error)
+		}
+		return nil
+	}
+	repeated := ""
+	if out.Repeated {
+		repeated = " — this request id was already used: its stored result, nothing was done now"
+	}
+	fmt.Fprintf(w, "request %s (audit #%d)%s\n", out.RequestID, out.AuditID, repeated)
+	fmt.Fprintf(w, "matched %d event(s) of %d source(s), took on %d, %d remaining\n", out.Matched, out.Sources, out.Attempted, out.Remaining)
+	fmt.Fprintf(w, "replayed %d, replayed late %d, parked %d, already processed %d, failed %d, skipped %d, not found %d, not attempted %d\n",
+		out.Replayed, out.ReplayedLate, out.Parked, out.AlreadyProcessed, out.Failed, out.Skipped, out.NotFound, out.NotAttempted)
+	for _, e := range out.Events {
+		if e.Result == admin.ResultFailed {
+			fmt.Fprintf(w, "  failed %s (%s seq %s): %s\n", e.EventID, e.Source, seqText(e.Seq), oneLine(e.Error))
+		}
+	}
+	if out.Error != "" {
+		return errors.New(out.Error)
+	}
+	if out.Failed > 0 || out.Skipped > 0 {
+		return fmt.Errorf("%d event(s) failed and %d later event(s) of their sources were skipped; fix the cause and replay again", out.Failed, out.Skipped)
+	}
 	return nil
+}
+
+// newRequestID is a random request id for a command's change.
+func newRequestID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "cli-" + hex.EncodeToString(b)
+}
+
+// cliActor is who runs an operator command, for the audit.
+func cliActor(flagValue string) string {
+	if a := admin.CleanActor(flagValue); a != "" {
+		return a
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	if u := os.Getenv("USER"); u != "" {
+		return admin.CleanActor(u)
+	}
+	return "unknown"
 }
 
 func oneLine(s string) string {

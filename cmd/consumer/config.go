@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/kafkaconn"
 	"github.com/onceflow/onceflow/internal/obs"
@@ -38,6 +39,7 @@ func (c *logConfig) logger(w io.Writer) (*slog.Logger, error) {
 
 // runConfig is the configuration of `consumer run`.
 type runConfig struct {
+	Admin admin.Flags
 	DB    pgconn.Config
 	Kafka kafkaconn.Config
 	Log   logConfig
@@ -74,6 +76,7 @@ type runConfig struct {
 
 // RegisterFlags registers every flag of `consumer run`.
 func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
+	c.Admin.RegisterFlags(fs, defaultAdminAddr)
 	c.DB.RegisterFlags(fs)
 	c.Kafka.RegisterFlags(fs, "onceflow-consumer")
 	c.Log.RegisterFlags(fs)
@@ -102,7 +105,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 }
 
 func (c *runConfig) validate() error {
-	errs := []error{c.DB.Validate(), c.Kafka.Validate()}
+	errs := []error{c.DB.Validate(), c.Kafka.Validate(), c.Admin.Validate()}
 	if c.Group == "" {
 		errs = append(errs, errors.New("-group (ONCEFLOW_GROUP) is required"))
 	}
@@ -155,13 +158,27 @@ func (c *runConfig) validate() error {
 	return nil
 }
 
+// defaultAdminAddr is where -admin listens unless told otherwise: loopback
+// only.
+const defaultAdminAddr = "127.0.0.1:9091"
+
 // dlqConfig is the configuration of `consumer dlq …`.
 type dlqConfig struct {
 	DB           pgconn.Config
 	Log          logConfig
 	ConsumerName string
+	// Filter selects rows (list and replay alike).
+	Filter  admin.FilterParams
+	GroupBy string
+	Limit   int
+	// Replay only.
+	Actor        string
+	All          bool
+	DryRun       bool
+	Expect       int
 	HandlersFile string
-	Limit        int
+	Note         string
+	RequestID    string
 }
 
 // RegisterFlags registers the flags of the dlq commands; replay needs the
@@ -169,10 +186,19 @@ type dlqConfig struct {
 func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	c.DB.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs)
+	c.Filter.RegisterFlags(fs)
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
-	if replay {
-		fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the handlers (required)")
-	} else {
-		fs.IntVar(&c.Limit, "limit", 100, "most rows to list")
+	if !replay {
+		fs.IntVar(&c.Limit, "limit", 100, "most rows (or groups) to list")
+		fs.StringVar(&c.GroupBy, "group-by", "", "error: one line per error group (errors alike but for numbers and ids), biggest first")
+		return
 	}
+	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the handlers (required)")
+	fs.IntVar(&c.Limit, "limit", admin.DefaultReplayLimit, "most events one replay applies (the rest are reported as remaining)")
+	fs.StringVar(&c.Actor, "actor", "", "who replays, for the audit (default: the OS user)")
+	fs.BoolVar(&c.All, "all", false, "replay every dead and held event (instead of EVENT-ID or a filter)")
+	fs.BoolVar(&c.DryRun, "dry-run", false, "count and list what would be replayed; change nothing")
+	fs.IntVar(&c.Expect, "expect", -1, "refuse unless exactly this many events match (the count a -dry-run showed)")
+	fs.StringVar(&c.Note, "note", "", "why, for the audit (required to replay more than one event)")
+	fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
 }

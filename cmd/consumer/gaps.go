@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -21,9 +22,11 @@ import (
 type gapsConfig struct {
 	DB           pgconn.Config
 	Log          logConfig
+	Actor        string
 	All          bool
 	ConsumerName string
 	Note         string
+	RequestID    string
 	Since        time.Duration
 }
 
@@ -34,6 +37,8 @@ func (c *gapsConfig) RegisterFlags(fs *flag.FlagSet, resolve bool) {
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
 	if resolve {
 		fs.StringVar(&c.Note, "note", "", "what was done about the missing events (required)")
+		fs.StringVar(&c.Actor, "actor", "", "who resolves, for the audit (default: the OS user)")
+		fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
 		return
 	}
 	fs.BoolVar(&c.All, "all", false, "list every given-up gap, however old and whether resolved or not")
@@ -133,15 +138,26 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	store := &seqguard.PGStore{Consumer: cfg.ConsumerName}
-	n, err := store.ResolveGap(ctx, pool, pos[0], from, to, cfg.Note, time.Now())
-	if errors.Is(err, seqguard.ErrGapNotFound) {
-		return fmt.Errorf("%s %d-%d: no unresolved given-up gap in that range (see consumer gaps list)", pos[0], from, to)
-	}
+	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s %d-%d: resolved %d gap(s)\n", pos[0], from, to, n)
+	if cfg.RequestID == "" {
+		cfg.RequestID = newRequestID()
+	}
+	out, err := svc.ResolveGap(ctx, admin.Caller{Actor: cliActor(cfg.Actor), Via: "cli"},
+		admin.ResolveRequest{RequestID: cfg.RequestID, Source: pos[0], From: from, To: to, Note: cfg.Note})
+	if err != nil {
+		return err
+	}
+	switch out.ErrorKind {
+	case "":
+	case "not_found":
+		return fmt.Errorf("%s %d-%d: no unresolved given-up gap in that range (see consumer gaps list)", pos[0], from, to)
+	default:
+		return fmt.Errorf("%s %d-%d: %s", pos[0], from, to, out.Error)
+	}
+	fmt.Fprintf(stdout, "%s %d-%d: resolved %d gap(s) (audit #%d)\n", pos[0], from, to, out.Resolved, out.AuditID)
 	return nil
 }
 

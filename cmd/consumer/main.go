@@ -3,10 +3,14 @@
 //
 //	consumer run      consume with the handlers of -handlers-file
 //	consumer migrate  apply the database migrations
-//	consumer dlq list             list dead-lettered and held events
+//	consumer dlq list             list dead-lettered and held events (filters, -group-by error)
 //	consumer dlq replay EVENT-ID  re-drive one through the handlers, once
+//	consumer dlq replay -group ID -note "…"  re-drive a filtered set (-dry-run first)
 //	consumer gaps list            open and recently given-up sequence gaps
 //	consumer gaps resolve SOURCE FROM-TO -note "…"  record what was done
+//
+// `consumer run -admin` also serves the console (admin API and web page,
+// docs/console.md).
 //
 // Every flag has an ONCEFLOW_* environment fallback (see -help of each
 // command and docs/consumer.md). Invalid configuration exits with status 2.
@@ -53,8 +57,13 @@ commands:
   migrate                 apply database migrations
   prune                   delete expired inbox, effects and published outbox
                           rows per the retention file (for a CronJob)
-  dlq list                list dead-lettered and held events
+  dlq list                list dead-lettered and held events; filters
+                          (-event-type, -source, -error, -from/-to/-since,
+                          -group, -status) and -group-by error
   dlq replay EVENT-ID     re-drive one event through the handlers
+  dlq replay FILTER -note "…"
+                          re-drive the matching events, per source in seq
+                          order (-dry-run: count first; -all: everything)
   gaps list               list open sequence gaps and recently given-up ones
                           (-all: every given-up gap; -since 24h)
   gaps resolve SOURCE FROM-TO -note "…"

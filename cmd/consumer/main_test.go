@@ -13,7 +13,8 @@ import (
 // its environment variable, as a usage error (exit status 2).
 func TestRunRejectsBadConfig(t *testing.T) {
 	for _, k := range []string{"DATABASE_URL", "KAFKA_BROKERS", "GROUP", "TOPICS", "HANDLERS_FILE", "CONSUMER_NAME", "RETRY_MAX_ATTEMPTS",
-		"ORDERING", "FIRST_SEEN", "LATE_POLICY", "GAP_TIMEOUTS", "GAP_TIMEOUT", "GAP_CHECK_INTERVAL", "MAX_PARKED", "NOTE"} {
+		"ORDERING", "FIRST_SEEN", "LATE_POLICY", "GAP_TIMEOUTS", "GAP_TIMEOUT", "GAP_CHECK_INTERVAL", "MAX_PARKED", "NOTE",
+		"ADMIN", "ADMIN_ADDR", "ADMIN_TOKEN_FILE", "GROUP_BY", "SOURCE", "ERROR", "FROM", "TO", "SINCE", "STATUS", "EVENT_TYPE", "ALL"} {
 		t.Setenv("ONCEFLOW_"+k, "") // restored after the test
 		os.Unsetenv("ONCEFLOW_" + k)
 	}
@@ -45,6 +46,11 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"bad flag", []string{"run", "-nope"}, "flag provided but not defined"},
 		{"replay without id", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null"}, "EVENT-ID"},
 		{"dlq subcommand", []string{"dlq", "purge"}, `unknown command "purge"`},
+		{"admin without tokens", append(append([]string{"run"}, base...), "-admin"), "-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE) is required"},
+		{"admin addr", append(append([]string{"run"}, base...), "-admin", "-admin-token-file", "/x", "-admin-addr", "9091"), "-admin-addr (ONCEFLOW_ADMIN_ADDR)"},
+		{"dlq list group-by", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-group-by", "type"}, "-group-by (ONCEFLOW_GROUP_BY)"},
+		{"dlq list filter", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-since", "yesterday"}, `since "yesterday"`},
+		{"dlq replay two ids", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "a", "b"}, "at most one EVENT-ID"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,6 +4,9 @@
 //	relay migrate  [flags]   apply the schema migrations
 //	relay topics verify|apply [flags]   check or create the topics of contract/topics.json
 //
+// `relay run -admin` also serves the relay's status as JSON
+// (GET /api/v1/relay, bearer token; docs/console.md).
+//
 // Every flag has an ONCEFLOW_* environment fallback (-database-url is
 // ONCEFLOW_DATABASE_URL); flags win. See docs/relay.md.
 package main
@@ -27,6 +30,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/kafkaconn"
@@ -107,6 +111,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 // config is everything `relay run` is configured with.
 type config struct {
+	admin     admin.Flags
 	db        pgconn.Config
 	kafka     kafkaconn.Config
 	httpAddr  string
@@ -137,6 +142,7 @@ type config struct {
 
 // RegisterFlags registers the flags of `relay run`.
 func (c *config) RegisterFlags(fs *flag.FlagSet) {
+	c.admin.RegisterFlags(fs, "127.0.0.1:9092")
 	c.db.RegisterFlags(fs)
 	c.kafka.RegisterFlags(fs, "onceflow-relay")
 	fs.StringVar(&c.httpAddr, "http-addr", ":9090", "address of /metrics, /healthz and /readyz (empty disables)")
@@ -165,6 +171,9 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 
 func (c *config) validate() error {
 	if err := c.db.Validate(); err != nil {
+		return err
+	}
+	if err := c.admin.Validate(); err != nil {
 		return err
 	}
 	if err := c.kafka.Validate(); err != nil {
@@ -245,6 +254,13 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		topicCheck = func(ctx context.Context, topic string) error { return c.topics.CheckTopics(ctx, adm, topic) }
 	}
 
+	var tokens *admin.Tokens
+	if c.admin.Enabled {
+		if tokens, err = admin.LoadTokens(c.admin.TokenFile); err != nil {
+			return usageError{fmt.Errorf("-admin-token-file (%s): %v", cli.EnvName("admin-token-file"), err)}
+		}
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	relay, err := outbox.New(outbox.Config{
@@ -294,6 +310,15 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		return nil
 	})
+	if c.admin.Enabled {
+		h := admin.NewRelayHandler(pool, func() admin.RelaySelf { return admin.RelaySelf{Role: relay.Role()} }, tokens, log)
+		g.Go(func() error {
+			if err := admin.Serve(gctx, c.admin.Addr, h, log); err != nil {
+				return fmt.Errorf("admin server: %w", err)
+			}
+			return nil
+		})
+	}
 	err = g.Wait()
 	log.InfoContext(context.WithoutCancel(ctx), "relay exiting", slog.Any("error", err))
 	return err

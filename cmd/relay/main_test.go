@@ -22,6 +22,8 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 		{"renew too slow", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-lease-renew-interval", "2s"}, nil, "-lease-renew-interval"},
 		{"bad env", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092"}, map[string]string{"ONCEFLOW_BATCH_MAX_ROWS": "lots"}, "ONCEFLOW_BATCH_MAX_ROWS"},
 		{"zero rows", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-batch-max-rows", "0"}, nil, "-batch-max-rows"},
+		{"admin without tokens", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-admin"}, nil, "-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE) is required"},
+		{"admin token file missing", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-admin", "-admin-token-file", "/nonexistent/tokens"}, nil, "-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE): read token file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

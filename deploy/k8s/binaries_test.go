@@ -328,10 +328,25 @@ var httpListening = regexp.MustCompile(`"msg":"http listening".*"addr":"([^"]+)"
 // startFromManifest runs the binary of container ct as the manifests do,
 // with its environment resolved through refs and its HTTP server on a free
 // loopback port, and returns the base URL of that server.
+//
+// When the manifest turns the admin API on, its token file (a Secret volume
+// in the cluster) is a test file and it listens on a free loopback port;
+// the API must then refuse a request without the token and answer one with
+// it.
 func startFromManifest(t *testing.T, ct container, refs map[string]string) (*testkit.Proc, string) {
 	t.Helper()
 	bin, sub, args := command(ct.C)
 	refs["ONCEFLOW_HTTP_ADDR"] = "127.0.0.1:0"
+	const adminToken = "manifest-test-admin-token-5d2c"
+	adminOn := ct.Env["ONCEFLOW_ADMIN"] == "true"
+	if adminOn {
+		tokens := filepath.Join(t.TempDir(), "tokens")
+		if err := os.WriteFile(tokens, []byte("k8s-test "+adminToken+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		refs["ONCEFLOW_ADMIN_TOKEN_FILE"] = tokens
+		refs["ONCEFLOW_ADMIN_ADDR"] = "127.0.0.1:0"
+	}
 	env := resolveEnv(t, ct, refs)
 	p := testkit.Start(t, bin, testkit.Binary(t, bin), env, append(sub, args...)...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -340,8 +355,50 @@ func startFromManifest(t *testing.T, ct container, refs map[string]string) (*tes
 	if err != nil {
 		t.Fatalf("%s: %v\noutput:\n%s", ct.Where, err, p.Output())
 	}
+	if adminOn {
+		aline, err := p.WaitFor(ctx, adminListening)
+		if err != nil {
+			t.Fatalf("%s: the admin API did not start: %v\noutput:\n%s", ct.Where, err, p.Output())
+		}
+		url := "http://" + adminListening.FindStringSubmatch(aline)[1] + "/api/v1/session"
+		for _, c := range []struct {
+			token string
+			want  int
+		}{{"", http.StatusUnauthorized}, {"wrong-" + adminToken, http.StatusUnauthorized}, {adminToken, http.StatusOK}} {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if c.token != "" {
+				req.Header.Set("Authorization", "Bearer "+c.token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("%s: admin API: %v", ct.Where, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != c.want || (c.want == http.StatusOK && !strings.Contains(string(b), `"binary":"`+bin+`"`)) {
+				t.Errorf("%s: admin API with token %q: %d %s, want %d", ct.Where, c.token, resp.StatusCode, b, c.want)
+			}
+		}
+		// The relay status, as both binaries serve it; the relay adds its role.
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "session")+"relay", nil)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		if resp, err := http.DefaultClient.Do(req); err != nil {
+			t.Errorf("%s: admin API relay status: %v", ct.Where, err)
+		} else {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"pending_rows"`) || (bin == "relay") != strings.Contains(string(b), `"self":{"role":`) {
+				t.Errorf("%s: admin API relay status: %d %s", ct.Where, resp.StatusCode, b)
+			}
+		}
+		if strings.Contains(p.Output(), adminToken) {
+			t.Errorf("%s: the admin token appears in the output", ct.Where)
+		}
+	}
 	return p, "http://" + httpListening.FindStringSubmatch(line)[1]
 }
+
+var adminListening = regexp.MustCompile(`"msg":"admin listening".*"addr":"([^"]+)"`)
 
 // getUntil polls url until ok(status, body) or the deadline; it returns the
 // last body.

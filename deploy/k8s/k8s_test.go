@@ -8,11 +8,13 @@ package k8s_test
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -347,6 +349,14 @@ func TestSecretsAreReferencesOnly(t *testing.T) {
 				found := false
 				for _, e := range c.Env {
 					if secretish.MatchString(e.Name) && e.Value != "" {
+						// A *_FILE setting names a file: fine when that file
+						// is mounted from a Secret.
+						if strings.HasSuffix(e.Name, "_FILE") {
+							if _, ok := secretFile(&pod.Spec, &c, e.Value); !ok {
+								t.Errorf("%s: %s container %s: %s=%s is not inside a Secret volume mount", dir, key, c.Name, e.Name, e.Value)
+							}
+							continue
+						}
 						t.Errorf("%s: %s container %s sets %s literally; use valueFrom.secretKeyRef", dir, key, c.Name, e.Name)
 					}
 					if e.Name == "ONCEFLOW_DATABASE_URL" {
@@ -368,6 +378,135 @@ func TestSecretsAreReferencesOnly(t *testing.T) {
 			if dbSecret[k] != "" && dbSecret[k] == job {
 				t.Errorf("%s: %s uses the migrate Job's owner Secret %q; run it with a less privileged role", dir, k, job)
 			}
+		}
+	}
+}
+
+// secretFile reports the Secret a file path of container c comes from: the
+// path lies under a volume mount of a Secret volume (and, when the volume
+// lists items, is one of them).
+func secretFile(ps *corev1.PodSpec, c *corev1.Container, path string) (string, bool) {
+	for _, vm := range c.VolumeMounts {
+		rel, err := filepath.Rel(vm.MountPath, path)
+		if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+			continue
+		}
+		for _, v := range ps.Volumes {
+			if v.Name != vm.Name || v.Secret == nil {
+				continue
+			}
+			if len(v.Secret.Items) == 0 {
+				return v.Secret.SecretName, true
+			}
+			for _, it := range v.Secret.Items {
+				if it.Path == rel {
+					return v.Secret.SecretName, true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+// TestAdminOnlyInsideCluster: where a binary runs its admin API, it needs
+// its token file from a Secret, listens on a named container port other
+// than the metrics port, and only in-cluster peers (pod selectors, no IP
+// blocks, no "from anywhere") may reach that port; no Service exposes it
+// outside the cluster and Prometheus does not scrape it.
+func TestAdminOnlyInsideCluster(t *testing.T) {
+	t.Parallel()
+	for _, dir := range overlays {
+		m := build(t, dir)
+		adminPorts := map[int32]bool{}
+		enabled := 0
+		for key, pod := range m.podSpecs() {
+			for i := range pod.Spec.Containers {
+				c := &pod.Spec.Containers[i]
+				env := containerEnv(m, c)
+				if env["ONCEFLOW_ADMIN"] != "true" {
+					continue
+				}
+				enabled++
+				where := fmt.Sprintf("%s: %s container %s", dir, key, c.Name)
+				file := env["ONCEFLOW_ADMIN_TOKEN_FILE"]
+				if file == "" || file == "<ref>" {
+					t.Errorf("%s enables the admin API without ONCEFLOW_ADMIN_TOKEN_FILE (a file path)", where)
+				} else if _, ok := secretFile(&pod.Spec, c, file); !ok {
+					t.Errorf("%s: the admin token file %s is not mounted from a Secret", where, file)
+				}
+				addr := env["ONCEFLOW_ADMIN_ADDR"]
+				_, portText, err := net.SplitHostPort(addr)
+				port, perr := strconv.Atoi(portText)
+				if err != nil || perr != nil {
+					t.Errorf("%s: ONCEFLOW_ADMIN_ADDR %q has no port", where, addr)
+					continue
+				}
+				if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "admin" && int(p.ContainerPort) == port }) {
+					t.Errorf("%s listens for the admin API on %d but declares no container port \"admin\" %d (ports %v)", where, port, port, c.Ports)
+				}
+				if port == 9090 {
+					t.Errorf("%s: the admin API shares the metrics port 9090, which the monitoring namespace may reach", where)
+				}
+				adminPorts[int32(port)] = true
+			}
+		}
+		if enabled == 0 {
+			t.Errorf("%s: no container runs the admin API (the console)", dir)
+		}
+		np := m.NetworkPolicies["onceflow"]
+		if np == nil {
+			t.Fatalf("%s: no NetworkPolicy onceflow", dir)
+		}
+		admitted := map[int32]bool{}
+		for _, in := range np.Spec.Ingress {
+			hits := len(in.Ports) == 0 // no ports: every port
+			for _, p := range in.Ports {
+				if p.Port == nil || adminPorts[int32(p.Port.IntValue())] {
+					hits = true
+					if p.Port != nil {
+						admitted[int32(p.Port.IntValue())] = true
+					}
+				}
+			}
+			if !hits {
+				continue
+			}
+			if len(in.From) == 0 {
+				t.Errorf("%s: a NetworkPolicy rule admits the admin port from anywhere (no from)", dir)
+			}
+			for _, peer := range in.From {
+				if peer.IPBlock != nil {
+					t.Errorf("%s: a NetworkPolicy rule admits the admin port from IP block %s (outside the cluster)", dir, peer.IPBlock.CIDR)
+				}
+				if peer.PodSelector == nil || len(peer.PodSelector.MatchLabels)+len(peer.PodSelector.MatchExpressions) == 0 {
+					t.Errorf("%s: a NetworkPolicy rule admits the admin port from every pod of a namespace (%+v); select admin clients by label", dir, peer)
+				}
+			}
+		}
+		for p := range adminPorts {
+			if !admitted[p] {
+				t.Errorf("%s: the NetworkPolicy admits nobody to the admin port %d; in-cluster clients need a rule", dir, p)
+			}
+		}
+		for n, svc := range m.Services {
+			for _, sp := range svc.Spec.Ports {
+				exposed := sp.TargetPort.String() == "admin" || adminPorts[sp.TargetPort.IntVal] || adminPorts[sp.Port]
+				if !exposed {
+					continue
+				}
+				if svc.Spec.Type != "" && svc.Spec.Type != corev1.ServiceTypeClusterIP {
+					t.Errorf("%s: Service %s exposes the admin port as %s; keep it ClusterIP", dir, n, svc.Spec.Type)
+				}
+				if len(svc.Spec.ExternalIPs) > 0 {
+					t.Errorf("%s: Service %s exposes the admin port on external IPs %v", dir, n, svc.Spec.ExternalIPs)
+				}
+				if svc.Labels["onceflow.io/metrics"] == "true" {
+					t.Errorf("%s: Service %s with the admin port is scraped by the ServiceMonitor", dir, n)
+				}
+			}
+		}
+		if m.Services["onceflow-consumer-admin"] == nil {
+			t.Errorf("%s: no Service onceflow-consumer-admin for the console", dir)
 		}
 	}
 }
@@ -667,10 +806,10 @@ func keys[V any](m map[string]V) []string {
 	return out
 }
 
-// TestDockerfile checks the properties of the image that cannot be built
-// here: a static build of both binaries, copied into a distroless or
-// scratch final stage that runs as a non-root user, at the paths the
-// manifests run.
+// TestDockerfile checks the Dockerfile on its own: a static build of both
+// binaries, copied into a distroless or scratch final stage that runs as a
+// non-root user, at the paths the manifests run. image_test.go builds the
+// image and compares it with the Dockerfile.
 func TestDockerfile(t *testing.T) {
 	t.Parallel()
 	data, err := os.ReadFile("../../Dockerfile")

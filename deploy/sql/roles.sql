@@ -12,7 +12,9 @@
 --                  rows, holds onceflow.relay_lease. Nothing of the inbox,
 --                  seq state, gaps or effects; cannot create events.
 --   consumer_role  the consumer: onceflow.inbox, consumer_offsets, seq_state,
---                  seq_gaps, effects. Nothing of the outbox, unless
+--                  seq_gaps, effects; writes (never deletes) admin_audit and
+--                  may call relay_status() (counts, no payloads), as the
+--                  relay role may too. Nothing of the outbox, unless
 --                  consumer_may_enqueue is on (consume-transform-produce
 --                  handlers that enqueue in the consumer's transaction): then
 --                  it is also a member of writer_role, and nothing more.
@@ -165,6 +167,16 @@ BEGIN
     LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', r.rel, v_consumer);
     END LOOP;
+    -- Console (docs/console.md): the consumer records operator changes in
+    -- the audit (never deletes them), and the consumer and the relay may read
+    -- the relay's status through onceflow.relay_status(), which shows counts
+    -- and leases, never outbox payloads.
+    IF to_regclass('onceflow.admin_audit') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.admin_audit TO %I', v_consumer);
+    END IF;
+    IF to_regprocedure('onceflow.relay_status()') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.relay_status() TO %I, %I', v_relay, v_consumer);
+    END IF;
     IF v_enqueue THEN
         EXECUTE format('GRANT %I TO %I', v_writer, v_consumer);
     ELSIF pg_has_role(v_consumer, v_writer, 'MEMBER') THEN

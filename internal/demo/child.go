@@ -7,12 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
-
 	"github.com/onceflow/onceflow/internal/procs"
 )
-
-var kerrTopicExists = kerr.TopicAlreadyExists
 
 // start launches the named child (relay-a, consumer-b, …) unless it runs.
 func (r *run) start(_ context.Context, name string) error {
@@ -30,11 +26,12 @@ func (r *run) start(_ context.Context, name string) error {
 	case "relay":
 		args = []string{"run", "-database-url", r.dbURL, "-kafka-brokers", brokers,
 			"-http-addr", fmt.Sprintf("127.0.0.1:%d", port), "-holder-id", name,
-			"-lease-ttl", "2s", "-lease-renew-interval", "500ms", "-standby-interval", "250ms"}
+			"-lease-ttl", "2s", "-lease-renew-interval", "500ms", "-standby-interval", "250ms",
+			"-checkpoint-topic", r.checkpointTopic, "-transactional-id-prefix", r.txnIDPrefix}
 	case "consumer":
 		args = []string{"run", "-database-url", r.dbURL, "-kafka-brokers", brokers,
-			"-http-addr", fmt.Sprintf("127.0.0.1:%d", port), "-group", "onceflow-demo",
-			"-topics", topic, "-consumer-name", consumerN,
+			"-http-addr", fmt.Sprintf("127.0.0.1:%d", port), "-group", r.group,
+			"-topics", r.topic, "-consumer-name", consumerN,
 			// Static membership: a restarted replica takes its place in the
 			// group at once instead of waiting out the dead one's session.
 			"-instance-id", name,

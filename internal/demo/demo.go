@@ -28,6 +28,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -64,11 +65,14 @@ type Config struct {
 }
 
 const (
-	topic      = "agent-events"
-	partitions = 4
-	consumerN  = "demo"
-	oooSource  = "chaos:out-of-order"
-	gapSource  = "chaos:never-filled"
+	// topicPrefix names the run's event topic: each run has its own topic,
+	// checkpoint topic, transactional ids and consumer group, so any number
+	// of runs can share one broker, one after another or at once.
+	topicPrefix = "agent-events"
+	partitions  = 4
+	consumerN   = "demo"
+	oooSource   = "chaos:out-of-order"
+	gapSource   = "chaos:never-filled"
 )
 
 var eventTypes = []string{"agent.run.requested", "billing.refund_issued", "email.send", "agent.tool.called"}
@@ -104,6 +108,8 @@ type run struct {
 	brokers []string
 	logDir  string
 	log     *slog.Logger
+	// This run's own Kafka names.
+	topic, checkpointTopic, txnIDPrefix, group string
 
 	written    atomic.Int64
 	rolledBack atomic.Int64
@@ -128,6 +134,11 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	r := &run{cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	runID := fmt.Sprintf("%s-%04x", time.Now().UTC().Format("20060102-150405"), rand.Uint32()&0xffff)
+	r.topic = topicPrefix + "-" + runID
+	r.checkpointTopic = "onceflow-demo-" + runID + "-checkpoints"
+	r.txnIDPrefix = "onceflow-demo-" + runID + "-relay-"
+	r.group = "onceflow-demo-" + runID
 	r.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, b := range []string{"relay", "consumer"} {
 		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
@@ -160,7 +171,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	// Kafka.
 	if len(cfg.Brokers) > 0 {
 		r.brokers = cfg.Brokers
-		r.printf("  kafka      %s\n", strings.Join(r.brokers, ","))
+		r.printf("  kafka      %s, topic %s (removed at the end)\n", strings.Join(r.brokers, ","), r.topic)
+		// After the children have stopped (deferred calls run last in, first out).
+		defer r.removeKafkaState()
 	} else {
 		kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.ListenFn(func(network, _ string) (net.Listener, error) {
 			return net.Listen(network, "127.0.0.1:0")
@@ -225,18 +238,62 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	defer cl.Close()
-	resp, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic)
-	if err == nil && resp.Err != nil && !errors.Is(resp.Err, kerrTopicExists) {
-		err = resp.Err
-	}
-	if err != nil {
-		return fmt.Errorf("create topic %s: %w", topic, err)
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, r.topic); err != nil {
+		return fmt.Errorf("create topic %s: %w", r.topic, err)
 	}
 	// The handler: one side-effect row per applied event. No unique
 	// constraint on purpose: a double apply would show as two rows.
 	handlers := `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
 		"INSERT INTO public.demo_effects (event_id, source, seq, event_type, late) VALUES (:event_id, :source, :seq, :event_type, :late)"}]}`
 	return os.WriteFile(filepath.Join(r.logDir, "handlers.json"), []byte(handlers), 0o644)
+}
+
+// removeKafkaState deletes the run's topics and consumer group from a real
+// broker, so that runs leave nothing behind. A failure is reported, not fatal:
+// the names are the run's own and never reused.
+func (r *run) removeKafkaState() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...))
+	if err != nil {
+		r.printf("  kafka      could not remove the run's topics: %v\n", err)
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	resps, err := adm.DeleteTopics(ctx, r.topic, r.checkpointTopic)
+	if err == nil {
+		for _, t := range resps.Sorted() {
+			if t.Err != nil && !errors.Is(t.Err, kerr.UnknownTopicOrPartition) {
+				err = fmt.Errorf("%s: %w", t.Topic, t.Err)
+				break
+			}
+		}
+	}
+	if err == nil {
+		// The consumers are static members (-instance-id): they stay in the
+		// group after they stop until an admin removes them.
+		var left kadm.LeaveGroupResponses
+		left, err = adm.LeaveGroup(ctx, kadm.LeaveGroup(r.group).InstanceIDs("consumer-a", "consumer-b").Reason("demo finished"))
+		if err == nil {
+			left.EachError(func(m kadm.LeaveGroupResponse) {
+				if !errors.Is(m.Err, kerr.UnknownMemberID) {
+					err = fmt.Errorf("remove %s from the group: %w", m.InstanceID, m.Err)
+				}
+			})
+		}
+		if errors.Is(err, kerr.GroupIDNotFound) {
+			err = nil
+		}
+	}
+	if err == nil {
+		if _, err = adm.DeleteGroup(ctx, r.group); errors.Is(err, kerr.GroupIDNotFound) {
+			err = nil
+		}
+	}
+	if err != nil {
+		r.printf("  kafka      could not remove the run's topics and group (%s, %s, %s): %v\n", r.topic, r.checkpointTopic, r.group, err)
+	}
 }
 
 func redactURL(u string) string {
@@ -343,10 +400,10 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 	var id string
 	if viaSQL {
-		err = tx.QueryRow(ctx, `SELECT event_id FROM onceflow.enqueue($1, $2, $3, $4::jsonb)`, topic, src, typ, payload).Scan(&id)
+		err = tx.QueryRow(ctx, `SELECT event_id FROM onceflow.enqueue($1, $2, $3, $4::jsonb)`, r.topic, src, typ, payload).Scan(&id)
 	} else {
 		var res outbox.Result
-		res, err = outbox.Enqueue(ctx, tx, outbox.Message{Topic: topic, Source: src, EventType: typ, Payload: []byte(payload)})
+		res, err = outbox.Enqueue(ctx, tx, outbox.Message{Topic: r.topic, Source: src, EventType: typ, Payload: []byte(payload)})
 		id = res.EventID
 	}
 	if err != nil {
@@ -371,7 +428,7 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 // injectOrderChaos publishes two sources straight to Kafka (as a foreign
 // producer would): one out of order, one with a seq that never comes.
 func (r *run) injectOrderChaos(ctx context.Context) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.DefaultProduceTopic(topic))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.DefaultProduceTopic(r.topic))
 	if err != nil {
 		r.printf("  chaos: %v\n", err)
 		return
@@ -380,7 +437,7 @@ func (r *run) injectOrderChaos(ctx context.Context) {
 	send := func(src string, seq int64) {
 		e := envelope.Envelope{EventID: fmt.Sprintf("%s:%d", src, seq), Source: src, Seq: seq,
 			EventType: "agent.run.requested", Payload: []byte(fmt.Sprintf(`{"seq":%d}`, seq))}
-		if err := cl.ProduceSync(ctx, e.Record(topic)).FirstErr(); err != nil && ctx.Err() == nil {
+		if err := cl.ProduceSync(ctx, e.Record(r.topic)).FirstErr(); err != nil && ctx.Err() == nil {
 			r.printf("  chaos: produce: %v\n", err)
 		}
 		r.writtenIDs.Store(e.EventID, src)
@@ -397,7 +454,7 @@ func (r *run) injectOrderChaos(ctx context.Context) {
 // injectDuplicates re-produces about one in twenty published records: the
 // consumer must suppress every copy.
 func (r *run) injectDuplicates(ctx context.Context) {
-	reader, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.ConsumeTopics(topic),
+	reader, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.ConsumeTopics(r.topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return

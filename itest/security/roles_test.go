@@ -151,6 +151,8 @@ const (
 	inboxInsert   = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status) VALUES ('c', 'e1', 's', 1, 't', 'orders', 0, 0, 'processed')`
 	outboxInsert  = `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('x1', 'orders', 's', 1, 't', '\x7b7d')`
 	outboxPayload = `SELECT payload FROM onceflow.outbox`
+	relayStatus   = `SELECT * FROM onceflow.relay_status()`
+	auditInsert   = `INSERT INTO onceflow.admin_audit (request_id, consumer, action, actor, via, params, outcome) VALUES ('r1', 'c', 'dlq.replay', 'a', 'cli', '{}', 'running')`
 )
 
 // TestRolesLeastPrivilege applies deploy/sql/roles.sql to a migrated
@@ -215,6 +217,14 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{c, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
 		{c, "bump source counters", `INSERT INTO onceflow.source_seq VALUES ('s', 1)`, false},
 		{c, "take the relay lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now())`, false},
+
+		{w, "read relay status", relayStatus, false},
+		{r, "read relay status", relayStatus, true},
+		{r, "read the audit", `SELECT * FROM onceflow.admin_audit`, false},
+		{c, "read relay status (counts, no payloads)", relayStatus, true},
+		{c, "record an operator change", auditInsert, true},
+		{c, "finish an operator change", `UPDATE onceflow.admin_audit SET outcome = 'ok' WHERE id = 1`, true},
+		{c, "erase the audit", `DELETE FROM onceflow.admin_audit`, false},
 
 		{rs.owner, "alter the schema", `ALTER TABLE onceflow.inbox ADD COLUMN x int`, true},
 	})

@@ -27,28 +27,17 @@ type DeadLetter struct {
 	Attempts  int
 	LastError string
 	Received  time.Time
+	// ErrorKey is LastError normalised for grouping, and Group the ID of
+	// its DeadLetterGroup (set by FindDeadLetters and
+	// DeadLettersInReplayOrder).
+	ErrorKey string
+	Group    string
 }
 
 // ListDeadLetters returns up to limit dead and held rows of consumer, oldest
-// first.
+// first. FindDeadLetters does the same with a filter.
 func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, consumer string, limit int) ([]DeadLetter, error) {
-	if consumer == "" {
-		consumer = DefaultConsumerName
-	}
-	rows, err := pool.Query(ctx, qListAttention, consumer, []string{"dead", "held"}, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
-		var d DeadLetter
-		err := r.Scan(&d.EventID, &d.Status, &d.Source, &d.Seq, &d.EventType, &d.Topic, &d.Partition,
-			&d.Offset, &d.Attempts, &d.LastError, &d.Received)
-		return d, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	return out, nil
+	return FindDeadLetters(ctx, pool, consumer, DeadLetterFilter{}, limit)
 }
 
 // ReplayResult says what Replay did.
@@ -161,10 +150,18 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHan
 	}()
 	if herr != nil {
 		_ = tx.Rollback(ctx)
-		if _, err := pool.Exec(ctx, qReplayFailed, consumer, eventID, safeText(herr.Error())); err != nil {
-			return "", errors.Join(&HandlerError{EventID: eventID, Err: herr}, fmt.Errorf("record failed replay: %w", err))
+		// Recorded like the engine records a dead letter's reason (without
+		// the "handler for event …" wrapping), so that the event keeps its
+		// error group.
+		cause := herr
+		var he *HandlerError
+		if errors.As(herr, &he) {
+			cause = he.Err
 		}
-		return "", &HandlerError{EventID: eventID, Err: herr}
+		if _, err := pool.Exec(ctx, qReplayFailed, consumer, eventID, safeText(cause.Error())); err != nil {
+			return "", errors.Join(&HandlerError{EventID: eventID, Err: cause}, fmt.Errorf("record failed replay: %w", err))
+		}
+		return "", &HandlerError{EventID: eventID, Err: cause}
 	}
 	if res != ReplayParked {
 		if _, err := tx.Exec(ctx, qMarkApplied, consumer, eventID, res == ReplayedLate); err != nil {

@@ -72,15 +72,6 @@ const qReplayFailed = `
 UPDATE onceflow.inbox SET attempts = attempts + 1, last_error = $3
 WHERE consumer = $1 AND event_id = $2`
 
-// qListAttention lists dead and held rows, oldest first.
-const qListAttention = `
-SELECT event_id, status, source, seq, event_type, topic, kafka_partition, kafka_offset,
-       attempts, coalesce(last_error, ''), received_at
-FROM onceflow.inbox
-WHERE consumer = $1 AND status = ANY($2::text[])
-ORDER BY received_at, event_id
-LIMIT $3`
-
 // qHasSeqState reports whether the sequence guard tracks a source.
 const qHasSeqState = `
 SELECT EXISTS (SELECT 1 FROM onceflow.seq_state WHERE consumer = $1 AND source = $2)`
@@ -97,3 +88,65 @@ const qReleasedDead = `
 UPDATE onceflow.inbox
 SET status = 'dead', processed_at = NULL, attempts = $3, last_error = $4, headers = $5, payload = $6
 WHERE consumer = $1 AND event_id = $2`
+
+// Dead-letter search and grouping (dlqfilter.go). The error key and the
+// group id are computed here and nowhere else; docs/console.md states the
+// rule in words. The key of a row is its last_error with every word (a
+// maximal run of letters, digits, '_', '-' and '.') that contains a digit
+// replaced by '#', except the five-character code after "SQLSTATE ";
+// whitespace runs collapsed to one space; cut to 240 characters.
+const (
+	qErrorKey = `left(btrim(regexp_replace(regexp_replace(coalesce(i.last_error, ''),
+        '(?<![[:alnum:]_.-])(?<!SQLSTATE )[[:alnum:]_.-]*[0-9][[:alnum:]_.-]*', '#', 'g'),
+        '\s+', ' ', 'g')), 240)`
+	qGroupID = `left(md5(i.status || ' ' || ` + qErrorKey + `), 12)`
+
+	// $1 consumer, $2 statuses, $3 event type LIKE pattern, $4 source,
+	// $5 error substring (case-insensitive), $6 received from, $7 received
+	// to (exclusive), $8 group id, $9 event ids. NULL skips a condition.
+	qDeadWhere = `
+FROM onceflow.inbox i
+WHERE i.consumer = $1 AND i.status = ANY($2::text[])
+  AND ($3::text IS NULL OR i.event_type LIKE $3)
+  AND ($4::text IS NULL OR i.source = $4)
+  AND ($5::text IS NULL OR strpos(lower(coalesce(i.last_error, '')), lower($5)) > 0)
+  AND ($6::timestamptz IS NULL OR i.received_at >= $6)
+  AND ($7::timestamptz IS NULL OR i.received_at < $7)
+  AND ($8::text IS NULL OR ` + qGroupID + ` = $8)
+  AND ($9::text[] IS NULL OR i.event_id = ANY($9))`
+
+	qDeadColumns = `
+SELECT i.event_id, i.status, i.source, i.seq, i.event_type, i.topic, i.kafka_partition, i.kafka_offset,
+       i.attempts, coalesce(i.last_error, ''), i.received_at, ` + qErrorKey + `, ` + qGroupID
+
+	// qFindDead lists matching rows oldest first; $10 is the limit.
+	qFindDead = qDeadColumns + qDeadWhere + `
+ORDER BY i.received_at, i.event_id
+LIMIT $10`
+
+	// qFindDeadReplayOrder lists matching rows in the order a bulk replay
+	// applies them: per source by seq (rows without a seq, malformed
+	// records, last), then by arrival.
+	qFindDeadReplayOrder = qDeadColumns + qDeadWhere + `
+ORDER BY i.source, i.seq NULLS LAST, i.received_at, i.event_id
+LIMIT $10`
+
+	qCountDead = `
+SELECT count(*), count(DISTINCT i.source)` + qDeadWhere
+
+	// qGroupDead groups matching rows by status and error key, biggest
+	// first; $10 is the limit.
+	qGroupDead = `
+WITH d AS (
+    SELECT i.status, i.event_type, i.source, coalesce(i.last_error, '') AS last_error, i.received_at,
+           ` + qErrorKey + ` AS key` + qDeadWhere + `
+)
+SELECT left(md5(d.status || ' ' || d.key), 12), d.status, d.key,
+       (array_agg(d.last_error ORDER BY d.received_at DESC))[1],
+       count(*), (array_agg(DISTINCT d.event_type))[1:10], count(DISTINCT d.source),
+       min(d.received_at), max(d.received_at)
+FROM d
+GROUP BY d.status, d.key
+ORDER BY count(*) DESC, d.key, d.status
+LIMIT $10`
+)

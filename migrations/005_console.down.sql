@@ -1,0 +1,2 @@
+DROP FUNCTION onceflow.relay_status();
+DROP TABLE onceflow.admin_audit;
