@@ -1,7 +1,8 @@
 // Package tcpproxy is a loopback TCP proxy for fault tests: clients connect
 // to the proxy instead of the server, and the test cuts their connections
-// (both directions reset, new ones refused for a while) or stalls them (no
-// byte forwarded either way, as in a network partition, until it heals).
+// (both directions reset, new ones refused for a while), stalls them (no
+// byte forwarded either way, as in a network partition, until it heals) or
+// slows them (every chunk held for a latency, as with a slow server).
 package tcpproxy
 
 import (
@@ -28,6 +29,9 @@ type Proxy struct {
 	// channel that is closed when the stall ends.
 	gate      chan struct{}
 	stallStop *time.Timer
+	// latency is added to every chunk until slowUntil.
+	latency   time.Duration
+	slowUntil time.Time
 	closed    bool
 
 	accepted, refused, reset atomic.Int64
@@ -112,11 +116,20 @@ func (p *Proxy) Stall(d time.Duration) {
 	})
 }
 
-// Heal ends a cut or a stall now.
+// Slow holds every chunk, in both directions, for latency before passing
+// it on, for d: requests and answers arrive, late.
+func (p *Proxy) Slow(latency, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latency, p.slowUntil = latency, time.Now().Add(d)
+}
+
+// Heal ends a cut, a stall or a slowdown now.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cutUntil = time.Time{}
+	p.slowUntil = time.Time{}
 	select {
 	case <-p.gate:
 	default:
@@ -217,7 +230,14 @@ func (p *Proxy) pipe(dst, src net.Conn) bool {
 		if n > 0 {
 			p.mu.Lock()
 			gate := p.gate
+			var delay time.Duration
+			if time.Now().Before(p.slowUntil) {
+				delay = p.latency
+			}
 			p.mu.Unlock()
+			if delay > 0 {
+				time.Sleep(delay) // the injected latency
+			}
 			<-gate
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return false

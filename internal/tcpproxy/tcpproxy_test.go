@@ -148,3 +148,21 @@ func TestStallHealRace(t *testing.T) {
 		t.Fatalf("%q %v", got, err)
 	}
 }
+
+// A slowdown delays every chunk and ends.
+func TestSlow(t *testing.T) {
+	p := setup(t)
+	c, r := dial(t, p)
+	p.Slow(150*time.Millisecond, time.Hour)
+	t0 := time.Now()
+	if got, err := roundTrip(c, r, "slow", 5*time.Second); err != nil || got != "slow\n" {
+		t.Fatalf("%q %v", got, err)
+	}
+	if d := time.Since(t0); d < 300*time.Millisecond {
+		t.Fatalf("round trip took %s, want at least two added latencies", d)
+	}
+	p.Heal()
+	if got, err := roundTrip(c, r, "fast", 5*time.Second); err != nil || got != "fast\n" {
+		t.Fatalf("%q %v", got, err)
+	}
+}
