@@ -23,7 +23,8 @@ need() { # need GROUP… CHECK PACKAGE
 #            a shell condition (any CHECK with a space in it, quoted)
 #   PACKAGE  the Debian package that provides it
 # The Makefile asks for: test → postgres kafka test; bench, services-up →
-# postgres kafka; demo → postgres (and kafka with KAFKA=local); image → image.
+# postgres kafka; demo → postgres (and kafka with KAFKA=local); image → image;
+# soak → postgres kafka.
 
 need postgres   '/usr/lib/postgresql/*/bin/initdb'    postgresql
 need kafka      java                                  openjdk-17-jre-headless
