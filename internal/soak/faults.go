@@ -6,6 +6,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/failpoint"
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 // Fault kinds.
@@ -20,17 +23,25 @@ const (
 	KindProxyCutPG      = "proxy-cut-pg"
 	KindProxyStallKafka = "proxy-stall-kafka"
 	KindProxyStallPG    = "proxy-stall-pg"
+	KindProxySlowKafka  = "proxy-slow-kafka"
+	// KindRelayCrashSlowCkpt restarts the leading relay armed to crash
+	// right after one of its next Kafka commits, before PostgreSQL marks
+	// the batch (the failpoint relay-after-kafka-commit), and slows the
+	// checkpoint partition's leader while the relay recovers: the one
+	// moment the checkpoint matters, read from a slow broker.
+	KindRelayCrashSlowCkpt = "relay-crash-slow-checkpoint"
 )
 
 // AllKinds are the fault kinds in report order.
 var AllKinds = []string{KindRelayKill, KindRelayPause, KindConsumerKill, KindConsumerPause, KindBrokerKill,
-	KindPGRestart, KindProxyCutKafka, KindProxyCutPG, KindProxyStallKafka, KindProxyStallPG}
+	KindPGRestart, KindProxyCutKafka, KindProxyCutPG, KindProxyStallKafka, KindProxyStallPG, KindProxySlowKafka, KindRelayCrashSlowCkpt}
 
 // weights per kind (out of 100): broker kills and PostgreSQL restarts are
 // about a quarter of all faults.
 var weights = map[string]int{
-	KindRelayKill: 12, KindRelayPause: 8, KindConsumerKill: 12, KindConsumerPause: 8, KindBrokerKill: 18,
-	KindPGRestart: 8, KindProxyCutKafka: 9, KindProxyCutPG: 9, KindProxyStallKafka: 8, KindProxyStallPG: 8,
+	KindRelayKill: 11, KindRelayPause: 7, KindConsumerKill: 11, KindConsumerPause: 7, KindBrokerKill: 18,
+	KindPGRestart: 8, KindProxyCutKafka: 8, KindProxyCutPG: 8, KindProxyStallKafka: 6, KindProxyStallPG: 6,
+	KindProxySlowKafka: 5, KindRelayCrashSlowCkpt: 5,
 }
 
 // essential kinds open the schedule, so that even a short run has at
@@ -48,7 +59,9 @@ type plan struct {
 	role   string // relay: leader|standby; consumer: consumer-a|consumer-b; broker and kafka proxy: a broker role or "all"
 	pick   int    // which partition or transactional id, for broker roles
 	outage time.Duration
-	gap    time.Duration
+	// latency added to every chunk by a slow proxy
+	latency time.Duration
+	gap     time.Duration
 }
 
 // scheduler draws the fault plans of a seed: first every enabled kind once
@@ -128,6 +141,17 @@ func (s *scheduler) next() plan {
 		if kind == KindProxyStallKafka {
 			p.outage = ms(1000, 8000)
 		}
+	case KindProxySlowKafka:
+		p.role = "all"
+		if s.rng.IntN(2) == 0 {
+			p.role = brokerRoles[s.rng.IntN(len(brokerRoles))]
+		}
+		p.outage = ms(3000, 10000)
+		p.latency = ms(200, 2500)
+	case KindRelayCrashSlowCkpt:
+		p.role = "leader"
+		p.outage = ms(15000, 25000)
+		p.latency = ms(1000, 3000)
 	case KindProxyCutPG:
 		p.outage = ms(500, 5000)
 	case KindProxyStallPG:
@@ -247,6 +271,54 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 		if err := r.kc.restart(hard, id); err != nil {
 			f.Error = err.Error()
 		}
+	case KindRelayCrashSlowCkpt:
+		id, what, err := roleHolder(ctx, r.adm, roleCheckpointLeader, 0, eventTopic, ckptTopic, group)
+		if err != nil {
+			f.Error = err.Error()
+			break
+		}
+		name := r.relayByRole(ctx, p.role)
+		b := r.kc.broker(id)
+		r.held.Store(name, struct{}{})
+		r.procs.Kill(name)
+		armed := r.childSpec(name)
+		armed.Env = append(armed.Env, fmt.Sprintf("%s=%s=%d", failpoint.EnvVar, outbox.FailpointAfterKafkaCommit, 1+p.pick%20))
+		if _, err := r.procs.Start(name, armed); err != nil {
+			f.Error = err.Error()
+		}
+		crashed := r.waitExit(name, 60*time.Second)
+		// The fault proper: the crash after a commit, then the slow
+		// checkpoint leader.
+		began(fmt.Sprintf("%s after its Kafka commit %d, then broker %d (%s) slow by %s", name, 1+p.pick%20, id, what, p.latency))
+		b.proxy.Slow(p.latency, p.outage)
+		if _, err := r.procs.Start(name, r.childSpec(name)); err != nil {
+			f.Error = err.Error()
+		}
+		r.held.Delete(name)
+		if !crashed {
+			f.Error = "the armed relay did not reach its failpoint within 60s (killed instead)"
+		}
+		sleep(p.outage)
+		b.proxy.Heal()
+	case KindProxySlowKafka:
+		targets := r.kc.brokers
+		what := "all brokers"
+		if p.role != "all" {
+			id, role, err := roleHolder(ctx, r.adm, p.role, p.pick, eventTopic, ckptTopic, group)
+			if err != nil {
+				id, role = int32(1+p.pick%clusterSize), "random ("+err.Error()+")"
+			}
+			targets = []*broker{r.kc.broker(id)}
+			what = fmt.Sprintf("broker %d (%s)", id, role)
+		}
+		began(fmt.Sprintf("%s by %s", what, p.latency))
+		for _, b := range targets {
+			b.proxy.Slow(p.latency, p.outage)
+		}
+		sleep(p.outage)
+		for _, b := range targets {
+			b.proxy.Heal()
+		}
 	case KindPGRestart:
 		began("postgres (pg_ctl stop -m immediate)")
 		if err := r.pg.StopServer(hard, "immediate"); err != nil {
@@ -312,4 +384,18 @@ func (r *run) relayByRole(ctx context.Context, role string) string {
 		}
 	}
 	return holder
+}
+
+// waitExit waits up to limit for name to exit by itself; past it, name is
+// killed. It reports whether it exited by itself.
+func (r *run) waitExit(name string, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for r.procs.Running(name) {
+		if time.Now().After(deadline) {
+			r.procs.Kill(name)
+			return false
+		}
+		time.Sleep(50 * time.Millisecond) // polling the process table
+	}
+	return true
 }

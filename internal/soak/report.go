@@ -23,7 +23,11 @@ type Report struct {
 	FaultIntervalS   float64   `json:"fault_interval_s"`
 	StartedAt        time.Time `json:"started_at"`
 	ProducingSeconds float64   `json:"producing_s"`
-	DrainSeconds     float64   `json:"drain_s"`
+	// LoadStart and LoadEnd are /proc/loadavg's three averages when
+	// producing began and when the report was made.
+	LoadStart    string  `json:"load_avg_start"`
+	LoadEnd      string  `json:"load_avg_end"`
+	DrainSeconds float64 `json:"drain_s"`
 
 	Events EventCounts `json:"events"`
 
@@ -137,6 +141,9 @@ func (rep *Report) Text() string {
 	p("started      %s\n", rep.StartedAt.Format(time.RFC3339))
 	p("producing    %s at %d events/s offered; drained in %s\n",
 		secs(rep.ProducingSeconds), rep.Rate, secs(rep.DrainSeconds))
+	if rep.LoadStart != "" {
+		p("load avg     %s at the start, %s at the end (1, 5, 15 min)\n", rep.LoadStart, rep.LoadEnd)
+	}
 	e := rep.Events
 	p("\nevents\n")
 	p("  committed          %d in %d transactions (%d through onceflow.enqueue in SQL, the rest through outbox.Enqueue in Go)\n",

@@ -157,13 +157,14 @@ type run struct {
 	probes *probes
 	topic  *topicWatch
 
-	faultsMu sync.Mutex
-	faults   []Fault
-	held     sync.Map // child name -> struct{}: down or paused on purpose
-	exitsMu  sync.Mutex
-	exits    []string // children that ended without being told to
-	series   *series
-	current  atomic.Pointer[string] // the fault in progress, for the progress line
+	faultsMu  sync.Mutex
+	faults    []Fault
+	held      sync.Map // child name -> struct{}: down or paused on purpose
+	exitsMu   sync.Mutex
+	exits     []string // children that ended without being told to
+	series    *series
+	current   atomic.Pointer[string] // the fault in progress, for the progress line
+	loadStart string
 }
 
 // Run executes the soak. The error is about the soak itself (a binary
@@ -339,6 +340,7 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 		}
 	}
 	r.start = time.Now()
+	r.loadStart = loadAvg()
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
 	var bgWG sync.WaitGroup
@@ -383,6 +385,7 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	rep.ProducingSeconds = produced.Seconds()
+	rep.LoadStart, rep.LoadEnd = r.loadStart, loadAvg()
 	rep.DrainSeconds = drainTime.Seconds()
 	if !drained {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("not drained within %s: the anomalies below include what was still in flight", r.cfg.DrainTimeout))

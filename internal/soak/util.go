@@ -36,3 +36,16 @@ func copyFile(src, dst string) {
 	defer out.Close()
 	_, _ = io.Copy(out, in)
 }
+
+// loadAvg is the first three fields of /proc/loadavg ("" elsewhere).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
