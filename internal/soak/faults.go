@@ -122,9 +122,15 @@ func (s *scheduler) next() plan {
 		}
 	case KindConsumerKill, KindConsumerPause:
 		p.role = consumers[s.rng.IntN(len(consumers))]
-		if kind == KindConsumerKill {
+		switch {
+		case kind == KindConsumerKill:
 			p.outage = ms(0, 3000)
-		} else {
+		case s.rng.IntN(4) == 0:
+			// Past the group's 45 s session timeout: the member is
+			// evicted, its partitions move to the other consumer, and it
+			// wakes up with fetches polled under the old assignment.
+			p.outage = ms(46000, 60000)
+		default:
 			p.outage = ms(1000, 15000)
 		}
 	case KindBrokerKill:
