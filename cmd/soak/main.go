@@ -33,7 +33,7 @@ func run() error {
 	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
 	var cfg soak.Config
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "how long producers write and faults are injected")
-	fs.IntVar(&cfg.Rate, "rate", 300, "offered load in events per second (300: about 1M events an hour)")
+	fs.IntVar(&cfg.Rate, "rate", 320, "offered load in events per second, probes included (320: above 1M events an hour after the outages)")
 	fs.DurationVar(&cfg.FaultInterval, "fault-interval", 4*time.Second, "mean pause between one fault's recovery and the next fault")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule and the producers' choices (0: time-based)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 10*time.Minute, "longest wait for every committed event to be applied after producing stops")

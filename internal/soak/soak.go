@@ -58,7 +58,7 @@ type Config struct {
 	// Out receives the progress lines (default os.Stdout).
 	Out io.Writer
 	// Rate is the offered load in events per second, probes included
-	// (default 300: about 1M events an hour).
+	// (default 320: above 1M events an hour after the outages).
 	Rate int
 	// RecoveryTimeout bounds the wait for progress after one fault
 	// (default 2m); a fault that exceeds it is reported as a stall.
@@ -91,7 +91,7 @@ func (c Config) WithDefaults() Config {
 		c.Out = os.Stdout
 	}
 	if c.Rate == 0 {
-		c.Rate = 300
+		c.Rate = 320
 	}
 	if c.RecoveryTimeout == 0 {
 		c.RecoveryTimeout = 2 * time.Minute
@@ -432,7 +432,7 @@ func (r *run) drain(ctx context.Context) (bool, time.Duration) {
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case <-time.After(3 * time.Second):
 		}
 	}
 	return false, time.Since(t0)
