@@ -148,7 +148,7 @@ func (rep *Report) Text() string {
 	p("\nevents\n")
 	p("  committed          %d in %d transactions (%d through onceflow.enqueue in SQL, the rest through outbox.Enqueue in Go)\n",
 		e.Committed, e.Transactions, e.ViaSQL)
-	p("  rolled back        %d (never to be published)\n", e.RolledBack)
+	p("  rolled back        %d events of rolled-back transactions (planned, or failed and retried)\n", e.RolledBack)
 	p("  long transactions  %d committed (held open 2–20 s)\n", e.LongTransactions)
 	p("  commit outcome looked up %d times; transactions retried %d times\n", e.UnknownCommitOutcomes, e.Retries)
 	p("  published          %d records read with read_committed (%d distinct events)\n", e.OnTopic, e.OnTopicDistinct)
