@@ -113,6 +113,12 @@ func (r *run) progressLine(x sample) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[%5.0fs] committed %d (rolled back %d) | on topic %d | applied %s | lag relay %s consumer %s | faults %s",
 		x.T, x.Committed, r.led.rb.Load(), x.OnTopic, orDash(x.Applied), orDash(x.RelayLag), orDash(x.ConsumerLag), r.faultCounts())
+	r.topic.mu.Lock()
+	dupes, reordered, malformed := len(r.topic.dupes), len(r.topic.reordered), len(r.topic.malformed)
+	r.topic.mu.Unlock()
+	if dupes+reordered+malformed > 0 {
+		fmt.Fprintf(&b, " | ON THE TOPIC SO FAR: %d duplicate, %d reordered, %d malformed", dupes, reordered, malformed)
+	}
 	if cur := r.current.Load(); cur != nil {
 		fmt.Fprintf(&b, " | now: %s", *cur)
 	}
