@@ -22,9 +22,15 @@ build: ## Build the relay and consumer binaries into ./bin.
 	$(GO) build -o bin/ ./cmd/...
 
 .PHONY: test
-test: ## Run all tests (unit, integration, fault) with -race against real PostgreSQL and Kafka.
+test: ## Run all tests (unit, integration, fault) with -race against real PostgreSQL and Kafka, then test-python.
 	@$(REQUIRE) postgres kafka test
 	@$(WITH_SERVICES) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	@$(MAKE) --no-print-directory test-python
+
+.PHONY: test-python
+test-python: ## The Python package: its venv (scripts/python-venv.sh), mypy --strict, pytest against real PostgreSQL.
+	@$(REQUIRE) postgres python
+	@$(WITH_SERVICES) venv=$$(scripts/python-venv.sh); cd python && "$$venv/bin/mypy" && "$$venv/bin/python" -m pytest -q
 
 .PHONY: test-short
 test-short: ## Run only the unit tests that need no services.

@@ -180,7 +180,7 @@ func TestConsoleAPI(t *testing.T) {
 			t.Errorf("dlq list -group-by error lacks %q:\n%s", want, out)
 		}
 	}
-	out = runBin(t, bin, env, "dlq", "replay", "-dry-run", "-group", ge.ID)
+	out = runBin(t, bin, env, "dlq", "replay", "-dry-run", "-error-group", ge.ID)
 	if !strings.Contains(out, "dry run: 250 event(s) of 10 source(s) match") {
 		t.Errorf("dlq replay -dry-run:\n%s", out)
 	}

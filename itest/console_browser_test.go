@@ -344,7 +344,7 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	bin := testkit.Binary(t, "consumer")
 	env := []string{"ONCEFLOW_DATABASE_URL=" + db.URL, "ONCEFLOW_HANDLERS_FILE=" + consoleHandlersFile(t)}
-	args := []string{"dlq", "replay", "-group", emailID, "-expect", "6", "-note", "smtp back (cli)", "-request-id", "cli-email-1", "-actor", "erin"}
+	args := []string{"dlq", "replay", "-error-group", emailID, "-expect", "6", "-note", "smtp back (cli)", "-request-id", "cli-email-1", "-actor", "erin"}
 	out := runBin(t, bin, env, args...)
 	if m := regexp.MustCompile(`replayed (\d+), replayed late (\d+), parked 0, already processed 0, failed 0, skipped 0`).FindStringSubmatch(out); m == nil ||
 		atoi(m[1])+atoi(m[2]) != 6 || !strings.Contains(out, "matched 6 event(s) of 2 source(s)") {

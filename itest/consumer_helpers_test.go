@@ -25,6 +25,8 @@ CREATE TABLE public.effects (
     source   text NOT NULL,
     seq      bigint NOT NULL,
     n        integer NOT NULL,
+    -- the order the handler ran in (first time)
+    ord      bigint GENERATED ALWAYS AS IDENTITY,
     CONSTRAINT effects_not_poison CHECK (source <> 'poison')
 )`
 
@@ -228,6 +230,40 @@ func checkEffects(t testing.TB, db *testkit.DB, want map[string]bool) {
 	if len(doubled)+len(unexpected)+len(lost) > 0 {
 		t.Fatalf("effects: %d applied more than once %v; %d unexpected %v; %d lost %v",
 			len(doubled), head(doubled), len(unexpected), head(unexpected), len(lost), head(lost))
+	}
+}
+
+// checkOrdered asserts that every source's events were applied in seq
+// order (public.effects.ord), that no sequence gap was given up and that no
+// event was applied or held late.
+func checkOrdered(t testing.TB, db *testkit.DB) {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `SELECT source, seq FROM public.effects ORDER BY ord`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	last := map[string]int64{}
+	var disorder []string
+	for rows.Next() {
+		var src string
+		var seq int64
+		if err := rows.Scan(&src, &seq); err != nil {
+			t.Fatal(err)
+		}
+		if seq <= last[src] {
+			disorder = append(disorder, fmt.Sprintf("%s: %d after %d", src, seq, last[src]))
+		}
+		last[src] = seq
+	}
+	if len(disorder) > 0 {
+		t.Fatalf("%d events applied out of seq order: %v", len(disorder), head(disorder))
+	}
+	if n := count(t, db, `SELECT count(*) FROM onceflow.seq_gaps WHERE state = 'given_up'`); n != 0 {
+		t.Fatalf("%d sequence gaps given up", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM onceflow.inbox WHERE late`); n != 0 {
+		t.Fatalf("%d events applied or held late", n)
 	}
 }
 

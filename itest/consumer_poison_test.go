@@ -143,13 +143,20 @@ func TestConsumerMalformed(t *testing.T) {
 	big.Value = []byte(`"` + strings.Repeat("x", 2000) + `"`)
 	nul := rec("order-4", 5)
 	nul.Headers = append(dropHeader(nul.Headers, envelope.HeaderSource), kgo.RecordHeader{Key: "source", Value: []byte("a\x00b\xff")})
-	produceRecords(t, cl, good1.Record(topic), noSeq, noID, badJSON, big, nul, good2.Record(topic))
+	// An event id squatting on the key the next record gets if malformed,
+	// and that next record, whose seq is not canonical.
+	squatter := rec("order-5", 1)
+	squatter.Headers = append(dropHeader(squatter.Headers, envelope.HeaderEventID),
+		kgo.RecordHeader{Key: envelope.HeaderEventID, Value: fmt.Appendf(nil, "malformed:%s:0:8", topic)})
+	plusSeq := rec("order-5", 2)
+	plusSeq.Headers = append(dropHeader(plusSeq.Headers, envelope.HeaderSeq), kgo.RecordHeader{Key: envelope.HeaderSeq, Value: []byte("+2")})
+	produceRecords(t, cl, good1.Record(topic), noSeq, noID, badJSON, big, nul, good2.Record(topic), squatter, plusSeq)
 
 	e := startEngine(t, inbox.Config{Pool: db.Pool, Group: "g-" + topic, Topics: []string{topic},
 		BatchHandler: sqlHandler(t), MaxPayloadBytes: 1000})
 	eventually(t, 30*time.Second, "good events applied, malformed dead-lettered", func() (bool, string) {
 		p, m, d := e.metric("onceflow_consumer_processed_total"), e.metric("onceflow_consumer_malformed_total"), e.metric("onceflow_consumer_dead_lettered_total")
-		return p == 2 && m == 5 && d == 5, fmtState("processed ", p, ", malformed ", m, ", dead ", d)
+		return p == 2 && m == 7 && d == 7, fmtState("processed ", p, ", malformed ", m, ", dead ", d)
 	})
 	e.stop(t)
 	checkEffects(t, db, map[string]bool{good1.EventID: true, good2.EventID: true})
@@ -165,7 +172,8 @@ func TestConsumerMalformed(t *testing.T) {
 		}
 		reasons[id] = reason
 	}
-	wantReasons := map[int]string{1: "seq is missing", 2: "event-id is missing", 3: "not valid JSON", 4: "over the limit", 5: "source"}
+	wantReasons := map[int]string{1: "seq is missing", 2: "event-id is missing", 3: "not valid JSON", 4: "over the limit", 5: "source",
+		7: `must not start with "malformed:"`, 8: "not a canonical decimal integer"}
 	for off, frag := range wantReasons {
 		id := fmt.Sprintf("malformed:%s:0:%d", topic, off)
 		if !strings.Contains(reasons[id], frag) {
@@ -179,7 +187,7 @@ func TestConsumerMalformed(t *testing.T) {
 		BatchHandler: sqlHandler(t), MaxPayloadBytes: 1000})
 	eventually(t, 30*time.Second, "all duplicates", func() (bool, string) {
 		d := e2.metric("onceflow_consumer_duplicates_total")
-		return d == 7, fmtState("duplicates ", d)
+		return d == 9, fmtState("duplicates ", d)
 	})
 	e2.stop(t)
 	if n := e2.metric("onceflow_consumer_dead_lettered_total"); n != 0 {

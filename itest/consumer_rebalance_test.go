@@ -52,5 +52,11 @@ func TestConsumerRebalanceStorm(t *testing.T) {
 		dups += m.metric("onceflow_consumer_duplicates_total")
 	}
 	checkEffects(t, db, want)
-	t.Logf("%d events, %d joins, %d leaves, %v duplicates seen", len(want), joins, leaves, dups)
+	checkOrdered(t, db)
+	var stale float64
+	for _, m := range all {
+		stale += m.metric("onceflow_consumer_stale_batches_dropped_total")
+	}
+	t.Logf("%d events, %d joins, %d leaves, %v duplicates seen, %v stale batches dropped, per-source order kept, 0 gaps given up, 0 late",
+		len(want), joins, leaves, dups, stale)
 }

@@ -440,6 +440,8 @@ func TestContractEnvelopeSchemaRejects(t *testing.T) {
 		{"json type, value not json", `"payload":"{\"total\":42}"`, `"payload":"{total"`, "value"},
 		{"json+suffix type, value not json", `"content-type","application/json"`, `"content-type","application/vnd.x+json; charset=utf-8"`, ""},
 		{"control char in id", `"event-id","e-1"`, `"event-id","e\n1"`, "event-id"},
+		{"reserved id prefix", `"event-id","e-1"`, `"event-id","malformed:t:0:7"`, "event-id"},
+		{"seq with a plus sign", `"seq","12"`, `"seq","+12"`, "seq"},
 		{"bad traceparent", `"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"`, `"trace-me"`, "traceparent"},
 		{"null application header", `"tenant","acme"`, `"tenant",null`, "tenant"},
 		{"null key", `"key":"order-1"`, `"key":null`, "key"},

@@ -171,7 +171,8 @@ func TestContractRelayPublishes(t *testing.T) {
 
 // TestContractRelayTopicsVerify runs the real relay with -topics-verify: it
 // refuses to start on a checkpoint topic that breaks the spec, publishes
-// nothing to an event topic that breaks it (and skips no row), and publishes
+// nothing to an event topic that breaks it (its rows are set aside with
+// reason topic_contract and tried again; none is skipped), and publishes
 // everything once the topic conforms.
 func TestContractRelayTopicsVerify(t *testing.T) {
 	t.Parallel()
@@ -200,7 +201,7 @@ func TestContractRelayTopicsVerify(t *testing.T) {
 		return testkit.Start(t, name, bin, nil, "run",
 			"-database-url", db.URL, "-kafka-brokers", testkit.KafkaBrokers(t),
 			"-checkpoint-topic", checkpoint, "-transactional-id-prefix", "it-verify-"+evt.Name+"-",
-			"-http-addr", "127.0.0.1:0", "-backoff-max", "500ms",
+			"-http-addr", "127.0.0.1:0", "-backoff-max", "500ms", "-retry-set-aside-after", "300ms",
 			"-topics-verify", "-topics-spec", path)
 	}
 
@@ -231,7 +232,7 @@ func TestContractRelayTopicsVerify(t *testing.T) {
 		}
 	}
 	relay := start("relay-verify", ck.Name)
-	if _, err := relay.WaitFor(ctx, regexp.MustCompile(`topic breaks its contract.*`+regexp.QuoteMeta(evt.Name))); err != nil {
+	if _, err := relay.WaitFor(ctx, regexp.MustCompile(`"msg":"outbox row set aside.*"topic":"`+regexp.QuoteMeta(evt.Name)+`".*"reason":"topic_contract"`)); err != nil {
 		t.Fatal(err)
 	}
 	var unpublished int

@@ -77,7 +77,7 @@ func TestEffectsHTTPStatuses(t *testing.T) {
 		attempts int
 	}{"good": {"done", 1}, "flaky": {"done", 3}, "slow": {"done", 2}, "rejected": {"intent", 3}}
 	for id, w := range want {
-		got, ok, err := effects.Lookup(context.Background(), db.Pool, "event:"+id)
+		got, ok, err := effects.LookupScoped(context.Background(), db.Pool, effects.ConsumerScope(inbox.DefaultConsumerName, "http", "*"), "event:"+id)
 		if err != nil || !ok || got.Status != w.status || got.Attempts != w.attempts || got.EventID != id {
 			t.Errorf("%s: ledger %+v (found %v, %v), want status %s attempts %d", id, got, ok, err, w.status, w.attempts)
 		}

@@ -112,6 +112,7 @@ func writerPool(t *testing.T, url string) *pgxpool.Pool {
 // stays open up to 50ms longer, and it rolls back with probability rollback. Rolled-back event ids are recorded so the
 // test can assert none is published.
 type writers struct {
+	extras     writerExtras
 	committed  atomic.Int64
 	rolledBack sync.Map // event id -> struct{}
 	retries    atomic.Int64
@@ -122,8 +123,24 @@ type writers struct {
 }
 
 func startWriters(ctx context.Context, pool *pgxpool.Pool, topic string, n, sources, maxTx int, rollback float64, limit int64) *writers {
+	return startWritersWith(ctx, pool, topic, n, sources, maxTx, rollback, limit, writerExtras{})
+}
+
+// writerExtras are what some tests add to every writer transaction.
+type writerExtras struct {
+	// IDPrefix prefixes every event id (a generated UUID follows), so that
+	// a checker can tell one database's events from another's on a shared
+	// topic.
+	IDPrefix string
+	// CommittedTable, when set, gets one row (event_id) per event in the
+	// event's own transaction: a record of what committed that does not
+	// depend on the outbox (which -delete-on-publish empties).
+	CommittedTable string
+}
+
+func startWritersWith(ctx context.Context, pool *pgxpool.Pool, topic string, n, sources, maxTx int, rollback float64, limit int64, extras writerExtras) *writers {
 	ctx, cancel := context.WithCancel(ctx)
-	w := &writers{cancel: cancel}
+	w := &writers{cancel: cancel, extras: extras}
 	for i := range n {
 		w.wg.Add(1)
 		go func() {
@@ -156,6 +173,9 @@ func (w *writers) oneTx(ctx context.Context, pool *pgxpool.Pool, topic string, r
 			EventType: "test.event",
 			Payload:   []byte(`{"n":1}`),
 		}
+		if w.extras.IDPrefix != "" {
+			msgs[j].EventID = fmt.Sprintf("%s%016x%016x", w.extras.IDPrefix, rng.Uint64(), rng.Uint64())
+		}
 	}
 	doRollback := rng.Float64() < rollback
 	batch := rng.IntN(2) == 0
@@ -184,6 +204,11 @@ func (w *writers) oneTx(ctx context.Context, pool *pgxpool.Pool, topic string, r
 						return err
 					}
 					ids = append(ids, r.EventID)
+				}
+			}
+			if t := w.extras.CommittedTable; t != "" {
+				if _, err := tx.Exec(ctx, `INSERT INTO `+t+` (event_id) SELECT unnest($1::text[])`, ids); err != nil {
+					return err
 				}
 			}
 			if hold > 0 {

@@ -22,9 +22,9 @@ need() { # need GROUP… CHECK PACKAGE
 #   CHECK    a command on PATH; an absolute path (a glob is fine, quoted); or
 #            a shell condition (any CHECK with a space in it, quoted)
 #   PACKAGE  the Debian package that provides it
-# The Makefile asks for: test → postgres kafka test; bench, services-up →
-# postgres kafka; demo → postgres (and kafka with KAFKA=local); image → image;
-# soak → postgres kafka.
+# The Makefile asks for: test → postgres kafka test; test-python → postgres
+# python; bench, services-up → postgres kafka; demo → postgres (and kafka
+# with KAFKA=local); image → image; soak → postgres kafka.
 
 need postgres   '/usr/lib/postgresql/*/bin/initdb'    postgresql
 need kafka      java                                  openjdk-17-jre-headless
@@ -36,6 +36,7 @@ need test image /etc/ssl/certs/ca-certificates.crt    ca-certificates
 need test       podman                                podman
 need test       runc                                  runc
 need test       chromium                              chromium
+need test python 'python3 -c "import venv, ensurepip"' python3-venv
 
 # ---------------------------------------------------------------- main
 

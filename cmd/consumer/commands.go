@@ -17,7 +17,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -106,6 +105,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		RetryMaxAttempts:     cfg.RetryMaxAttempts,
 		RetryMaxElapsed:      cfg.RetryMaxElapsed,
 		RetryMaxInterval:     cfg.RetryMaxInterval,
+		SessionTimeout:       cfg.SessionTimeout,
 		Topics:               cfg.Topics,
 	})
 	if err != nil {
@@ -129,7 +129,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.PruneInterval > 0 {
 		pm := effects.NewPrunerMetrics(reg)
 		g.Go(func() error {
-			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{}, pm, log)
+			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{Consumer: cfg.ConsumerName}, pm, log)
 		})
 	}
 	g.Go(func() error {
@@ -169,7 +169,10 @@ func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log
 		Kafka:    kadm.NewClient(kcl),
 		Logger:   log,
 		Pool:     pool,
-		Replay:   replayer(pool, cfg.ConsumerName, h),
+		Replay: replayer(inbox.ReplayConfig{
+			ConsumerName: cfg.ConsumerName, FirstSeen: cfg.firstSeen, GapTimeout: cfg.GapTimeout,
+			GapTimeouts: cfg.gapTimeouts, Handler: h, MaxParked: cfg.MaxParked, Pool: pool,
+		}),
 	})
 	if err != nil {
 		kcl.Close()
@@ -181,12 +184,10 @@ func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log
 }
 
 // replayer is how this binary re-drives a dead letter, for `dlq replay`
-// and the admin API alike: inbox.Replay, through the handlers and the
-// sequence guard.
-func replayer(pool *pgxpool.Pool, consumer string, h inbox.BatchHandler) admin.ReplayFunc {
-	return func(ctx context.Context, eventID string) (inbox.ReplayResult, error) {
-		return inbox.Replay(ctx, pool, consumer, h, eventID)
-	}
+// and the admin API alike: inbox.ReplayConfig.Replay, through the handlers
+// and the sequence guard with the consumer's guard settings.
+func replayer(rc inbox.ReplayConfig) admin.ReplayFunc {
+	return rc.Replay
 }
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -286,7 +287,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		req.EventID = pos[0]
 	}
 	if req.EventID == "" && req.Filter.Empty() && !req.All {
-		return usage("consumer dlq replay: want an EVENT-ID, or a filter (-event-type, -source, -error, -from/-to/-since, -group, -status), or -all")
+		return usage("consumer dlq replay: want an EVENT-ID, or a filter (-event-type, -source, -error, -from/-to/-since, -error-group, -status), or -all")
 	}
 	if cfg.Expect >= 0 {
 		req.Expect = &cfg.Expect
@@ -298,13 +299,14 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if cfg.HandlersFile == "" && !cfg.DryRun {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE) is required")
 	}
-	var handler inbox.BatchHandler
+	rc, err := cfg.replayConfig()
+	if err != nil {
+		return &usageError{err}
+	}
 	if cfg.HandlersFile != "" {
-		h, err := inbox.LoadHandlerFile(cfg.HandlersFile)
-		if err != nil {
+		if rc.Handler, err = inbox.LoadHandlerFile(cfg.HandlersFile); err != nil {
 			return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 		}
-		handler = h
 	}
 	if req.RequestID == "" {
 		req.RequestID = newRequestID()
@@ -314,8 +316,9 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	if handler != nil {
-		replay = replayer(pool, cfg.ConsumerName, handler)
+	rc.Pool = pool
+	if rc.Handler != nil {
+		replay = replayer(rc)
 	}
 	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool, Replay: replay})
 	if err != nil {

@@ -65,6 +65,7 @@ type runConfig struct {
 	RetryMaxAttempts     int
 	RetryMaxElapsed      time.Duration
 	RetryMaxInterval     time.Duration
+	SessionTimeout       time.Duration
 	Topics               cli.List
 
 	// Parsed by validate.
@@ -101,6 +102,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RetryMaxAttempts, "retry-max-attempts", 5, "tries of a failing event before it is dead-lettered")
 	fs.DurationVar(&c.RetryMaxElapsed, "retry-max-elapsed", 30*time.Second, "longest time spent retrying one event")
 	fs.DurationVar(&c.RetryMaxInterval, "retry-max-interval", 5*time.Second, "longest backoff between tries")
+	fs.DurationVar(&c.SessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a member that stopped heartbeating before reassigning its partitions (the broker allows 6s and up by default)")
 	fs.Var(&c.Topics, "topics", "comma-separated topics to consume (required)")
 }
 
@@ -149,6 +151,7 @@ func (c *runConfig) validate() error {
 		cli.PositiveDuration("retry-initial-interval", c.RetryInitialInterval),
 		cli.PositiveDuration("retry-max-interval", c.RetryMaxInterval),
 		cli.PositiveDuration("retry-max-elapsed", c.RetryMaxElapsed),
+		cli.PositiveDuration("session-timeout", c.SessionTimeout),
 	)
 	for _, err := range errs {
 		if err != nil {
@@ -179,10 +182,16 @@ type dlqConfig struct {
 	HandlersFile string
 	Note         string
 	RequestID    string
+
+	// Replay goes through the sequence guard with the consumer's settings.
+	FirstSeen   string
+	GapTimeout  time.Duration
+	GapTimeouts string
+	MaxParked   int
 }
 
 // RegisterFlags registers the flags of the dlq commands; replay needs the
-// handlers file too.
+// handlers file and the sequence guard's settings too.
 func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	c.DB.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs)
@@ -193,6 +202,10 @@ func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 		fs.StringVar(&c.GroupBy, "group-by", "", "error: one line per error group (errors alike but for numbers and ids), biggest first")
 		return
 	}
+	fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "as the consumer's -first-seen")
+	fs.DurationVar(&c.GapTimeout, "gap-timeout", seqguard.DefaultGapTimeout, "as the consumer's -gap-timeout: the timeout of a gap a replayed event opens")
+	fs.StringVar(&c.GapTimeouts, "gap-timeouts", "", "as the consumer's -gap-timeouts (glob=duration,…)")
+	fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "as the consumer's -max-parked")
 	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the handlers (required)")
 	fs.IntVar(&c.Limit, "limit", admin.DefaultReplayLimit, "most events one replay applies (the rest are reported as remaining)")
 	fs.StringVar(&c.Actor, "actor", "", "who replays, for the audit (default: the OS user)")
@@ -201,4 +214,23 @@ func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	fs.IntVar(&c.Expect, "expect", -1, "refuse unless exactly this many events match (the count a -dry-run showed)")
 	fs.StringVar(&c.Note, "note", "", "why, for the audit (required to replay more than one event)")
 	fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
+}
+
+// replayConfig checks the replay flags and returns the library's config.
+func (c *dlqConfig) replayConfig() (inbox.ReplayConfig, error) {
+	rc := inbox.ReplayConfig{ConsumerName: c.ConsumerName, GapTimeout: c.GapTimeout, MaxParked: c.MaxParked}
+	var err error
+	if rc.FirstSeen, err = seqguard.ParseFirstSeen(c.FirstSeen); err != nil {
+		return rc, fmt.Errorf("-first-seen (ONCEFLOW_FIRST_SEEN): %v", err)
+	}
+	if rc.GapTimeouts, err = inbox.ParseGapTimeouts(c.GapTimeouts); err != nil {
+		return rc, fmt.Errorf("-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS): %v", err)
+	}
+	if err := cli.PositiveDuration("gap-timeout", c.GapTimeout); err != nil {
+		return rc, err
+	}
+	if c.MaxParked < 1 {
+		return rc, fmt.Errorf("-max-parked (ONCEFLOW_MAX_PARKED) must be at least 1, got %d", c.MaxParked)
+	}
+	return rc, nil
 }

@@ -5,7 +5,7 @@
 //	consumer migrate  apply the database migrations
 //	consumer dlq list             list dead-lettered and held events (filters, -group-by error)
 //	consumer dlq replay EVENT-ID  re-drive one through the handlers, once
-//	consumer dlq replay -group ID -note "…"  re-drive a filtered set (-dry-run first)
+//	consumer dlq replay -error-group ID -note "…"  re-drive a filtered set (-dry-run first)
 //	consumer gaps list            open and recently given-up sequence gaps
 //	consumer gaps resolve SOURCE FROM-TO -note "…"  record what was done
 //

@@ -51,6 +51,8 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"dlq list group-by", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-group-by", "type"}, "-group-by (ONCEFLOW_GROUP_BY)"},
 		{"dlq list filter", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-since", "yesterday"}, `since "yesterday"`},
 		{"dlq replay two ids", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "a", "b"}, "at most one EVENT-ID"},
+		{"replay gap timeouts", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "-gap-timeouts", "x", "e1"}, "-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS)"},
+		{"replay max parked", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "-max-parked", "0", "e1"}, "-max-parked (ONCEFLOW_MAX_PARKED)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

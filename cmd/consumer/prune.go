@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
 func loadRetention(path string) (*effects.Retention, error) {
@@ -25,11 +26,13 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("consumer prune", flag.ContinueOnError)
 	var (
 		db        pgconn.Config
+		consumer  string
 		file      string
 		batchSize int
 		pause     time.Duration
 	)
 	db.RegisterFlags(fs)
+	fs.StringVar(&consumer, "consumer-name", inbox.DefaultConsumerName, "logical consumer whose inbox rows and effects are pruned (other consumers' are never touched)")
 	fs.StringVar(&file, "retention-file", "", "JSON file of retention classes and sources' redelivery horizons (required)")
 	fs.IntVar(&batchSize, "batch-size", 500, "most rows one DELETE removes")
 	fs.DurationVar(&pause, "pause", 20*time.Millisecond, "wait between batches")
@@ -41,6 +44,9 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err := db.Validate(); err != nil {
 		return &usageError{err}
+	}
+	if consumer == "" {
+		return usage("-consumer-name (ONCEFLOW_CONSUMER_NAME) must not be empty")
 	}
 	if file == "" {
 		return usage("-retention-file (ONCEFLOW_RETENTION_FILE) is required")
@@ -57,7 +63,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	st, err := effects.Prune(ctx, pool, r, effects.PruneOptions{BatchSize: batchSize, Pause: pause})
+	st, err := effects.Prune(ctx, pool, r, effects.PruneOptions{BatchSize: batchSize, Consumer: consumer, Pause: pause})
 	if err != nil {
 		return err
 	}

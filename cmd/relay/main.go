@@ -3,6 +3,8 @@
 //	relay run      [flags]   publish (one leader per shard, the others stand by)
 //	relay migrate  [flags]   apply the schema migrations
 //	relay topics verify|apply [flags]   check or create the topics of contract/topics.json
+//	relay identity show|adopt|reset|legacy …   this database's identity (see admin.go)
+//	relay outbox failed list|retry|skip …       rows set aside because Kafka refuses them
 //
 // `relay run -admin` also serves the relay's status as JSON
 // (GET /api/v1/relay, bearer token; docs/console.md).
@@ -64,6 +66,7 @@ func main() {
 }
 
 const usage = `usage: relay run [flags] | relay migrate [flags] | relay topics verify|apply [flags] | relay help
+       relay identity show|adopt|reset|legacy … | relay outbox failed list|retry|skip …
 `
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -96,12 +99,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return usageError{err}
 		}
 		return err
+	case "identity", "outbox":
+		return runAdmin(ctx, args, stdout)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage+"\nrelay run flags:\n")
 		var c config
 		fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
 		c.RegisterFlags(fs)
 		cli.Usage(fs, stdout)
+		fmt.Fprint(stdout, "\n"+adminUsage)
 		return nil
 	default:
 		fmt.Fprint(stderr, usage)
@@ -131,6 +137,7 @@ type config struct {
 	pruneBatchRows  int
 	pruneInterval   time.Duration
 	retention       time.Duration
+	retrySetAside   time.Duration
 	shard           string
 	standbyInterval time.Duration
 	txnIDPrefix     string
@@ -161,9 +168,10 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.pruneBatchRows, "prune-batch-rows", 1000, "published rows deleted per prune statement")
 	fs.DurationVar(&c.pruneInterval, "prune-interval", time.Second, "how often published rows are pruned")
 	fs.DurationVar(&c.retention, "retention", time.Hour, "how long published rows are kept (negative: delete at the next prune)")
-	fs.StringVar(&c.shard, "shard", "default", "relay shard: lease row, transactional.id suffix, checkpoint key (all relays of one database use the same shard today)")
+	fs.DurationVar(&c.retrySetAside, "retry-set-aside-after", 30*time.Second, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
+	fs.StringVar(&c.shard, "shard", "default", "relay shard: lease row, transactional.id suffix, checkpoint key suffix (all relays of one database use the same shard today)")
 	fs.DurationVar(&c.standbyInterval, "standby-interval", 500*time.Millisecond, "how often a standby tries to take the lease")
-	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "onceflow-relay-", "Kafka transactional.id prefix (the shard is appended)")
+	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "", "Kafka transactional.id prefix, the shard is appended; must be unique to this database on the Kafka cluster (empty: onceflow-relay-<database identity>-, unique by construction)")
 	fs.DurationVar(&c.txnTimeout, "transaction-timeout", 10*time.Second, "Kafka transaction timeout")
 	fs.BoolVar(&c.topicsVerify, "topics-verify", false, "verify the checkpoint topic at start and each event topic before its first publish against the topic spec; refuse to publish to a topic that breaks it (create topics with `relay topics apply` first)")
 	c.topics.RegisterFlags(fs)
@@ -182,6 +190,7 @@ func (c *config) validate() error {
 	for name, d := range map[string]time.Duration{
 		"backoff-max": c.backoffMax, "lease-renew-interval": c.leaseRenew, "lease-ttl": c.leaseTTL, "poll-interval": c.pollInterval,
 		"prune-interval": c.pruneInterval, "standby-interval": c.standbyInterval, "transaction-timeout": c.txnTimeout,
+		"retry-set-aside-after": c.retrySetAside,
 	} {
 		if err := cli.PositiveDuration(name, d); err != nil {
 			return err
@@ -251,7 +260,13 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		if err := c.topics.CheckTopics(ctx, adm, c.checkpointTopic); err != nil {
 			return fmt.Errorf("checkpoint topic breaks the topic spec (run `relay topics apply`): %w", err)
 		}
-		topicCheck = func(ctx context.Context, topic string) error { return c.topics.CheckTopics(ctx, adm, topic) }
+		topicCheck = func(ctx context.Context, topic string) error {
+			err := c.topics.CheckTopics(ctx, adm, topic)
+			if errors.Is(err, topics.ErrDrift) {
+				return fmt.Errorf("%w: %w", outbox.ErrTopicRefused, err)
+			}
+			return err
+		}
 	}
 
 	var tokens *admin.Tokens
@@ -281,6 +296,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		PruneInterval:         c.pruneInterval,
 		Registerer:            reg,
 		Retention:             c.retention,
+		RetrySetAsideAfter:    c.retrySetAside,
 		Shard:                 c.shard,
 		StandbyInterval:       c.standbyInterval,
 		TopicCheck:            topicCheck,

@@ -9,7 +9,9 @@
 --                  API's INSERT into onceflow.outbox + onceflow.source_seq).
 --                  Cannot read payloads, mark, delete, or touch consumer state.
 --   relay_role     the relay: reads, marks (published_at) and prunes outbox
---                  rows, holds onceflow.relay_lease. Nothing of the inbox,
+--                  rows, holds onceflow.relay_lease, binds
+--                  onceflow.database_identity, sets rows aside
+--                  (onceflow.outbox_set_aside). Nothing of the inbox,
 --                  seq state, gaps or effects; cannot create events.
 --   consumer_role  the consumer: onceflow.inbox, consumer_offsets, seq_state,
 --                  seq_gaps, effects; writes (never deletes) admin_audit and
@@ -159,6 +161,17 @@ BEGIN
     IF to_regclass('onceflow.relay_lease') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.relay_lease TO %I', v_relay);
     END IF;
+    -- Relay: its database identity (bound, re-minted, adopted or reset),
+    -- legacy checkpoints, set-aside rows, and the outbox id sequence's last
+    -- value (a checkpoint naming higher ids means a restored database).
+    IF to_regclass('onceflow.database_identity') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT, UPDATE ON onceflow.database_identity TO %I', v_relay);
+        EXECUTE format('GRANT SELECT, UPDATE ON onceflow.relay_legacy_checkpoint TO %I', v_relay);
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.outbox_set_aside TO %I', v_relay);
+    END IF;
+    IF to_regclass('onceflow.outbox') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON SEQUENCE %s TO %I', pg_get_serial_sequence('onceflow.outbox', 'id'), v_relay);
+    END IF;
 
     -- Consumer: its ledgers and state.
     FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
@@ -166,6 +179,13 @@ BEGIN
                 AND c.relname IN ('inbox', 'consumer_offsets', 'seq_state', 'seq_gaps', 'effects')
     LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', r.rel, v_consumer);
+    END LOOP;
+    -- The effects ledger's protocol functions (effects.Do, and fences from
+    -- other languages, run them with the caller's rights).
+    FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname LIKE 'effect\_%'
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_consumer);
     END LOOP;
     -- Console (docs/console.md): the consumer records operator changes in
     -- the audit (never deletes them), and the consumer and the relay may read

@@ -41,7 +41,7 @@ func (p *FilterParams) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.From, "from", "", "only rows received at or after this time (RFC 3339)")
 	fs.StringVar(&p.To, "to", "", "only rows received before this time (RFC 3339)")
 	fs.StringVar(&p.Since, "since", "", "only rows received within this duration (e.g. 2h), instead of -from")
-	fs.StringVar(&p.Group, "group", "", "only this error group (its id from `dlq list -group-by error`)")
+	fs.StringVar(&p.Group, "error-group", "", "only this error group (its id from `dlq list -group-by error`)")
 }
 
 // FilterFromQuery reads the filter from URL query parameters of the same

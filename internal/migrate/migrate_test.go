@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/migrations"
 )
 
 func TestLoadRejectsHolesAndMissingUp(t *testing.T) {
@@ -91,5 +92,70 @@ func TestUpConcurrentAndIdempotent(t *testing.T) {
 	}
 	if _, to, err := migrate.Up(ctx, conn); err != nil || to != latest {
 		t.Fatalf("up again: to %d err %v", to, err)
+	}
+}
+
+// Down one step at a time from the newest version, then up again: every
+// down file undoes its own up file only. Undoing the SQL fencing functions
+// (effects_protocol) leaves the ledger's scope column and key of the
+// migration before it in place.
+func TestDownStepByStep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testkit.EmptyDB(t)
+	migs, err := migrate.Load(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	one := func(q string) int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return n
+	}
+	const (
+		qFuncs = `SELECT count(*) FROM pg_proc WHERE pronamespace = 'onceflow'::regnamespace AND proname LIKE 'effect\_%'`
+		qScope = `SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('onceflow.effects') AND attname = 'scope' AND NOT attisdropped`
+		qKey   = `SELECT count(*) FROM pg_constraint WHERE conrelid = to_regclass('onceflow.effects') AND contype = 'p' AND array_length(conkey, 1) = 2`
+	)
+	if _, _, err := migrate.Up(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	sawProtocol := false
+	for i := len(migs) - 1; i >= 0; i-- {
+		m := migs[i]
+		if _, to, err := migrate.To(ctx, conn, int32(m.Version-1)); err != nil || to != int32(m.Version-1) {
+			t.Fatalf("down from %d (%s): to %d, %v", m.Version, m.Name, to, err)
+		}
+		if m.Name == "effects_protocol" {
+			sawProtocol = true
+			if n := one(qFuncs); n != 0 {
+				t.Errorf("down of %d_%s left %d effect_ functions", m.Version, m.Name, n)
+			}
+			if one(qScope) != 1 || one(qKey) != 1 {
+				t.Errorf("down of %d_%s dropped the ledger's scope column or (scope, idempotency_key) key", m.Version, m.Name)
+			}
+		}
+	}
+	if !sawProtocol {
+		t.Fatal("no effects_protocol migration")
+	}
+	if n := one(`SELECT count(*) FROM pg_proc WHERE pronamespace = 'onceflow'::regnamespace`) +
+		one(`SELECT count(*) FROM pg_type t WHERE t.typnamespace = 'onceflow'::regnamespace AND t.typtype IN ('c', 'e', 'd')
+		      AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind <> 'c')`); n != 0 {
+		t.Errorf("%d functions or types left in schema onceflow at version 0", n)
+	}
+	if _, to, err := migrate.Up(ctx, conn); err != nil || to != int32(len(migs)) {
+		t.Fatalf("up again: to %d, %v", to, err)
+	}
+	if one(qFuncs) == 0 || one(qScope) != 1 {
+		t.Fatal("up again: the fencing functions or the scope column are missing")
 	}
 }

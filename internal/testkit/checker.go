@@ -48,6 +48,10 @@ func (r Report) String() string {
 		r.Committed, r.Seen, len(r.Lost), len(r.Duplicated), len(r.OutOfOrder), len(r.Unexpected))
 }
 
+// MissingPatience is how long Check keeps reading while committed events
+// are missing from the topic and none turns up, before it reports them lost.
+const MissingPatience = 15 * time.Second
+
 // Checker reads a topic with read_committed and compares it with the outbox
 // table: every committed row exactly once (R1, R3), each source in seq order
 // (R2), nothing that was not committed. Reusable by any test that publishes
@@ -57,6 +61,10 @@ type Checker struct {
 	topic string
 	cl    *kgo.Client
 	adm   *kadm.Client
+
+	keep      func(envelope.Envelope) bool // nil: every envelope
+	committed string                       // query for the committed event ids ($1 = topic)
+	args      []any
 
 	count   map[string]int
 	lastSeq map[string]int64
@@ -76,8 +84,27 @@ func NewChecker(t testing.TB, pool *pgxpool.Pool, topic string, opts ...kgo.Opt)
 	}, opts...)...)
 	return &Checker{
 		pool: pool, topic: topic, cl: cl, adm: kadm.NewClient(Client(t, opts...)),
-		count: map[string]int{}, lastSeq: map[string]int64{}, last: map[int32]int64{},
+		committed: `SELECT event_id FROM onceflow.outbox WHERE topic = $1`,
+		count:     map[string]int{}, lastSeq: map[string]int64{}, last: map[int32]int64{},
 	}
+}
+
+// Only makes the checker look only at the envelopes keep accepts (e.g. the
+// events of one database when relays of several publish to the topic); the
+// others are not counted at all. Call it before Check.
+func (c *Checker) Only(keep func(envelope.Envelope) bool) *Checker {
+	c.keep = keep
+	return c
+}
+
+// CommittedFrom replaces the committed set (by default the event ids of the
+// topic's outbox rows) with the event ids query returns, e.g. from a table
+// the producers write in the same transaction as the event: with
+// -delete-on-publish the outbox keeps no row of a published event. The
+// query gets no topic argument unless args supply it. Call it before Check.
+func (c *Checker) CommittedFrom(query string, args ...any) *Checker {
+	c.committed, c.args = query, args
+	return c
 }
 
 // WaitDrained waits until the topic has no unpublished outbox rows.
@@ -104,7 +131,11 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 		return c.report, err
 	}
 	committed := map[string]bool{}
-	rows, err := c.pool.Query(ctx, `SELECT event_id FROM onceflow.outbox WHERE topic = $1`, c.topic)
+	args := c.args
+	if c.args == nil && strings.Contains(c.committed, "$1") {
+		args = []any{c.topic}
+	}
+	rows, err := c.pool.Query(ctx, c.committed, args...)
 	if err != nil {
 		return c.report, err
 	}
@@ -120,7 +151,10 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 	}
 	// Commit markers are written just after EndTransaction returns, so the
 	// last stable offset may trail the outbox marks for a moment: read to
-	// it, and read again while committed rows are still missing.
+	// it, and read again while committed rows are still missing. Events
+	// still missing after MissingPatience without one of them turning up
+	// are reported lost.
+	lastMissing, since := -1, time.Now()
 	for {
 		if err := c.readToStable(ctx); err != nil {
 			return c.report, err
@@ -131,7 +165,10 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 				missing++
 			}
 		}
-		if missing == 0 || ctx.Err() != nil {
+		if missing != lastMissing {
+			lastMissing, since = missing, time.Now()
+		}
+		if missing == 0 || ctx.Err() != nil || time.Since(since) > MissingPatience {
 			break
 		}
 		select {
@@ -203,8 +240,11 @@ func (c *Checker) readToStable(ctx context.Context) error {
 			if rec.Attrs.IsControl() {
 				return
 			}
-			c.report.Seen++
 			env, err := envelope.Decode(rec, 0)
+			if err == nil && c.keep != nil && !c.keep(env) {
+				return
+			}
+			c.report.Seen++
 			if err != nil {
 				c.report.Unexpected = append(c.report.Unexpected, err.Error())
 				return

@@ -81,7 +81,9 @@ func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
+	scanned := make(chan struct{})
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
@@ -99,6 +101,7 @@ func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
 	go func() {
 		p.err = cmd.Wait()
 		pw.Close()
+		<-scanned // every line is in p.lines before Done closes
 		close(p.done)
 	}()
 	t.Cleanup(func() {

@@ -146,6 +146,8 @@ func checkPrivileges(t *testing.T, db *testkit.DB, cases []privCase) {
 }
 
 const (
+	// The ledger protocol: claim, then give the key back in the same statement.
+	effectClaim   = `SELECT onceflow.effect_release('k-claim', '') FROM onceflow.effect_claim('k-claim')`
 	handlerTable  = `CREATE TABLE public.sec_handler_effects (event_id text PRIMARY KEY, n integer NOT NULL)`
 	enqueueCall   = `SELECT * FROM onceflow.enqueue('orders', 'order-1', 'order.created', '{"total": 1}'::jsonb)`
 	inboxInsert   = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status) VALUES ('c', 'e1', 's', 1, 't', 'orders', 0, 0, 'processed')`
@@ -186,11 +188,16 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{w, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
 		{w, "read the lease", `SELECT * FROM onceflow.relay_lease`, false},
 		{w, "read seq state", `SELECT * FROM onceflow.seq_state`, false},
+		{w, "claim an effect", effectClaim, false},
 
 		{r, "read unpublished rows", `SELECT id, event_id, topic, source, seq, event_type, content_type, record_key, headers, payload FROM onceflow.outbox WHERE published_at IS NULL ORDER BY id LIMIT 10`, true},
 		{r, "mark rows published", `UPDATE onceflow.outbox SET published_at = now() WHERE id = ANY('{1,2}'::bigint[]) AND published_at IS NULL`, true},
 		{r, "prune rows", `DELETE FROM onceflow.outbox WHERE published_at < now()`, true},
 		{r, "take the lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now()) ON CONFLICT (shard) DO UPDATE SET holder = excluded.holder, epoch = onceflow.relay_lease.epoch + 1 RETURNING epoch`, true},
+		{r, "bind the database identity", `UPDATE onceflow.database_identity SET first_used_at = coalesce(first_used_at, now()) RETURNING id`, true},
+		{r, "read the outbox id sequence", `SELECT pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass)`, true},
+		{r, "set a row aside", `INSERT INTO onceflow.outbox_set_aside (outbox_id, event_id, topic, source, seq, event_type, reason, error) VALUES (1, 'e', 't', 's', 1, 'x', 'too_large', 'e') RETURNING outbox_id`, true},
+		{r, "settle a legacy checkpoint", `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now() WHERE shard = 'x'`, true},
 		{r, "read the inbox", `SELECT * FROM onceflow.inbox`, false},
 		{r, "write the inbox", inboxInsert, false},
 		{r, "update the inbox", `UPDATE onceflow.inbox SET status = 'dead'`, false},
@@ -198,6 +205,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{r, "read seq state", `SELECT * FROM onceflow.seq_state`, false},
 		{r, "read gaps", `SELECT * FROM onceflow.seq_gaps`, false},
 		{r, "read effects", `SELECT * FROM onceflow.effects`, false},
+		{r, "claim an effect", effectClaim, false},
 		{r, "read consumer offsets", `SELECT * FROM onceflow.consumer_offsets`, false},
 		{r, "create events", outboxInsert, false},
 		{r, "enqueue()", enqueueCall, false},
@@ -209,6 +217,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{c, "write seq state", `INSERT INTO onceflow.seq_state (consumer, source, last_applied) VALUES ('c', 's', 1)`, true},
 		{c, "open a gap", `INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline) VALUES ('c', 's', 2, 3, now(), now()) RETURNING id`, true},
 		{c, "record an effect", `INSERT INTO onceflow.effects (idempotency_key) VALUES ('k')`, true},
+		{c, "claim an effect (effects.Do)", effectClaim, true},
 		{c, "write its handler table", `INSERT INTO public.sec_handler_effects VALUES ('e', 1)`, true},
 		{c, "write the outbox", outboxInsert, false},
 		{c, "enqueue() (not configured)", enqueueCall, false},
@@ -217,6 +226,10 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{c, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
 		{c, "bump source counters", `INSERT INTO onceflow.source_seq VALUES ('s', 1)`, false},
 		{c, "take the relay lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now())`, false},
+		{c, "change the database identity", `UPDATE onceflow.database_identity SET id = gen_random_uuid()`, false},
+		{c, "read set-aside rows", `SELECT * FROM onceflow.outbox_set_aside`, false},
+		{w, "change the database identity", `UPDATE onceflow.database_identity SET id = gen_random_uuid()`, false},
+		{w, "read set-aside rows", `SELECT * FROM onceflow.outbox_set_aside`, false},
 
 		{w, "read relay status", relayStatus, false},
 		{r, "read relay status", relayStatus, true},

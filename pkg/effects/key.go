@@ -113,3 +113,53 @@ func checkChars(name, v string) error {
 	}
 	return nil
 }
+
+// MaxScopeLen bounds a scope (bytes).
+const MaxScopeLen = 512
+
+// ValidateScope checks a scope given to DoScoped: at most MaxScopeLen bytes,
+// valid UTF-8, no control characters. The empty scope is valid (Do uses it).
+func ValidateScope(scope string) error {
+	if len(scope) > MaxScopeLen {
+		return fmt.Errorf("%w: scope is %d bytes, at most %d", ErrInvalidKey, len(scope), MaxScopeLen)
+	}
+	return checkChars("scope", scope)
+}
+
+// ConsumerScope is the scope of the effects of one handler of a logical
+// consumer: "inbox/<consumer>/<kind>/<name>", each part escaped with
+// EscapeScopePart. The consumer's http handler uses kind "http" and the
+// handlers-file entry's event_type as name, so two consumer names (two
+// deployments that must each apply every event) and two handler entries
+// never share a ledger row.
+func ConsumerScope(consumer, kind, name string) string {
+	return ConsumerScopePrefix(consumer) + EscapeScopePart(kind) + "/" + EscapeScopePart(name)
+}
+
+// ConsumerScopePrefix is the start of every scope of a logical consumer
+// ("inbox/<consumer>/"); retention prunes only the rows of its own prefix.
+func ConsumerScopePrefix(consumer string) string {
+	return "inbox/" + EscapeScopePart(consumer) + "/"
+}
+
+// EscapeScopePart percent-encodes every byte of s except the RFC 3986
+// unreserved characters A-Z a-z 0-9 - . _ ~, with upper-case hex digits (the
+// same as Python's urllib.parse.quote(s, safe="")). An escaped part never
+// contains "/", so the parts of a scope cannot run into each other.
+func EscapeScopePart(s string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '.', c == '_', c == '~':
+			b.WriteByte(c)
+		default:
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		}
+	}
+	return b.String()
+}

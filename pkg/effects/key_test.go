@@ -49,3 +49,29 @@ func TestValidateKey(t *testing.T) {
 		}
 	}
 }
+
+func TestScope(t *testing.T) {
+	if got := ConsumerScope("billing", "http", "order.placed"); got != "inbox/billing/http/order.placed" {
+		t.Fatalf("ConsumerScope = %q", got)
+	}
+	// Escaping keeps the parts apart: "a/b"+"c" and "a"+"b/c" differ.
+	if a, b := ConsumerScope("a/b", "http", "c"), ConsumerScope("a", "http", "b/c"); a == b {
+		t.Fatalf("scopes collide: %q", a)
+	}
+	if got := EscapeScopePart("ok-._~Z9 *:/%é"); got != "ok-._~Z9%20%2A%3A%2F%25%C3%A9" {
+		t.Fatalf("EscapeScopePart = %q", got)
+	}
+	if got := ConsumerScopePrefix("a b"); got != "inbox/a%20b/" {
+		t.Fatalf("ConsumerScopePrefix = %q", got)
+	}
+	for _, ok := range []string{"", "inbox/x/http/%2A", strings.Repeat("s", MaxScopeLen)} {
+		if err := ValidateScope(ok); err != nil {
+			t.Errorf("ValidateScope(%q) = %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"a\nb", "tab\t", "\xff", strings.Repeat("s", MaxScopeLen+1)} {
+		if err := ValidateScope(bad); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("ValidateScope(%q) = %v, want ErrInvalidKey", bad, err)
+		}
+	}
+}

@@ -16,9 +16,11 @@ import (
 // the call has returned, its result is not recorded yet.
 const FailpointAfterCall = "effects-after-call"
 
-// lockClass is the first key of the two-int advisory lock Do takes on a key
-// (the second is hashtext(key)). Two-int advisory locks never collide with
-// the one-bigint locks used elsewhere (migrations, tests).
+// lockClass is the first key of the ledger's two-int advisory locks: the
+// key locks of onceflow.effect_claim (the second key is hashtext(scope ||
+// E'\n' || key), migration 007) and the pruning lock. Two-int advisory
+// locks never collide with the one-bigint locks used elsewhere (migrations,
+// tests).
 const lockClass = 0x0eff
 
 // Result is what a call returned, recorded in the ledger.
@@ -58,23 +60,42 @@ func eventIDFrom(ctx context.Context) any {
 	return nil
 }
 
-// Do performs call at most once per recorded result for key:
-//
-//  1. It takes a session advisory lock on key (on a connection of its own,
-//     never the caller's transaction), so two callers with the same key never
-//     call at the same time: the second waits and then finds the first's
-//     result. A crash releases the lock with the session.
-//  2. It records the intent (status intent, attempts+1) in its own
-//     auto-committed statement, so the intent survives a crash during the
-//     call. A row that is already done is returned as is, with Replayed set,
-//     and call is not made.
-//  3. It calls call(ctx, key). An error leaves the intent in place (the next
-//     attempt calls again with the same key and the downstream dedups).
-//  4. It records the result (status done, result_code, result, completed_at).
-//
-// Do must not be given the caller's inbox transaction: the intent has to be
-// committed before the call whatever becomes of that transaction.
+// Do is DoScoped with the empty scope: for callers that own the whole
+// ledger, or whose keys are unique across every caller of it.
 func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Result, error) {
+	return DoScoped(ctx, db, "", key, call)
+}
+
+// DoScoped performs call at most once per recorded result for key within
+// scope. A scope names the owner of a set of effects (the consumer's http
+// handler uses ConsumerScope); the same key in two scopes is two effects,
+// each called and recorded once. The key is what the downstream sees; the
+// scope is never sent.
+//
+// It runs the ledger's protocol through its SQL functions (migration 007),
+// the ones programs in other languages call too, so Go and those programs
+// share one ledger:
+//
+//  1. onceflow.effect_claim takes the session advisory lock of (scope, key)
+//     (on a connection of its own, never the caller's transaction), so two
+//     callers with the same scope and key never call at the same time: the
+//     second waits and then finds the first's result. A crash releases the
+//     lock with the session. In the same auto-committed statement it records
+//     the intent (status intent, attempts+1), so the intent survives a crash
+//     during the call. A row that is already done is returned as is, with
+//     Replayed set, and call is not made.
+//  2. It calls call(ctx, key). An error leaves the intent in place
+//     (onceflow.effect_release): the next attempt calls again with the same
+//     key and the downstream dedups.
+//  3. onceflow.effect_record records the result (status done, result_code,
+//     result, completed_at) and releases the key.
+//
+// DoScoped must not be given the caller's inbox transaction: the intent has
+// to be committed before the call whatever becomes of that transaction.
+func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call CallFunc) (Result, error) {
+	if err := ValidateScope(scope); err != nil {
+		return Result{}, err
+	}
 	if err := ValidateKey(key); err != nil {
 		return Result{}, err
 	}
@@ -82,31 +103,28 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 	if err != nil {
 		return Result{}, fmt.Errorf("effects: acquire connection: %w", err)
 	}
-	locked := false
+	held := false
 	defer func() {
-		if locked {
-			if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, lockClass, key); err != nil {
-				// Never hand a connection holding the lock back to the pool.
+		if held {
+			if _, err := conn.Exec(context.WithoutCancel(ctx), qRelease, key, scope); err != nil {
+				// Never hand a connection holding the key back to the pool.
 				_ = conn.Conn().Close(context.WithoutCancel(ctx))
 			}
 		}
 		conn.Release()
 	}()
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, key); err != nil {
-		// A cancelled wait may leave the session's state unknown.
-		_ = conn.Conn().Close(context.WithoutCancel(ctx))
-		return Result{}, fmt.Errorf("effects: lock key %q: %w", key, err)
-	}
-	locked = true
 
 	var (
 		status string
 		code   *int
 		sum    []byte
 	)
-	err = conn.QueryRow(ctx, qIntent, key, eventIDFrom(ctx)).Scan(&status, &code, &sum)
+	err = conn.QueryRow(ctx, qClaim, key, scope, eventIDFrom(ctx)).Scan(&status, &code, &sum)
 	if err != nil {
-		return Result{}, fmt.Errorf("effects: record intent of %q: %w", key, err)
+		// A cancelled wait or a failed claim may leave the session's lock
+		// state unknown: close it rather than reuse it.
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		return Result{}, fmt.Errorf("effects: claim %q: %w", key, err)
 	}
 	if status == StatusDone {
 		r := Result{Summary: sum, Replayed: true}
@@ -115,6 +133,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 		}
 		return r, nil
 	}
+	held = true
 
 	res, err := call(ctx, key)
 	failpoint.Hit(FailpointAfterCall)
@@ -128,34 +147,24 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 		}
 		summary = string(res.Summary)
 	}
-	tag, err := conn.Exec(context.WithoutCancel(ctx), qDone, key, res.Code, summary)
-	if err != nil {
+	if _, err := conn.Exec(context.WithoutCancel(ctx), qRecord, key, scope, res.Code, summary); err != nil {
 		return Result{}, fmt.Errorf("effects: record result of %q: %w", key, err)
 	}
-	if tag.RowsAffected() != 1 {
-		return Result{}, fmt.Errorf("effects: record result of %q: ledger row missing", key)
-	}
+	held = false // effect_record released the key
 	res.Replayed = false
 	return res, nil
 }
 
-// qIntent inserts the intent or, when the key is known, counts one more
-// attempt if it is still an intent; it returns the row as it now is.
-const qIntent = `
-INSERT INTO onceflow.effects AS e (idempotency_key, event_id, status, attempts)
-VALUES ($1, $2, 'intent', 1)
-ON CONFLICT (idempotency_key) DO UPDATE
-   SET attempts = e.attempts + CASE WHEN e.status = 'intent' THEN 1 ELSE 0 END,
-       event_id = COALESCE(e.event_id, EXCLUDED.event_id)
-RETURNING status, result_code, result::text`
-
-const qDone = `
-UPDATE onceflow.effects
-   SET status = 'done', result_code = $2, result = $3::jsonb, completed_at = now()
- WHERE idempotency_key = $1`
+// The protocol's SQL functions (migrations/007_effects_protocol.up.sql).
+const (
+	qClaim   = `SELECT status, result_code, result::text FROM onceflow.effect_claim($1, $2, $3)`
+	qRecord  = `SELECT onceflow.effect_record($1, $2, $3, $4::jsonb)`
+	qRelease = `SELECT onceflow.effect_release($1, $2)`
+)
 
 // Entry is one ledger row.
 type Entry struct {
+	Scope    string
 	Key      string
 	EventID  string
 	Status   string
@@ -163,16 +172,21 @@ type Entry struct {
 	Result   Result
 }
 
-// Lookup returns the ledger row of key, or ok=false.
+// Lookup returns the ledger row of key in the empty scope, or ok=false.
 func Lookup(ctx context.Context, db *pgxpool.Pool, key string) (e Entry, ok bool, err error) {
+	return LookupScoped(ctx, db, "", key)
+}
+
+// LookupScoped returns the ledger row of key in scope, or ok=false.
+func LookupScoped(ctx context.Context, db *pgxpool.Pool, scope, key string) (e Entry, ok bool, err error) {
 	var (
 		eventID *string
 		code    *int
 		sum     *string
 	)
-	err = db.QueryRow(ctx, `SELECT idempotency_key, event_id, status, attempts, result_code, result::text
-	  FROM onceflow.effects WHERE idempotency_key = $1`, key).
-		Scan(&e.Key, &eventID, &e.Status, &e.Attempts, &code, &sum)
+	err = db.QueryRow(ctx, `SELECT scope, idempotency_key, event_id, status, attempts, result_code, result::text
+	  FROM onceflow.effects WHERE scope = $1 AND idempotency_key = $2`, scope, key).
+		Scan(&e.Scope, &e.Key, &eventID, &e.Status, &e.Attempts, &code, &sum)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, false, nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -223,5 +224,115 @@ func TestGraphKeyOneEffect(t *testing.T) {
 	e, _, _ := effects.Lookup(context.Background(), db.Pool, "thread-42:send_email:0/3")
 	if e.EventID != "delivery-1" || e.Attempts != 1 {
 		t.Fatalf("ledger row %+v: want the first event's id and one attempt", e)
+	}
+}
+
+// TestDoScoped: one key in two scopes is two effects, each called once and
+// replayed after; DoScoped waits for the advisory lock (0x0eff,
+// hashtext(scope || E'\n' || key)) that every implementation of the ledger
+// takes, and only for its own scope; a bad scope is refused before any I/O.
+func TestDoScoped(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	call := func(_ context.Context, key string) (effects.Result, error) {
+		calls.Add(1)
+		return effects.Result{Code: 200}, nil
+	}
+	for _, scope := range []string{"inbox/a/http/x", "inbox/b/http/x", "inbox/a/http/x", "inbox/b/http/x"} {
+		if _, err := effects.DoScoped(ctx, db.Pool, scope, "event:e1", call); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d calls for one key in two scopes, want 2", n)
+	}
+	e, ok, err := effects.LookupScoped(ctx, db.Pool, "inbox/b/http/x", "event:e1")
+	if err != nil || !ok || e.Scope != "inbox/b/http/x" || e.Status != effects.StatusDone {
+		t.Fatalf("LookupScoped = %+v, %v, %v", e, ok, err)
+	}
+	if _, ok, _ := effects.Lookup(ctx, db.Pool, "event:e1"); ok {
+		t.Fatal("the empty scope has a row it never wrote")
+	}
+
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(3839, hashtext('inbox/a/http/x' || E'\n' || 'event:e2'))`); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := effects.DoScoped(short, db.Pool, "inbox/a/http/x", "event:e2", call); err == nil {
+		t.Fatal("DoScoped did not wait for the held lock of its scope and key")
+	}
+	if _, err := effects.DoScoped(ctx, db.Pool, "inbox/b/http/x", "event:e2", call); err != nil {
+		t.Fatalf("another scope's key waited: %v", err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(3839, hashtext('inbox/a/http/x' || E'\n' || 'event:e2'))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := effects.DoScoped(ctx, db.Pool, "bad\nscope", "event:e3", call); !errors.Is(err, effects.ErrInvalidKey) {
+		t.Fatalf("bad scope: %v", err)
+	}
+}
+
+// TestDoScopedRunsTheSQLProtocol: DoScoped is the SQL functions, not a
+// second implementation of them. A scoped key claimed and recorded through
+// onceflow.effect_claim/effect_record by another session is waited for and
+// then replayed; and with effect_claim gone DoScoped cannot run at all.
+func TestDoScopedRunsTheSQLProtocol(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	const scope, key = "inbox/agents%2F1/http/%2A", "event:sql-1"
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	var status string
+	if err := holder.QueryRow(ctx, `SELECT status FROM onceflow.effect_claim($1, $2)`, key, scope).Scan(&status); err != nil || status != effects.StatusIntent {
+		t.Fatalf("SQL claim: %q, %v", status, err)
+	}
+	done := make(chan error, 1)
+	var got effects.Result
+	go func() {
+		var err error
+		got, err = effects.DoScoped(ctx, db.Pool, scope, key, func(context.Context, string) (effects.Result, error) {
+			t.Error("DoScoped called a key the SQL caller recorded")
+			return effects.Result{}, nil
+		})
+		done <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting := 0; waiting != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("DoScoped never waited on the key the SQL caller holds")
+		}
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 3839 AND NOT granted`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := holder.Exec(ctx, `SELECT onceflow.effect_record($1, $2, 201, '{"by":"sql"}')`, key, scope); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !got.Replayed || got.Code != 201 || string(got.Summary) != `{"by": "sql"}` {
+		t.Fatalf("DoScoped after the SQL record = %+v (%s), %v", got, got.Summary, err)
+	}
+
+	if _, err := db.Pool.Exec(ctx, `ALTER FUNCTION onceflow.effect_claim(text, text, text) RENAME TO effect_claim_gone`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = effects.DoScoped(ctx, db.Pool, scope, "event:sql-2", func(context.Context, string) (effects.Result, error) {
+		t.Error("DoScoped called without onceflow.effect_claim")
+		return effects.Result{}, nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "effect_claim") {
+		t.Fatalf("DoScoped without onceflow.effect_claim: %v; want it to fail naming the function", err)
 	}
 }

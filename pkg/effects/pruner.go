@@ -75,7 +75,7 @@ func RunPruner(ctx context.Context, db *pgxpool.Pool, r *Retention, interval tim
 				log.InfoContext(ctx, "retention pruned", slog.Int64("inbox", st.Inbox), slog.Int64("effects", st.Effects), slog.Int64("outbox", st.Outbox))
 			}
 		}
-		if ages, err := OldestAgeByClass(ctx, db, r); err == nil {
+		if ages, err := OldestAgeByClass(ctx, db, r, o.Consumer); err == nil {
 			m.OldestAge.Reset()
 			for class, age := range ages {
 				m.OldestAge.WithLabelValues(class).Set(age.Seconds())
@@ -92,12 +92,16 @@ func RunPruner(ctx context.Context, db *pgxpool.Pool, r *Retention, interval tim
 }
 
 // OldestAgeByClass returns, per retention class (its glob, or Unclassified),
-// the age of the oldest processed inbox row. It reads one aggregate over the
+// the age of the oldest processed inbox row of consumer (DefaultConsumer
+// when empty). It reads one aggregate over the
 // processed inbox rows grouped by event type (a scan of the inbox: run it at
 // the pruning interval, not more often).
-func OldestAgeByClass(ctx context.Context, db *pgxpool.Pool, r *Retention) (map[string]time.Duration, error) {
+func OldestAgeByClass(ctx context.Context, db *pgxpool.Pool, r *Retention, consumer string) (map[string]time.Duration, error) {
+	if consumer == "" {
+		consumer = DefaultConsumer
+	}
 	rows, err := db.Query(ctx, `SELECT event_type, (extract(epoch FROM now() - min(received_at)) * 1e6)::bigint
-		FROM onceflow.inbox WHERE status = 'processed' GROUP BY event_type`)
+		FROM onceflow.inbox WHERE consumer = $1 AND status = 'processed' GROUP BY event_type`, consumer)
 	if err != nil {
 		return nil, err
 	}

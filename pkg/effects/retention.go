@@ -148,13 +148,22 @@ func (r *Retention) minTTL() time.Duration {
 	return m
 }
 
+// DefaultConsumer is the logical consumer Prune prunes when
+// PruneOptions.Consumer is empty (the consumer's own default name).
+const DefaultConsumer = "default"
+
 // PruneOptions bound the work of one statement.
 type PruneOptions struct {
 	// BatchSize is the most rows one DELETE removes (default 500).
 	BatchSize int
+	// Consumer is the logical consumer whose inbox rows and effects are
+	// pruned (default DefaultConsumer). Other consumers' rows are never
+	// touched: each prunes its own.
+	Consumer string
 	// Pause is the wait between batches (default 20ms).
 	Pause time.Duration
-	// Now is the reference time (default time.Now).
+	// Now is the reference time (default: the database's clock, read once
+	// per Prune, so that a replica with a skewed clock prunes nothing early).
 	Now func() time.Time
 }
 
@@ -165,21 +174,28 @@ type PruneStats struct {
 	Skipped bool
 }
 
-// pruneLock is the advisory lock one pruning replica holds (two-int form,
-// class lockClass, object 0: hashtext never yields a key's lock here only by
-// coincidence, which merely serializes).
-const pruneLockObj = 0
+// qPruneLock is the try-lock one pruning replica of a consumer holds (the
+// ledger's lock class; object hashtext('prune' || E'\n' || consumer), the
+// lock DoScoped would take for scope "prune" and the consumer name as key:
+// a coincidence that merely serializes).
+const (
+	qPruneLock   = `SELECT pg_try_advisory_lock($1, hashtext('prune' || E'\n' || $2::text))`
+	qPruneUnlock = `SELECT pg_advisory_unlock($1, hashtext('prune' || E'\n' || $2::text))`
+)
 
 // Prune deletes, in batches of at most BatchSize rows with Pause between
 // them, the rows whose class's TTL has passed:
-//   - onceflow.inbox rows with status processed (never parked, held or dead),
-//     by received_at;
-//   - onceflow.effects rows with status done whose event's inbox row was
-//     pruned in the same batch (an intent is never pruned);
+//   - onceflow.inbox rows of o.Consumer with status processed (never parked,
+//     held or dead, and never a late row: an event applied late lies in a
+//     given-up range, so only its inbox row tells its redelivery from a
+//     first arrival), by received_at;
+//   - onceflow.effects rows with status done, in o.Consumer's scopes
+//     (ConsumerScopePrefix), whose event's inbox row was pruned in the same
+//     batch (an intent is never pruned; another consumer's rows never are);
 //   - onceflow.outbox rows already published, by published_at.
 //
-// Only one replica prunes at a time (a try-lock: a second Prune returns
-// Skipped). onceflow.seq_state is never touched: a redelivery of a pruned
+// Only one replica prunes a consumer at a time (a try-lock: a second Prune
+// returns Skipped). onceflow.seq_state is never touched: a redelivery of a pruned
 // event of a tracked source is still caught by the sequence guard as late.
 func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) (PruneStats, error) {
 	var st PruneStats
@@ -189,8 +205,8 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 	if o.Pause <= 0 {
 		o.Pause = 20 * time.Millisecond
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Consumer == "" {
+		o.Consumer = DefaultConsumer
 	}
 	minTTL := r.minTTL()
 	if minTTL == 0 {
@@ -202,7 +218,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 	}
 	defer conn.Release()
 	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, lockClass, pruneLockObj).Scan(&got); err != nil {
+	if err := conn.QueryRow(ctx, qPruneLock, lockClass, o.Consumer).Scan(&got); err != nil {
 		return st, fmt.Errorf("retention: lock: %w", err)
 	}
 	if !got {
@@ -210,11 +226,17 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 		return st, nil
 	}
 	defer func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, $2)`, lockClass, pruneLockObj); err != nil {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), qPruneUnlock, lockClass, o.Consumer); err != nil {
 			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		}
 	}()
-	now := o.Now()
+	var now time.Time
+	if o.Now != nil {
+		now = o.Now()
+	} else if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return st, fmt.Errorf("retention: read the database clock: %w", err)
+	}
+	scopePrefix := ConsumerScopePrefix(o.Consumer)
 	pause := func() error {
 		t := time.NewTimer(o.Pause)
 		defer t.Stop()
@@ -226,32 +248,32 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 		}
 	}
 
-	// Inbox (and the effects of the pruned events), keyset by
-	// (received_at, consumer, event_id).
+	// The consumer's inbox rows (and the effects of the pruned events),
+	// keyset by (received_at, event_id).
 	var (
-		lastAt              = time.Time{}
-		lastCons, lastEvent string
+		lastAt    = time.Time{}
+		lastEvent string
 	)
 	for {
-		rows, err := conn.Query(ctx, `SELECT consumer, event_id, event_type, received_at FROM onceflow.inbox
-		  WHERE status = 'processed' AND received_at < $1 AND (received_at, consumer, event_id) > ($2, $3, $4)
-		  ORDER BY received_at, consumer, event_id LIMIT $5`, now.Add(-minTTL), lastAt, lastCons, lastEvent, o.BatchSize)
+		rows, err := conn.Query(ctx, `SELECT event_id, event_type, received_at FROM onceflow.inbox
+		  WHERE consumer = $1 AND status = 'processed' AND NOT late AND received_at < $2 AND (received_at, event_id) > ($3, $4)
+		  ORDER BY received_at, event_id LIMIT $5`, o.Consumer, now.Add(-minTTL), lastAt, lastEvent, o.BatchSize)
 		if err != nil {
 			return st, fmt.Errorf("retention: scan inbox: %w", err)
 		}
-		var cons, ids []string
+		var ids []string
 		n := 0
 		for rows.Next() {
-			var c, id, et string
+			var id, et string
 			var at time.Time
-			if err := rows.Scan(&c, &id, &et, &at); err != nil {
+			if err := rows.Scan(&id, &et, &at); err != nil {
 				rows.Close()
 				return st, err
 			}
 			n++
-			lastAt, lastCons, lastEvent = at, c, id
+			lastAt, lastEvent = at, id
 			if ttl := r.ttlOf(et); ttl > 0 && at.Before(now.Add(-ttl)) {
-				cons, ids = append(cons, c), append(ids, id)
+				ids = append(ids, id)
 			}
 		}
 		rows.Close()
@@ -259,13 +281,14 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 			return st, fmt.Errorf("retention: scan inbox: %w", err)
 		}
 		if len(ids) > 0 {
-			tag, err := conn.Exec(ctx, `DELETE FROM onceflow.inbox i USING unnest($1::text[], $2::text[]) AS d(consumer, event_id)
-			  WHERE i.consumer = d.consumer AND i.event_id = d.event_id AND i.status = 'processed'`, cons, ids)
+			tag, err := conn.Exec(ctx, `DELETE FROM onceflow.inbox
+			  WHERE consumer = $1 AND event_id = ANY($2::text[]) AND status = 'processed' AND NOT late`, o.Consumer, ids)
 			if err != nil {
 				return st, fmt.Errorf("retention: prune inbox: %w", err)
 			}
 			st.Inbox += tag.RowsAffected()
-			tag, err = conn.Exec(ctx, `DELETE FROM onceflow.effects WHERE status = 'done' AND event_id = ANY($1)`, ids)
+			tag, err = conn.Exec(ctx, `DELETE FROM onceflow.effects
+			  WHERE status = 'done' AND event_id = ANY($1::text[]) AND starts_with(scope, $2)`, ids, scopePrefix)
 			if err != nil {
 				return st, fmt.Errorf("retention: prune effects: %w", err)
 			}

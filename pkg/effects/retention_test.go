@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -79,11 +80,19 @@ func TestPrune(t *testing.T) {
 	inbox("ping-parked", "ping.a", "parked", 2*time.Hour)
 	inbox("ping-held", "ping.a", "held", 2*time.Hour)
 	inbox("ping-dead", "ping.a", "dead", 2*time.Hour)
+	inbox("ping-late", "ping.a", "processed", 2*time.Hour)
+	exec(`UPDATE onceflow.inbox SET late = true WHERE event_id = 'ping-late'`) // applied late: kept
 	inbox("audit-old", "audit.login", "processed", 5000*time.Hour)
 	inbox("order-old", "order.placed", "processed", 100*time.Hour)
 	inbox("order-older", "order.placed", "processed", 800*time.Hour)
-	exec(`INSERT INTO onceflow.effects (idempotency_key, event_id, status) VALUES
-	      ('event:ping-old-a', 'ping-old-a', 'done'), ('event:ping-old-b', 'ping-old-b', 'intent'), ('event:audit-old', 'audit-old', 'done')`)
+	// Another consumer's expired row and effect, and an unscoped effect:
+	// never pruned by the default consumer's prune.
+	exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, received_at)
+	      VALUES ('other', 'ping-old-a', 'monitor', 'ping.a', 't', 0, 0, 'processed', now() - interval '2h')`)
+	mine, other := effects.ConsumerScope("default", "http", "*"), effects.ConsumerScope("other", "http", "*")
+	exec(`INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status) VALUES
+	      ($1, 'event:ping-old-a', 'ping-old-a', 'done'), ($1, 'event:ping-old-b', 'ping-old-b', 'intent'), ($1, 'event:audit-old', 'audit-old', 'done'),
+	      ($2, 'event:ping-old-a', 'ping-old-a', 'done'), ('', 'event:ping-old-c', 'ping-old-c', 'done')`, mine, other)
 	exec(`INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, payload, created_at, published_at) VALUES
 	      ('o1', 't', 's', 1, 'ping.a', 'application/json', ''::bytea, '{}'::bytea, now() - interval '3h', now() - interval '2h'),
 	      ('o2', 't', 's', 2, 'ping.a', 'application/json', ''::bytea, '{}'::bytea, now() - interval '3h', NULL),
@@ -94,13 +103,19 @@ func TestPrune(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(3839, 0)`); err != nil {
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(3839, hashtext('prune' || E'\n' || 'default'))`); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{BatchSize: 7}); err != nil || !st.Skipped || st.Inbox != 0 {
 		t.Fatalf("prune while another replica prunes: %+v, %v", st, err)
 	}
-	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(3839, 0)`); err != nil {
+	// Another consumer's pruner is not blocked by it; it prunes none of the
+	// default consumer's rows (only the published outbox row, which belongs
+	// to no consumer).
+	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{Consumer: "nobody"}); err != nil || st.Skipped || st.Inbox+st.Effects != 0 || st.Outbox != 1 {
+		t.Fatalf("another consumer's prune: %+v, %v", st, err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(3839, hashtext('prune' || E'\n' || 'default'))`); err != nil {
 		t.Fatal(err)
 	}
 	holder.Release()
@@ -109,26 +124,29 @@ func TestPrune(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Inbox != 21 || st.Effects != 1 || st.Outbox != 1 || st.Skipped {
-		t.Fatalf("pruned %+v, want inbox 21 (20 old pings + order-older), effects 1, outbox 1", st)
+	if st.Inbox != 21 || st.Effects != 1 || st.Outbox != 0 || st.Skipped {
+		t.Fatalf("pruned %+v, want inbox 21 (20 old pings + order-older), effects 1, outbox 0 (pruned above)", st)
 	}
 	var left []string
-	rows, _ := db.Pool.Query(ctx, `SELECT event_id FROM onceflow.inbox ORDER BY event_id`)
+	rows, _ := db.Pool.Query(ctx, `SELECT event_id FROM onceflow.inbox WHERE consumer = 'default' ORDER BY event_id`)
 	for rows.Next() {
 		var id string
 		_ = rows.Scan(&id)
 		left = append(left, id)
 	}
 	rows.Close()
-	want := []string{"audit-old", "order-old", "ping-dead", "ping-held", "ping-new", "ping-parked"}
+	want := []string{"audit-old", "order-old", "ping-dead", "ping-held", "ping-late", "ping-new", "ping-parked"}
 	if !slices.Equal(left, want) {
 		t.Fatalf("inbox left %q, want %q", left, want)
 	}
 	var effectsLeft, outboxLeft int
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.effects`).Scan(&effectsLeft)
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox`).Scan(&outboxLeft)
-	if effectsLeft != 2 || outboxLeft != 2 {
-		t.Fatalf("effects left %d (want the intent and the permanent one), outbox left %d (want unpublished and permanent)", effectsLeft, outboxLeft)
+	if effectsLeft != 4 || outboxLeft != 2 {
+		t.Fatalf("effects left %d (want the intent, the permanent one, the other consumer's and the unscoped one), outbox left %d (want unpublished and permanent)", effectsLeft, outboxLeft)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM onceflow.inbox WHERE consumer = 'other'`); n != 1 {
+		t.Fatalf("the other consumer's inbox row was pruned")
 	}
 	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{}); err != nil || st.Inbox+st.Effects+st.Outbox != 0 {
 		t.Fatalf("second prune: %+v, %v", st, err)
@@ -257,7 +275,7 @@ func TestOldestAgeByClass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ages, err := effects.OldestAgeByClass(ctx, db.Pool, r)
+	ages, err := effects.OldestAgeByClass(ctx, db.Pool, r, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,4 +288,15 @@ func TestOldestAgeByClass(t *testing.T) {
 			t.Errorf("class %s: oldest age %s, want %s", class, got, w)
 		}
 	}
+}
+
+func count(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
 }

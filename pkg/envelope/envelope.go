@@ -43,6 +43,11 @@ const (
 	MaxHeaderBytes    = 8 << 10
 )
 
+// ReservedEventIDPrefix starts no event id: a consumer keys a record that
+// breaks the envelope "malformed:<topic>:<partition>:<offset>", and a valid
+// event id must never collide with such a key.
+const ReservedEventIDPrefix = "malformed:"
+
 // traceparentRE is the W3C Trace Context shape of a traceparent (any
 // version; later versions may append fields).
 var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[0-9a-zA-Z._-]*)?$`)
@@ -90,6 +95,9 @@ func (e *Envelope) Validate(maxPayload int) error {
 	}
 	if err := checkText(HeaderEventID, e.EventID, MaxEventIDBytes); err != nil {
 		return err
+	}
+	if strings.HasPrefix(e.EventID, ReservedEventIDPrefix) {
+		return &FieldError{Field: HeaderEventID, Reason: fmt.Sprintf("must not start with %q (reserved for the keys of records that break the envelope)", ReservedEventIDPrefix)}
 	}
 	if err := checkText(HeaderSource, e.Source, MaxSourceBytes); err != nil {
 		return err
@@ -230,9 +238,12 @@ func Decode(r *kgo.Record, maxPayload int) (Envelope, error) {
 	if !seen[HeaderSeq] {
 		return e, malformed(r, HeaderSeq, "is missing or empty")
 	}
+	if !canonicalSeq(seqText) {
+		return e, malformed(r, HeaderSeq, fmt.Sprintf("%q is not a canonical decimal integer (1 to 19 digits, no sign, no leading zero)", truncate(seqText, 40)))
+	}
 	seq, err := strconv.ParseInt(seqText, 10, 64)
 	if err != nil {
-		return e, malformed(r, HeaderSeq, fmt.Sprintf("%q is not an integer", truncate(seqText, 40)))
+		return e, malformed(r, HeaderSeq, fmt.Sprintf("%q is not an int64", truncate(seqText, 40)))
 	}
 	e.Seq = seq
 	if e.ContentType == "" {
@@ -248,6 +259,20 @@ func Decode(r *kgo.Record, maxPayload int) (Envelope, error) {
 		return e, &MalformedError{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Field: fe.Field, Reason: fe.Reason}
 	}
 	return e, nil
+}
+
+// canonicalSeq reports whether s is a seq as the contract writes it:
+// ^[1-9][0-9]{0,18}$ (strconv.ParseInt alone also takes "+7" and "007").
+func canonicalSeq(s string) bool {
+	if len(s) == 0 || len(s) > 19 || s[0] < '1' || s[0] > '9' {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func malformed(r *kgo.Record, field, reason string) error {

@@ -90,6 +90,11 @@ func TestDecodeMalformed(t *testing.T) {
 		{"seq not a number", func(r *kgo.Record) { setHeader(r, HeaderSeq, "seven") }, HeaderSeq, 0},
 		{"seq zero", func(r *kgo.Record) { setHeader(r, HeaderSeq, "0") }, HeaderSeq, 0},
 		{"seq negative", func(r *kgo.Record) { setHeader(r, HeaderSeq, "-3") }, HeaderSeq, 0},
+		{"seq with a plus sign", func(r *kgo.Record) { setHeader(r, HeaderSeq, "+7") }, HeaderSeq, 0},
+		{"seq with a leading zero", func(r *kgo.Record) { setHeader(r, HeaderSeq, "007") }, HeaderSeq, 0},
+		{"seq with spaces", func(r *kgo.Record) { setHeader(r, HeaderSeq, " 7") }, HeaderSeq, 0},
+		{"seq over int64", func(r *kgo.Record) { setHeader(r, HeaderSeq, "9999999999999999999") }, HeaderSeq, 0},
+		{"event id with the reserved prefix", func(r *kgo.Record) { setHeader(r, HeaderEventID, "malformed:t:0:1") }, HeaderEventID, 0},
 		{"two seqs", func(r *kgo.Record) {
 			r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderSeq, Value: []byte("9")})
 		}, HeaderSeq, 0},

@@ -40,6 +40,10 @@ type item struct {
 	// bad is why the record is malformed (nil when it decoded).
 	bad error
 	key string
+	// topicID is the Kafka topic ID the record was fetched from (as
+	// topicIDText writes it; "" when unknown): the partition's next offset
+	// is stored under it.
+	topicID string
 }
 
 func decodeItem(r *kgo.Record, maxPayload int) item {
@@ -170,6 +174,9 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 			}
 			apply = append(apply, v.apply...)
 			out.guard.add(v.steps)
+			// A redelivery of an event the guard applied in order (its
+			// inbox row was pruned) is a duplicate, under either late policy.
+			out.duplicates += v.steps.counts.Duplicates
 			for _, e := range v.released {
 				kept[e.EventID] = e
 			}
@@ -251,7 +258,7 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, next
 	}
 	first := items[0].rec
 	rows, err := tx.Query(ctx, qInsertBatch, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset)
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID))
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
@@ -338,7 +345,7 @@ func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err e
 			err = &HandlerError{EventID: id, Err: err}
 		}
 	}()
-	return a.handler.HandleBatch(ctx, tx, evs)
+	return a.handler.HandleBatch(withConsumerName(ctx, a.cfg.ConsumerName), tx, evs)
 }
 
 // applyIsolated applies items one transaction each, retrying a failing event
@@ -423,7 +430,7 @@ func (a *applier) deadLetterTx(ctx context.Context, it *item, attempts int, reas
 	if err != nil {
 		return out, err
 	}
-	if _, err := tx.Exec(ctx, qStoreOffset, a.cfg.Group, it.rec.Topic, it.rec.Partition, it.rec.Offset+1); err != nil {
+	if _, err := tx.Exec(ctx, qStoreOffset, a.cfg.Group, it.rec.Topic, it.rec.Partition, it.rec.Offset+1, nullIfEmpty(it.topicID)); err != nil {
 		return out, fmt.Errorf("store next offset: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -485,6 +492,14 @@ func recordFromRow(topic string, partition int32, offset int64, headers []byte, 
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	return r, nil
+}
+
+// nullIfEmpty is s, or SQL NULL when s is empty.
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 // safeText makes s storable in a Postgres text or jsonb value: valid UTF-8

@@ -417,3 +417,63 @@ func TestIsolatedDeadLettersFailingReleased(t *testing.T) {
 		t.Fatalf("handler runs %v", got)
 	}
 }
+
+// TestReplayUsesGuardSettings: a replay goes through the sequence guard
+// with the consumer's settings, not the defaults: a replayed event that
+// parks opens its gap with its class's -gap-timeouts timeout, and the
+// parked bound (-max-parked) gives a gap up early as in the consumer.
+func TestReplayUsesGuardSettings(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupApply(t, nil)
+	s.app.cfg.RetryMaxAttempts = 1
+	s.app.handler = asBatch(HandlerFunc(func(_ context.Context, _ pgx.Tx, ev Event) error {
+		if strings.HasPrefix(ev.EventID, "bad") {
+			return errors.New("nope")
+		}
+		return nil
+	}))
+	srcRec := func(src, id string, seq, offset int64) *kgo.Record {
+		ev := envelope.Envelope{EventID: id, Source: src, Seq: seq, EventType: "billing.x", Payload: []byte(`{}`)}
+		r := ev.Record("topic")
+		r.Offset = offset
+		return r
+	}
+	// r1 applied, bad-r3 dead (r2 never came); m1 applied, m3 parked
+	// behind 2, bad-m4 dead. (The dead rows are written as the isolated
+	// path writes them, without the guard.)
+	if _, err := s.app.applyTx(ctx, items(srcRec("r", "r1", 1, 0), srcRec("m", "m1", 1, 2), srcRec("m", "m3", 3, 3))); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*kgo.Record{srcRec("r", "bad-r3", 3, 1), srcRec("m", "bad-m4", 4, 4)} {
+		it := decodeItem(r, 0)
+		if _, err := s.app.deadLetterTx(ctx, &it, 1, "nope"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc := ReplayConfig{ConsumerName: "c1", Handler: s.rec, Pool: s.db.Pool, MaxParked: 1,
+		GapTimeouts: []GapTimeout{{Pattern: "billing.*", Timeout: 7 * time.Minute}}}
+	if res, err := rc.Replay(ctx, "bad-r3"); err != nil || res != ReplayParked {
+		t.Fatalf("replay bad-r3: %v %v", res, err)
+	}
+	var timeout time.Duration
+	if err := s.db.Pool.QueryRow(ctx, `SELECT (extract(epoch FROM deadline - opened_at) * 1e9)::bigint FROM onceflow.seq_gaps
+	    WHERE consumer = 'c1' AND source = 'r' AND state = 'open'`).Scan(&timeout); err != nil || timeout != 7*time.Minute {
+		t.Fatalf("the gap the replay opened times out after %v (%v), want the class's 7m", timeout, err)
+	}
+	s.rec.got = nil
+	if res, err := rc.Replay(ctx, "bad-m4"); err != nil || res != Replayed {
+		t.Fatalf("replay bad-m4: %v %v", res, err)
+	}
+	var reason string
+	if err := s.db.Pool.QueryRow(ctx, `SELECT give_up_reason FROM onceflow.seq_gaps WHERE consumer = 'c1' AND source = 'm' AND state = 'given_up'`).Scan(&reason); err != nil || reason != "max_parked" {
+		t.Fatalf("gap of m: reason %q, %v; want given up for max_parked", reason, err)
+	}
+	var got []string
+	for _, ev := range s.rec.got {
+		got = append(got, ev.EventID)
+	}
+	if fmt.Sprint(got) != "[m3 bad-m4]" {
+		t.Fatalf("replay applied %v, want [m3 bad-m4]", got)
+	}
+}

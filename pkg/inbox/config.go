@@ -31,6 +31,13 @@ type Config struct {
 	// (default 1m).
 	BatchTimeout time.Duration
 
+	// Clock is this replica's clock (default time.Now), for what is
+	// measured on the replica (timestamps it passes along). Nothing that
+	// decides when a gap is given up reads it: gap deadlines and give-ups
+	// are on the database's clock, so a replica whose clock is off by
+	// minutes gives gaps up neither early nor late. Tests skew it.
+	Clock func() time.Time
+
 	// CommitInterval is how often the offsets of batches committed in
 	// Postgres are committed to Kafka (default 1s); they are also committed
 	// when partitions are revoked. Kafka's own auto-commit of polled
@@ -121,7 +128,9 @@ type Config struct {
 	Pool *pgxpool.Pool
 
 	// QueueDepth is how many fetched batches may wait for one partition's
-	// worker before polling blocks (default 2).
+	// worker before fetching that partition is paused (default 2). Polling
+	// never blocks on a busy worker: every polled batch is handed to its
+	// worker before a rebalance may run.
 	QueueDepth int
 
 	// Registerer receives the consumer's metrics (default: not registered).
@@ -143,6 +152,12 @@ type Config struct {
 	// RetryMaxInterval caps the backoff between tries (default 5s).
 	RetryMaxInterval time.Duration
 
+	// SessionTimeout is how long the group waits for a member that stopped
+	// heartbeating before it reassigns the member's partitions (default 0:
+	// franz-go's 45s). The broker bounds it
+	// (group.min.session.timeout.ms, 6s by default).
+	SessionTimeout time.Duration
+
 	// Topics to consume (required).
 	Topics []string
 
@@ -158,6 +173,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = time.Minute
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = time.Second
@@ -214,6 +232,26 @@ func (c *Config) setGuard() {
 	}
 }
 
+// validateGuard checks the sequence guard's settings (shared with
+// ReplayConfig).
+func (c *Config) validateGuard() error {
+	bad := func(field, reason string) error { return &ConfigError{Field: field, Reason: reason} }
+	switch {
+	case c.FirstSeen != seqguard.ExpectFirstSeq1 && c.FirstSeen != seqguard.AcceptFirstSeen:
+		return bad("FirstSeen", fmt.Sprintf("unknown value %d", int(c.FirstSeen)))
+	case c.GapTimeout < 0:
+		return bad("GapTimeout", "must not be negative")
+	case c.MaxParked < 1:
+		return bad("MaxParked", "must be at least 1")
+	}
+	for _, r := range c.GapTimeouts {
+		if err := r.validate(); err != nil {
+			return bad("GapTimeouts", err.Error())
+		}
+	}
+	return nil
+}
+
 func (c *Config) validate() error {
 	bad := func(field, reason string) error { return &ConfigError{Field: field, Reason: reason} }
 	switch {
@@ -259,6 +297,8 @@ func (c *Config) validate() error {
 		return bad("RetryMaxElapsed", "must not be negative")
 	case c.RetryMaxInterval < c.RetryInitialInterval:
 		return bad("RetryMaxInterval", "must be at least RetryInitialInterval")
+	case c.SessionTimeout < 0:
+		return bad("SessionTimeout", "must not be negative")
 	case len(c.Topics) == 0:
 		return bad("Topics", "is required")
 	}

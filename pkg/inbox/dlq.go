@@ -58,6 +58,36 @@ const (
 	AlreadyProcessed ReplayResult = "already processed"
 )
 
+// ReplayConfig is what a replay needs besides the event id: the handler,
+// the database and the sequence guard's settings. Give it the running
+// consumer's settings (the CLI takes the same flags), so that a replayed
+// event that parks opens its gap with its class's timeout and the parked
+// bound holds as in the consumer. Zero fields take Config's defaults.
+type ReplayConfig struct {
+	// ConsumerName owns the inbox row (default DefaultConsumerName).
+	ConsumerName string
+	// FirstSeen, GapTimeout, GapTimeouts and MaxParked are as in Config.
+	FirstSeen   seqguard.FirstSeen
+	GapTimeout  time.Duration
+	GapTimeouts []GapTimeout
+	// Handler applies the event (required).
+	Handler   BatchHandler
+	MaxParked int
+	// Pool is the database holding onceflow.inbox (required).
+	Pool *pgxpool.Pool
+}
+
+// guardConfig is the Config the sequence guard of a replay reads.
+func (c ReplayConfig) guardConfig() Config {
+	return Config{ConsumerName: c.ConsumerName, FirstSeen: c.FirstSeen, GapTimeout: c.GapTimeout,
+		GapTimeouts: c.GapTimeouts, MaxParked: c.MaxParked}.WithDefaults()
+}
+
+// Replay is ReplayConfig.Replay with the guard's default settings.
+func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHandler, eventID string) (ReplayResult, error) {
+	return ReplayConfig{ConsumerName: consumer, Handler: h, Pool: pool}.Replay(ctx, eventID)
+}
+
 // Replay re-drives one dead (or held) event through the same inbox path as
 // live consumption: in one transaction it locks the inbox row, runs h and
 // marks the row processed. Replaying an event that is already processed is a
@@ -76,10 +106,15 @@ const (
 //
 // A malformed record is decoded again from its kept headers and payload; if
 // it is still malformed, Replay fails without calling h.
-func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHandler, eventID string) (ReplayResult, error) {
-	if consumer == "" {
-		consumer = DefaultConsumerName
+func (c ReplayConfig) Replay(ctx context.Context, eventID string) (ReplayResult, error) {
+	gcfg := c.guardConfig()
+	if err := gcfg.validateGuard(); err != nil {
+		return "", err
 	}
+	if c.Pool == nil || c.Handler == nil {
+		return "", &ConfigError{Field: "Pool/Handler", Reason: "are required for a replay"}
+	}
+	pool, h, consumer := c.Pool, c.Handler, gcfg.ConsumerName
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("begin: %w", err)
@@ -131,7 +166,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHan
 			return "", fmt.Errorf("read seq state: %w", err)
 		}
 		if guarded {
-			if evs, res, err = replayThroughGuard(ctx, tx, consumer, ev, headers, payload); err != nil {
+			if evs, res, err = replayThroughGuard(ctx, tx, &gcfg, ev, headers, payload); err != nil {
 				return "", err
 			}
 		}
@@ -146,7 +181,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHan
 		if len(evs) == 0 {
 			return nil
 		}
-		return h.HandleBatch(ctx, tx, evs)
+		return h.HandleBatch(withConsumerName(ctx, consumer), tx, evs)
 	}()
 	if herr != nil {
 		_ = tx.Rollback(ctx)
@@ -176,18 +211,17 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHan
 
 // replayThroughGuard admits a dead event to the sequence guard as if it had
 // just arrived and returns the events to apply, in order.
-func replayThroughGuard(ctx context.Context, tx pgx.Tx, consumer string, ev Event, headers, payload []byte) ([]Event, ReplayResult, error) {
+func replayThroughGuard(ctx context.Context, tx pgx.Tx, cfg *Config, ev Event, headers, payload []byte) ([]Event, ReplayResult, error) {
 	// The guard expects the row as the inbox insert leaves it.
-	if _, err := tx.Exec(ctx, qReplayAdmit, consumer, ev.EventID); err != nil {
+	if _, err := tx.Exec(ctx, qReplayAdmit, cfg.ConsumerName, ev.EventID); err != nil {
 		return nil, "", fmt.Errorf("replay: %w", err)
 	}
-	now := time.Now()
-	cfg := Config{ConsumerName: consumer}.WithDefaults()
-	g := newSeqGuard(&cfg)
-	l, err := g.store.Lock(ctx, tx, []string{ev.Source}, now)
+	g := newSeqGuard(cfg)
+	l, err := g.store.Lock(ctx, tx, []string{ev.Source}, cfg.Clock())
 	if err != nil {
 		return nil, "", fmt.Errorf("sequence guard: %w", err)
 	}
+	now := l.Now() // the database's clock
 	// Deliver-late whatever the consumer's policy: an operator asked for it.
 	out, err := l.Receive(ctx, seqguard.Event{EventID: ev.EventID, Source: ev.Source, Seq: ev.Seq, EventType: ev.EventType,
 		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset, Headers: headers, Payload: payload},
@@ -212,8 +246,16 @@ func replayThroughGuard(ctx context.Context, tx pgx.Tx, consumer string, ev Even
 		}
 	}
 	for _, st := range out.Steps {
-		if st.Kind == seqguard.StepHold || st.Kind == seqguard.StepSeqConflict {
+		switch st.Kind {
+		case seqguard.StepHold, seqguard.StepSeqConflict:
 			return nil, "", fmt.Errorf("event %s: the sequence guard holds it (seq conflict): see consumer dlq list", ev.EventID)
+		case seqguard.StepDuplicate:
+			// The guard moved past this seq in order (a released parked
+			// event dead-lettered in place), but a dead row was never
+			// applied: it is delivered late.
+			late := ev
+			late.Late = true
+			return []Event{late}, ReplayedLate, nil
 		}
 	}
 	return evs, res, nil

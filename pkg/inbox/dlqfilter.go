@@ -51,7 +51,7 @@ func (f DeadLetterFilter) Validate() error {
 		return fmt.Errorf("time range: from %s is not before to %s", f.ReceivedFrom.Format(time.RFC3339), f.ReceivedTo.Format(time.RFC3339))
 	}
 	if f.Group != "" && !isGroupID(f.Group) {
-		return fmt.Errorf("group %q: want the 12 hex characters of a group id (dlq list -group-by error)", f.Group)
+		return fmt.Errorf("error group %q: want the 12 hex characters of a group id (dlq list -group-by error)", f.Group)
 	}
 	return nil
 }

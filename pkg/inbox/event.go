@@ -99,3 +99,20 @@ func asBatch(h Handler) BatchHandler {
 	}
 	return perEvent{h}
 }
+
+type consumerNameKey struct{}
+
+// withConsumerName tells the handlers which logical consumer runs them (the
+// http handler scopes its effects by it).
+func withConsumerName(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, consumerNameKey{}, name)
+}
+
+// consumerNameFrom is the consumer name in ctx, DefaultConsumerName when a
+// caller ran a handler outside the engine.
+func consumerNameFrom(ctx context.Context) string {
+	if v, ok := ctx.Value(consumerNameKey{}).(string); ok && v != "" {
+		return v
+	}
+	return DefaultConsumerName
+}

@@ -36,8 +36,11 @@ func (c *Consumer) runGapTimer(ctx context.Context, g *seqGuard) {
 // gapTick is one run of the gap timer. Errors are logged; the next tick
 // tries again (a gap whose give-up rolled back stays open and expired).
 func (c *Consumer) gapTick(ctx context.Context, g *seqGuard, failures map[string]int) {
-	now := time.Now()
-	out, err := c.app.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return c.app.giveUpExpired(ctx, g, now, failures) })
+	// Deadlines are compared with the database's clock (a zero time), never
+	// this replica's: a skewed replica gives up nothing early or late.
+	out, err := c.app.withTimeout(ctx, func(ctx context.Context) (outcome, error) {
+		return c.app.giveUpExpired(ctx, g, time.Time{}, failures)
+	})
 	switch {
 	case err == nil:
 		c.m.processed.Add(float64(out.processed))
@@ -60,7 +63,7 @@ func (c *Consumer) gapTick(ctx context.Context, g *seqGuard, failures map[string
 			c.log.WarnContext(ctx, "gap timer", "error", err)
 		}
 	}
-	st, err := g.store.Stats(ctx, c.cfg.Pool, time.Now())
+	st, err := g.store.Stats(ctx, c.cfg.Pool, time.Time{}) // ages on the database's clock
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.WarnContext(ctx, "gap timer: read guard stats", "error", err)
@@ -73,8 +76,9 @@ func (c *Consumer) gapTick(ctx context.Context, g *seqGuard, failures map[string
 	c.m.heldNow.Set(float64(st.Held))
 }
 
-// giveUpExpired gives up the gaps expired at now and applies the parked
-// events behind them, in order, in one transaction. The handler runs for
+// giveUpExpired gives up the gaps expired at now (zero: the database's
+// clock) and applies the parked events behind them, in order, in one
+// transaction. The handler runs for
 // each event under its own savepoint. A handler failure rolls everything
 // back (the next tick tries again) and is counted in failures by event id;
 // once an event has failed RetryMaxAttempts times, the next try

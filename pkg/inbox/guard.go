@@ -147,6 +147,7 @@ func (g *guardSteps) addOutcome(o seqguard.Outcome) {
 	g.counts.Applied += c.Applied
 	g.counts.Late += c.Late
 	g.counts.Held += c.Held
+	g.counts.Duplicates += c.Duplicates
 	g.counts.Parked += c.Parked
 	g.counts.GapsOpened += c.GapsOpened
 	g.counts.GapsGivenUp += c.GapsGivenUp
@@ -159,6 +160,7 @@ func (g *guardSteps) add(o guardSteps) {
 	g.counts.Applied += o.counts.Applied
 	g.counts.Late += o.counts.Late
 	g.counts.Held += o.counts.Held
+	g.counts.Duplicates += o.counts.Duplicates
 	g.counts.Parked += o.counts.Parked
 	g.counts.GapsOpened += o.counts.GapsOpened
 	g.counts.GapsGivenUp += o.counts.GapsGivenUp
@@ -203,16 +205,17 @@ func (g *seqGuard) policy(eventType string) seqguard.Policy {
 }
 
 func (g *seqGuard) lock(ctx context.Context, tx pgx.Tx, evs []*item) (admitter, error) {
-	now := time.Now()
 	sources := make([]string, len(evs))
 	for i, it := range evs {
 		sources[i] = it.ev.Source
 	}
-	l, err := g.store.Lock(ctx, tx, sources, now)
+	l, err := g.store.Lock(ctx, tx, sources, g.cfg.Clock())
 	if err != nil {
 		return nil, err
 	}
-	return &seqLocked{g: g, l: l, now: now}, nil
+	// Gap deadlines on the database's clock: a replica whose clock is off
+	// opens gaps that expire neither early nor late.
+	return &seqLocked{g: g, l: l, now: l.Now()}, nil
 }
 
 type seqLocked struct {

@@ -38,9 +38,12 @@ import (
 // :payload::jsonb), :payload.a.b.0.c (a JSON path into the payload: object
 // members and array indexes; a string is passed unquoted, a number, boolean,
 // object or array as its JSON text, null or a missing path as NULL) and
-// :header.name (an extra header, NULL when absent). Values are sent as text
-// and Postgres converts them to the column's type. "::" is a cast, not a
-// parameter; quoted strings, quoted identifiers and comments are left alone.
+// :header.name (an extra header, NULL when absent; the name may contain
+// hyphens, :header.x-tenant, and is matched exactly, then ignoring case).
+// Every value is sent as text (NULL aside) and Postgres converts it to the
+// type the statement gives the parameter. "::" is a cast, not a parameter;
+// quoted strings ('…', E'…' with backslash escapes), quoted identifiers and
+// comments (--, and nested /* */) are left alone.
 type HandlerFile struct {
 	Handlers []HandlerSpec `json:"handlers"`
 }
@@ -110,7 +113,7 @@ func (f HandlerFile) Compile() (BatchHandler, error) {
 			if s.SQL != "" {
 				return nil, fmt.Errorf("%s: kind http takes no sql", where)
 			}
-			hh, err := compileHTTP(s.HTTP)
+			hh, err := compileHTTP(s.EventType, s.HTTP)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
@@ -195,10 +198,31 @@ func compileSQL(src string) (*sqlStatement, error) {
 	}
 	var out strings.Builder
 	st := &sqlStatement{}
-	index := map[string]int{}
 	for i := 0; i < len(src); {
 		ch := src[i]
 		switch {
+		case (ch == 'E' || ch == 'e') && i+1 < len(src) && src[i+1] == '\'' && (i == 0 || !isIdentChar(src[i-1])):
+			// E'…': a backslash escapes the next character (E'it\'s :x').
+			j := i + 2
+			for j < len(src) {
+				if src[j] == '\\' {
+					j += 2
+					continue
+				}
+				if src[j] == '\'' {
+					if j+1 < len(src) && src[j+1] == '\'' { // doubled quote
+						j += 2
+						continue
+					}
+					break
+				}
+				j++
+			}
+			if j >= len(src) {
+				return nil, fmt.Errorf("unterminated E'' string")
+			}
+			out.WriteString(src[i : j+1])
+			i = j + 1
 		case ch == '\'' || ch == '"':
 			j := i + 1
 			for j < len(src) {
@@ -223,6 +247,26 @@ func compileSQL(src string) (*sqlStatement, error) {
 			}
 			out.WriteString(src[i : i+j])
 			i += j
+		case ch == '/' && i+1 < len(src) && src[i+1] == '*':
+			// Block comments nest in PostgreSQL.
+			j, depth := i+2, 1
+			for j < len(src) && depth > 0 {
+				switch {
+				case src[j] == '/' && j+1 < len(src) && src[j+1] == '*':
+					depth++
+					j += 2
+				case src[j] == '*' && j+1 < len(src) && src[j+1] == '/':
+					depth--
+					j += 2
+				default:
+					j++
+				}
+			}
+			if depth > 0 {
+				return nil, fmt.Errorf("unterminated /* comment")
+			}
+			out.WriteString(src[i:j])
+			i = j
 		case ch == '$' && i+1 < len(src) && (i == 0 || !isIdentChar(src[i-1])) && (src[i+1] == '$' || isIdentChar(src[i+1])):
 			return nil, fmt.Errorf("dollar quoting and positional parameters are not supported; use named parameters")
 		case ch == ':' && i+1 < len(src) && src[i+1] == ':':
@@ -233,18 +277,24 @@ func compileSQL(src string) (*sqlStatement, error) {
 			for j < len(src) && (isIdentChar(src[j]) || (src[j] == '.' && j+1 < len(src) && isIdentChar(src[j+1]))) {
 				j++
 			}
+			if strings.HasPrefix(src[i+1:j], "header.") {
+				// A header name may contain hyphens (:header.x-tenant): it
+				// runs to the first character that is not a letter, digit,
+				// '_' or '-'.
+				for j < len(src) && (isIdentChar(src[j]) || src[j] == '-') {
+					j++
+				}
+			}
 			name := src[i+1 : j]
 			p, err := parseParam(name)
 			if err != nil {
 				return nil, err
 			}
-			n, ok := index[name]
-			if !ok {
-				st.params = append(st.params, p)
-				n = len(st.params)
-				index[name] = n
-			}
-			out.WriteString("$" + strconv.Itoa(n))
+			// Each occurrence is a parameter of its own: Postgres gives it
+			// the type of its own place (:late into a text and a boolean
+			// column in one statement).
+			st.params = append(st.params, p)
+			out.WriteString("$" + strconv.Itoa(len(st.params)))
 			i = j
 		default:
 			out.WriteByte(ch)
@@ -275,6 +325,9 @@ func parseParam(name string) (param, error) {
 	return param{}, fmt.Errorf("unknown parameter :%s (want event_id, source, seq, event_type, content_type, topic, partition, offset, late, payload, payload.<path> or header.<name>)", name)
 }
 
+// args are the statement's parameter values, every one as text (a string,
+// or nil for NULL): Postgres converts text to the type the statement gives
+// the parameter, so :late goes into a boolean or a text column alike.
 func (s *sqlStatement) args(ev *Event) ([]any, error) {
 	args := make([]any, len(s.params))
 	var doc any
@@ -286,7 +339,7 @@ func (s *sqlStatement) args(ev *Event) ([]any, error) {
 		case "source":
 			args[i] = ev.Source
 		case "seq":
-			args[i] = ev.Seq
+			args[i] = strconv.FormatInt(ev.Seq, 10)
 		case "event_type":
 			args[i] = ev.EventType
 		case "content_type":
@@ -294,15 +347,15 @@ func (s *sqlStatement) args(ev *Event) ([]any, error) {
 		case "topic":
 			args[i] = ev.Topic
 		case "partition":
-			args[i] = ev.Partition
+			args[i] = strconv.FormatInt(int64(ev.Partition), 10)
 		case "offset":
-			args[i] = ev.Offset
+			args[i] = strconv.FormatInt(ev.Offset, 10)
 		case "late":
-			args[i] = ev.Late
+			args[i] = strconv.FormatBool(ev.Late)
 		case "payload":
 			args[i] = string(ev.Payload)
 		case "header.":
-			if v, ok := ev.Headers[p.path[0]]; ok {
+			if v, ok := headerValue(ev.Headers, p.path[0]); ok {
 				args[i] = v
 			}
 		case "payload.":
@@ -322,6 +375,19 @@ func (s *sqlStatement) args(ev *Event) ([]any, error) {
 		}
 	}
 	return args, nil
+}
+
+// headerValue looks a header up by its exact name, then ignoring case.
+func headerValue(hs map[string]string, name string) (string, bool) {
+	if v, ok := hs[name]; ok {
+		return v, true
+	}
+	for k, v := range hs {
+		if strings.EqualFold(k, name) {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // jsonPathText follows path through doc and returns the value as text (nil

@@ -6,14 +6,18 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,10 +38,17 @@ import (
 // sending. A 5xx, a timeout or a transport error fails the event: it is
 // retried with the consumer's backoff (same key, the downstream dedups) and
 // dead-lettered after the limit. A 4xx fails it too, with the status and the
-// start of the response body in the error: the engine has no notion of a
-// permanent error, so a 4xx is retried to the limit and then dead-lettered
-// with that response as the reason. Nothing is recorded for a failed call,
-// so a replay from the dead-letter queue sends again with the same key.
+// start of a textual response body in the error: the engine has no notion
+// of a permanent error, so a 4xx is retried to the limit and then
+// dead-lettered with that response as the reason. Nothing is recorded for a
+// failed call, so a replay from the dead-letter queue sends again with the
+// same key. Redirects are not followed (a 3xx fails like a 4xx).
+//
+// The URL may carry credentials (user:pass@, ?api_key=) and the headers
+// tokens: no error, log line or stored reason ever shows more of the URL
+// than its scheme and host, and every configured secret (userinfo, query
+// values, header values) is blanked out of the error text, response
+// excerpts included.
 type HTTPSpec struct {
 	Method  string            `json:"method,omitempty"`
 	URL     string            `json:"url"`
@@ -49,9 +60,22 @@ type HTTPSpec struct {
 // maxResponseBody is how much of a response body is read (and hashed).
 const maxResponseBody = 1 << 20
 
+// maxExcerpt is how much of a failed call's textual response body is kept in
+// the error (and so in inbox.last_error).
+const maxExcerpt = 200
+
+// redacted replaces a configured secret in error text.
+const redacted = "[redacted]"
+
 type httpHandler struct {
-	method  string
-	url     string
+	// entry is the handlers-file entry's event_type: with the consumer name
+	// it makes the effects scope.
+	entry  string
+	method string
+	url    string
+	// where is the URL as errors show it: scheme and host only.
+	where   string
+	secrets []string
 	headers http.Header
 	client  *http.Client
 
@@ -59,13 +83,13 @@ type httpHandler struct {
 	pool *pgxpool.Pool
 }
 
-func compileHTTP(s *HTTPSpec) (*httpHandler, error) {
+func compileHTTP(entry string, s *HTTPSpec) (*httpHandler, error) {
 	if s == nil {
 		return nil, fmt.Errorf("kind http needs an \"http\" object")
 	}
 	u, err := url.Parse(s.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("http.url %q: want an absolute http or https URL", s.URL)
+		return nil, fmt.Errorf("http.url %s: want an absolute http or https URL", describeURL(s.URL))
 	}
 	method := strings.ToUpper(s.Method)
 	if method == "" {
@@ -84,13 +108,75 @@ func compileHTTP(s *HTTPSpec) (*httpHandler, error) {
 		}
 	}
 	h := http.Header{}
+	var secrets []string
 	for k, v := range s.Headers {
 		if strings.EqualFold(k, "Idempotency-Key") {
 			return nil, fmt.Errorf("http.headers: Idempotency-Key is set by the handler")
 		}
 		h.Set(k, v)
+		secrets = append(secrets, v)
+		if _, tok, ok := strings.Cut(v, " "); ok { // "Bearer <token>"
+			secrets = append(secrets, strings.TrimSpace(tok))
+		}
 	}
-	return &httpHandler{method: method, url: s.URL, headers: h, client: &http.Client{Timeout: timeout}}, nil
+	secrets = append(secrets, urlSecrets(u)...)
+	client := &http.Client{
+		Timeout: timeout,
+		// A redirect is answered as the response it is: following it could
+		// carry the key and the credentials to another host.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return &httpHandler{entry: entry, method: method, url: s.URL, where: u.Scheme + "://" + u.Host,
+		secrets: secrets, headers: h, client: client}, nil
+}
+
+// describeURL is how a configured URL appears in a configuration error:
+// scheme and host when it parses, never userinfo, path or query.
+func describeURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "(not an absolute URL)"
+	}
+	return fmt.Sprintf("%q", u.Scheme+"://"+u.Host)
+}
+
+// urlSecrets are the parts of a URL that may be credentials: userinfo, the
+// raw query and each query value.
+func urlSecrets(u *url.URL) []string {
+	var out []string
+	if u.User != nil {
+		out = append(out, u.User.String(), u.User.Username())
+		if p, ok := u.User.Password(); ok {
+			out = append(out, p)
+		}
+	}
+	if u.RawQuery != "" {
+		out = append(out, u.RawQuery)
+		for _, vs := range u.Query() {
+			out = append(out, vs...)
+		}
+	}
+	if u.Fragment != "" {
+		out = append(out, u.Fragment)
+	}
+	return out
+}
+
+// scrub blanks every configured secret out of s (longest first, so that a
+// secret containing another is blanked whole). Secrets shorter than 3 bytes
+// are left: blanking them would garble the text and hide nothing.
+func (h *httpHandler) scrub(s string) string {
+	secrets := append([]string(nil), h.secrets...)
+	sort.Slice(secrets, func(i, j int) bool { return len(secrets[i]) > len(secrets[j]) })
+	for _, sec := range secrets {
+		if len(sec) >= 3 {
+			s = strings.ReplaceAll(s, sec, redacted)
+			if esc := url.QueryEscape(sec); esc != sec {
+				s = strings.ReplaceAll(s, esc, redacted)
+			}
+		}
+	}
+	return s
 }
 
 // ledgerPool is the pool the ledger is written through: a separate one on
@@ -120,15 +206,78 @@ func (h *httpHandler) ledgerPool(ctx context.Context, tx pgx.Tx) (*pgxpool.Pool,
 // httpStatusError is a non-2xx response.
 type httpStatusError struct {
 	Code int
+	// Body is an excerpt of a textual body, or what the body was.
 	Body string
 }
 
 func (e *httpStatusError) Error() string {
 	kind := "server error, retried"
-	if e.Code >= 400 && e.Code < 500 {
+	if e.Code < 500 {
 		kind = "client error, dead-lettered after the retry limit"
 	}
 	return fmt.Sprintf("http %d (%s): %s", e.Code, kind, e.Body)
+}
+
+// httpCallError is a call that got no response. Its text shows the URL as
+// scheme and host only, never the *url.Error (which repeats the whole URL).
+type httpCallError struct {
+	Method, Where string
+	Err           error
+}
+
+func (e *httpCallError) Error() string {
+	return fmt.Sprintf("http %s %s: %v", e.Method, e.Where, e.Err)
+}
+func (e *httpCallError) Unwrap() error { return e.Err }
+
+// textual reports whether a response content type is text worth quoting.
+func textual(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	switch {
+	case strings.HasPrefix(mt, "text/"), mt == "application/json", mt == "application/xml",
+		strings.HasSuffix(mt, "+json"), strings.HasSuffix(mt, "+xml"):
+		return true
+	}
+	return false
+}
+
+// excerpt is what a failed call's error says about its body: the start of a
+// textual body (at most maxExcerpt bytes, one line, secrets blanked), or its
+// size and type.
+func (h *httpHandler) excerpt(contentType string, body []byte) string {
+	if len(body) == 0 {
+		return "(empty body)"
+	}
+	if !textual(contentType) {
+		ct := contentType
+		if ct == "" {
+			ct = "no content type"
+		}
+		return fmt.Sprintf("(%d bytes of %s, not kept)", len(body), oneLineText(ct, 80))
+	}
+	return h.scrub(oneLineText(string(body), maxExcerpt))
+}
+
+// oneLineText is s as valid UTF-8 on one line, cut to at most limit bytes
+// (plus an ellipsis).
+func oneLineText(s string, limit int) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *Event) error {
@@ -140,16 +289,32 @@ func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *Event) error {
 	if err != nil {
 		return err
 	}
-	_, err = effects.Do(effects.WithEventID(ctx, ev.EventID), pool, key, func(ctx context.Context, key string) (effects.Result, error) {
+	scope := effects.ConsumerScope(consumerNameFrom(ctx), "http", h.entry)
+	_, err = effects.DoScoped(effects.WithEventID(ctx, ev.EventID), pool, scope, key, func(ctx context.Context, key string) (effects.Result, error) {
 		return h.send(ctx, key, ev)
 	})
-	return err
+	if err != nil {
+		// The call's own errors are clean; this also covers anything a
+		// lower layer may have repeated.
+		return &scrubbedError{msg: h.scrub(err.Error()), err: err}
+	}
+	return nil
 }
+
+// scrubbedError is err with secrets blanked out of its text; errors.Is and
+// errors.As still see err (a database error stays infrastructure trouble).
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 func (h *httpHandler) send(ctx context.Context, key string, ev *Event) (effects.Result, error) {
 	req, err := http.NewRequestWithContext(ctx, h.method, h.url, bytes.NewReader(ev.Payload))
 	if err != nil {
-		return effects.Result{}, err
+		return effects.Result{}, &httpCallError{Method: h.method, Where: h.where, Err: errors.New("bad request")}
 	}
 	req.Header = h.headers.Clone()
 	if req.Header.Get("Content-Type") == "" {
@@ -168,19 +333,19 @@ func (h *httpHandler) send(ctx context.Context, key string, ev *Event) (effects.
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return effects.Result{}, fmt.Errorf("http %s %s: %w", h.method, h.url, err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // *url.Error repeats the whole URL
+		}
+		return effects.Result{}, &httpCallError{Method: h.method, Where: h.where, Err: errors.New(h.scrub(err.Error()))}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody))
 	if err != nil {
-		return effects.Result{}, fmt.Errorf("http %s %s: read response: %w", h.method, h.url, err)
+		return effects.Result{}, &httpCallError{Method: h.method, Where: h.where, Err: errors.New("read response: " + h.scrub(err.Error()))}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		excerpt := string(body)
-		if len(excerpt) > 500 {
-			excerpt = excerpt[:500] + "…"
-		}
-		return effects.Result{}, &httpStatusError{Code: resp.StatusCode, Body: excerpt}
+		return effects.Result{}, &httpStatusError{Code: resp.StatusCode, Body: h.excerpt(resp.Header.Get("Content-Type"), body)}
 	}
 	sum := sha256.Sum256(body)
 	summary, _ := json.Marshal(map[string]any{"status": resp.StatusCode, "bytes": len(body), "sha256": hex.EncodeToString(sum[:])})

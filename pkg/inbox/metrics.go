@@ -17,6 +17,11 @@ type metrics struct {
 	lag           *prometheus.GaugeVec
 	inFlight      prometheus.Gauge
 
+	// Offsets and assignments.
+	offsetsIgnored  *prometheus.CounterVec
+	staleBatches    prometheus.Counter
+	topicsRecreated prometheus.Counter
+
 	// Sequence guard. The totals count what this process committed; the
 	// gauges are read from Postgres by the gap timer, so every replica
 	// reports the same values (alert on max, not sum).
@@ -55,6 +60,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			[]string{"topic", "partition"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "in_flight_batches",
 			Help: "Partition batches being applied right now."}),
+		offsetsIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "stored_offsets_ignored_total",
+			Help: "Next offsets stored in Postgres not used for a seek because they do not name the topic's current ID (reason: other_topic_id, no_topic_id, topic_id_unknown)."},
+			[]string{"reason"}),
+		staleBatches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "stale_batches_dropped_total",
+			Help: "Polled batches dropped because their partition was revoked or reassigned since the poll."}),
+		topicsRecreated: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "topics_recreated_total",
+			Help: "Topics found deleted and recreated while consumed (purged and subscribed again)."}),
 
 		parked: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "parked_total",
 			Help: "Events parked behind a sequence gap."}),
@@ -75,9 +87,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		heldNow: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "held_events",
 			Help: "Events held for an operator now."}),
 	}
+	for _, r := range []string{"other_topic_id", "no_topic_id", "topic_id_unknown"} {
+		m.offsetsIgnored.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.processed, m.duplicates, m.deadLettered, m.handlerErrors, m.malformed,
-			m.batchSize, m.batchDuration, m.lag, m.inFlight,
+			m.batchSize, m.batchDuration, m.lag, m.inFlight, m.offsetsIgnored, m.staleBatches, m.topicsRecreated,
 			m.parked, m.late, m.held, m.gapsOpened, m.gapsGivenUp,
 			m.gapsOpen, m.oldestGap, m.parkedNow, m.heldNow)
 	}

@@ -6,14 +6,15 @@ package inbox
 // qInsertBatch inserts the inbox rows of a batch's valid events in offset
 // order; RETURNING names the ones that were new. A key repeated inside the
 // batch conflicts with its own first copy and is not returned twice. The
-// same statement stores the partition's next offset (one round trip less per
-// batch; it commits or rolls back with everything else).
+// same statement stores the partition's next offset and the topic ID it
+// belongs to (one round trip less per batch; it commits or rolls back with
+// everything else). A row of another topic ID is replaced.
 const qInsertBatch = `
 WITH next_offset AS (
-    INSERT INTO onceflow.consumer_offsets (group_id, topic, kafka_partition, next_offset, updated_at)
-    VALUES ($9, $2, $3, $10, now())
+    INSERT INTO onceflow.consumer_offsets (group_id, topic, kafka_partition, next_offset, topic_id, updated_at)
+    VALUES ($9, $2, $3, $10, $11, now())
     ON CONFLICT (group_id, topic, kafka_partition)
-    DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
+    DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()
 )
 INSERT INTO onceflow.inbox
     (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
@@ -48,14 +49,14 @@ WHERE consumer = $1 AND event_id = $2`
 // qStoreOffset records the partition's next offset in a dead-letter
 // transaction.
 const qStoreOffset = `
-INSERT INTO onceflow.consumer_offsets (group_id, topic, kafka_partition, next_offset, updated_at)
-VALUES ($1, $2, $3, $4, now())
+INSERT INTO onceflow.consumer_offsets (group_id, topic, kafka_partition, next_offset, topic_id, updated_at)
+VALUES ($1, $2, $3, $4, $5, now())
 ON CONFLICT (group_id, topic, kafka_partition)
-DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()`
+DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()`
 
 // qLoadOffsets reads the stored next offsets of a group's topics.
 const qLoadOffsets = `
-SELECT topic, kafka_partition, next_offset
+SELECT topic, kafka_partition, next_offset, topic_id
 FROM onceflow.consumer_offsets
 WHERE group_id = $1 AND topic = ANY($2::text[])`
 

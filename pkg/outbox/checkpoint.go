@@ -1,30 +1,91 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/onceflow/onceflow/internal/failpoint"
 )
 
-// The checkpoint value names a batch's outbox ids compactly as ranges:
-// "v1 12-40,44,51-90". A batch of polled rows is mostly one range.
-const checkpointVersion = "v1 "
+// A checkpoint record names the outbox rows of a Kafka transaction (and of
+// the previous one, whose mark may still be running). Its key is
+// "<database identity>/<shard>" and its value, version 2:
+//
+//	v2 db=<database identity> ids=12-40,44,51-90 fp=<base64url>
+//
+// ids are the outbox ids as sorted ranges; fp holds, for each id in that
+// order, 4 bytes: the FNV-1a hash of the row's event id. Recovery marks a row
+// only if its event id still matches, so a checkpoint can never mark a
+// different row that happens to have the same id (a restored or copied
+// database). Version 1 ("v1 12-40,44") was written, under the bare shard
+// name, before databases had identities; it is read only to settle a legacy
+// checkpoint (see settleLegacy).
+const (
+	checkpointV1 = "v1 "
+	checkpointV2 = "v2 "
+)
 
+// checkpoint is a decoded checkpoint record.
+type checkpoint struct {
+	db  string   // database identity (empty for v1)
+	ids []int64  // sorted, distinct
+	fps []uint32 // per id (nil for v1)
+}
+
+// fingerprint is what a checkpoint records of an outbox row's event id.
+func fingerprint(eventID string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(eventID))
+	return h.Sum32()
+}
+
+// checkpointKey is the record key of a database's shard.
+func checkpointKey(identity, shard string) string { return identity + "/" + shard }
+
+// encodeCheckpoint encodes rows (id -> event id fingerprint) for database db.
+func encodeCheckpoint(db string, rows map[int64]uint32) []byte {
+	ids := make([]int64, 0, len(rows))
+	for id := range rows {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	b := []byte(checkpointV2 + "db=" + db + " ids=")
+	b = appendRanges(b, ids)
+	fp := make([]byte, 4*len(ids))
+	for i, id := range ids {
+		binary.BigEndian.PutUint32(fp[4*i:], rows[id])
+	}
+	b = append(b, " fp="...)
+	return base64.RawURLEncoding.AppendEncode(b, fp)
+}
+
+// encodeIDs is the version 1 value (tests and the legacy format only).
 func encodeIDs(ids []int64) []byte {
-	s := slices.Clone(ids)
-	slices.Sort(s)
-	b := []byte(checkpointVersion)
+	s := slices.Compact(slices.Sorted(slices.Values(ids)))
+	return appendRanges([]byte(checkpointV1), s)
+}
+
+func appendRanges(b []byte, s []int64) []byte {
 	for i := 0; i < len(s); {
 		j := i
-		for j+1 < len(s) && s[j+1] <= s[j]+1 {
+		for j+1 < len(s) && s[j+1] == s[j]+1 {
 			j++
 		}
 		if i > 0 {
@@ -43,12 +104,57 @@ func encodeIDs(ids []int64) []byte {
 // maxCheckpointIDs guards decoding against a corrupt range.
 const maxCheckpointIDs = 1 << 20
 
-func decodeIDs(v []byte) ([]int64, error) {
-	s, ok := strings.CutPrefix(string(v), checkpointVersion)
-	if !ok {
-		return nil, fmt.Errorf("checkpoint %q: unknown version", truncate(string(v), 40))
+// decodeCheckpoint decodes a version 1 or 2 value.
+func decodeCheckpoint(v []byte) (checkpoint, error) {
+	s := string(v)
+	if rest, ok := strings.CutPrefix(s, checkpointV1); ok {
+		ids, err := decodeRanges(rest)
+		return checkpoint{ids: ids}, err
 	}
-	var ids []int64
+	rest, ok := strings.CutPrefix(s, checkpointV2)
+	if !ok {
+		return checkpoint{}, fmt.Errorf("checkpoint %q: unknown version", truncate(s, 40))
+	}
+	var c checkpoint
+	var ranges, fp string
+	seen := map[string]bool{}
+	for _, field := range strings.Fields(rest) {
+		k, val, _ := strings.Cut(field, "=")
+		if seen[k] {
+			return checkpoint{}, fmt.Errorf("checkpoint: field %q twice", k)
+		}
+		seen[k] = true
+		switch k {
+		case "db":
+			c.db = val
+		case "ids":
+			ranges = val
+		case "fp":
+			fp = val
+		default: // later versions may add fields
+		}
+	}
+	if c.db == "" || !seen["ids"] || !seen["fp"] {
+		return checkpoint{}, fmt.Errorf("checkpoint %q: db, ids or fp missing", truncate(s, 60))
+	}
+	var err error
+	if c.ids, err = decodeRanges(ranges); err != nil {
+		return checkpoint{}, err
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(fp)
+	if err != nil || len(raw) != 4*len(c.ids) {
+		return checkpoint{}, fmt.Errorf("checkpoint: fp holds %d bytes for %d ids", len(raw), len(c.ids))
+	}
+	c.fps = make([]uint32, len(c.ids))
+	for i := range c.fps {
+		c.fps[i] = binary.BigEndian.Uint32(raw[4*i:])
+	}
+	return c, nil
+}
+
+// decodeRanges parses "12-40,44" into sorted, distinct ids.
+func decodeRanges(s string) ([]int64, error) {
+	ids := []int64{}
 	if s == "" {
 		return ids, nil
 	}
@@ -63,6 +169,9 @@ func decodeIDs(v []byte) ([]int64, error) {
 			if b, err = strconv.ParseInt(hi, 10, 64); err != nil || b < a {
 				return nil, fmt.Errorf("checkpoint range %q is invalid", part)
 			}
+		}
+		if len(ids) > 0 && a <= ids[len(ids)-1] {
+			return nil, fmt.Errorf("checkpoint range %q is not above the one before", part)
 		}
 		if int64(len(ids))+b-a+1 > maxCheckpointIDs {
 			return nil, fmt.Errorf("checkpoint names over %d ids", maxCheckpointIDs)
@@ -109,108 +218,244 @@ func ensureCheckpointTopic(ctx context.Context, cl *kgo.Client, topic string) er
 	return nil
 }
 
-// readCheckpoint returns the ids of the last committed checkpoint of shard,
-// or nil when there is none. It reads read_committed backwards from the last
-// stable offset of each partition in growing windows, so it touches only the
-// tail of the topic. Call it after the producer has initialised its
-// transactional id: that completes or aborts this shard's pending
-// transaction, so the last stable offset is past our last commit.
-func readCheckpoint(ctx context.Context, opts []kgo.Opt, topic, shard string) ([]int64, error) {
-	admCl, err := kgo.NewClient(opts...)
+// lastCheckpoint returns the newest committed record with key on topic, or
+// nil when there is none. It never guesses (invariant I2): it measures each
+// partition's log start and high watermark, then reads backwards from the
+// latter in growing windows, each window to its end, so it touches only the
+// tail of the topic. "None" is only concluded once every partition was read
+// from its log start to the measured end without finding key; a partition
+// that does not answer is an error (the caller retries with backoff), never
+// an empty answer.
+//
+// It reads read_uncommitted and decides itself which of its records
+// committed, from the transaction markers (control records) of their
+// producer: on a checkpoint topic shared with other databases' relays, one of
+// them may hold a transaction open that began before our last commit, and a
+// read_committed reader stops at that transaction's first record (the last
+// stable offset), which would hide our commit. Call it after the producer
+// has initialised the transactional id that writes key: that completes or
+// aborts its pending transaction, so every record with key below the high
+// watermark then has its marker below it too.
+func lastCheckpoint(ctx context.Context, opts []kgo.Opt, topic, key string) (*kgo.Record, error) {
+	cl, err := kgo.NewClient(checkpointReaderOpts(opts)...)
 	if err != nil {
-		return nil, err
-	}
-	defer admCl.Close()
-	adm := kadm.NewClient(admCl)
-	lso, err := adm.ListCommittedOffsets(ctx, topic)
-	if err != nil {
-		return nil, fmt.Errorf("list checkpoint offsets: %w", err)
-	}
-	if err := lso.Error(); err != nil {
-		return nil, fmt.Errorf("list checkpoint offsets of %q: %w", topic, err)
-	}
-	var best *kgo.Record
-	var firstErr error
-	lso.Each(func(o kadm.ListedOffset) {
-		if firstErr != nil || o.Offset <= 0 {
-			return
-		}
-		start := o.Offset
-		for window := int64(64); start > 0; window *= 4 {
-			end := start
-			start = max(0, end-window)
-			r, err := lastKeyed(ctx, opts, topic, o.Partition, start, end, shard)
-			if err != nil {
-				firstErr = err
-				return
-			}
-			if r != nil {
-				if best == nil || r.Timestamp.After(best.Timestamp) {
-					best = r
-				}
-				return
-			}
-		}
-	})
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	if best == nil {
-		return nil, nil
-	}
-	return decodeIDs(best.Value)
-}
-
-// lastKeyed reads [start, end) of one partition read_committed and returns
-// the last record with key shard.
-func lastKeyed(ctx context.Context, opts []kgo.Opt, topic string, partition int32, start, end int64, shard string) (*kgo.Record, error) {
-	cl, err := kgo.NewClient(append(slices.Clone(opts),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(start)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-	)...)
-	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("checkpoint reader: %w", err)
 	}
 	defer cl.Close()
-	var last *kgo.Record
-	idle := 0
-	for {
-		// Every offset below the last stable offset is decided, so reading
-		// ends at the record at end-1. Aborted records are filtered by the
-		// broker, so a poll that brings nothing new for a while ends it too.
-		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		if err := ctx.Err(); err != nil {
+	adm := kadm.NewClient(cl)
+	md, err := adm.Metadata(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint topic %q metadata: %w", topic, err)
+	}
+	td, ok := md.Topics[topic]
+	if !ok || td.Err != nil {
+		return nil, fmt.Errorf("checkpoint topic %q metadata: %v", topic, td.Err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list end offsets of %q: %w", topic, err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list start offsets of %q: %w", topic, err)
+	}
+	var best *kgo.Record
+	for _, p := range td.Partitions.Sorted() {
+		end, ok1 := ends.Lookup(topic, p.Partition)
+		start, ok2 := starts.Lookup(topic, p.Partition)
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("checkpoint topic %q partition %d: offsets not listed", topic, p.Partition)
+		}
+		pr := partitionReader{cl: cl, topic: topic, topicID: td.ID, partition: p.Partition, leader: p.Leader}
+		r, err := pr.lastCommitted(ctx, start.Offset, end.Offset, key)
+		if err != nil {
 			return nil, err
 		}
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return nil, fmt.Errorf("read checkpoint topic %q: %w", topic, ferr)
-		}
-		n, done := 0, false
-		fs.EachRecord(func(r *kgo.Record) {
-			n++
-			if r.Offset >= end-1 {
-				done = true
-			}
-			if r.Offset < end && !r.Attrs.IsControl() && string(r.Key) == shard {
-				last = r
-			}
-		})
-		if done {
-			return last, nil
-		}
-		if n == 0 {
-			if idle++; idle >= 4 {
-				return last, nil
-			}
+		if r != nil && (best == nil || r.Timestamp.After(best.Timestamp)) {
+			best = r
 		}
 	}
+	return best, nil
+}
+
+// partitionReader fetches one partition with raw Fetch requests, so that it
+// knows exactly which offset it has read up to (the client's consumer hides
+// that: a read that brings no record could be a slow broker or an empty
+// range).
+type partitionReader struct {
+	cl        *kgo.Client
+	topic     string
+	topicID   [16]byte
+	partition int32
+	leader    int32
+}
+
+// txnMarker is a transaction's end, as written into the partition.
+type txnMarker struct {
+	offset int64
+	commit bool
+}
+
+// lastCommitted reads [start, end) backwards in growing windows and returns
+// the last record with key whose transaction committed (or that was written
+// outside a transaction), or nil when the range holds none.
+func (p partitionReader) lastCommitted(ctx context.Context, start, end int64, key string) (*kgo.Record, error) {
+	markers := map[int64][]txnMarker{} // producer id -> markers seen so far, sorted by offset
+	hi := end
+	for window := int64(64); hi > start; window *= 4 {
+		lo := max(start, hi-window)
+		var candidates []*kgo.Record
+		err := p.read(ctx, lo, hi, func(r *kgo.Record) {
+			switch {
+			case r.Attrs.IsControl():
+				// The key of a control record: int16 version, int16 type
+				// (0 abort, 1 commit).
+				if len(r.Key) >= 4 {
+					markers[r.ProducerID] = append(markers[r.ProducerID], txnMarker{offset: r.Offset, commit: r.Key[3] == 1})
+				}
+			case string(r.Key) == key:
+				candidates = append(candidates, r)
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		for pid := range markers {
+			slices.SortFunc(markers[pid], func(a, b txnMarker) int { return cmp.Compare(a.offset, b.offset) })
+		}
+		for i := len(candidates) - 1; i >= 0; i-- {
+			r := candidates[i]
+			if !r.Attrs.IsTransactional() {
+				return r, nil
+			}
+			ms := markers[r.ProducerID]
+			j, _ := slices.BinarySearchFunc(ms, r.Offset, func(m txnMarker, off int64) int { return cmp.Compare(m.offset, off+1) })
+			if j == len(ms) {
+				return nil, fmt.Errorf("checkpoint record %s[%d]@%d: its transaction (producer id %d) is not decided below the end measured (%d)",
+					p.topic, p.partition, r.Offset, r.ProducerID, end)
+			}
+			if ms[j].commit {
+				return r, nil
+			}
+		}
+		hi = lo
+	}
+	return nil, nil
+}
+
+// read reads [lo, hi) read_uncommitted, control records included, to its
+// end, calling visit for each record. Every fetch moves forward (hi is at
+// most the high watermark); one that does not is an error.
+func (p partitionReader) read(ctx context.Context, lo, hi int64, visit func(*kgo.Record)) error {
+	if p.leader < 0 {
+		return fmt.Errorf("checkpoint topic %q partition %d has no leader", p.topic, p.partition)
+	}
+	dec := kgo.DefaultDecompressor()
+	for off := lo; off < hi; {
+		req := kmsg.NewPtrFetchRequest()
+		req.MaxWaitMillis = 500
+		req.MinBytes = 1
+		req.MaxBytes = 32 << 20
+		req.IsolationLevel = 0 // read_uncommitted: lastCommitted decides from the markers
+		t := kmsg.NewFetchRequestTopic()
+		t.Topic, t.TopicID = p.topic, p.topicID
+		fp := kmsg.NewFetchRequestTopicPartition()
+		fp.Partition, fp.FetchOffset, fp.PartitionMaxBytes = p.partition, off, 16<<20
+		t.Partitions = append(t.Partitions, fp)
+		req.Topics = append(req.Topics, t)
+		resp, err := req.RequestWith(ctx, p.cl.Broker(int(p.leader)))
+		if err != nil {
+			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
+		}
+		if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
+		}
+		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
+			return fmt.Errorf("read checkpoint %s[%d] at offset %d: unexpected fetch response shape", p.topic, p.partition, off)
+		}
+		rp := &resp.Topics[0].Partitions[0]
+		part, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
+			KeepControlRecords: true,
+			Offset:             off,
+			IsolationLevel:     kgo.ReadUncommitted(),
+			Topic:              p.topic,
+			Partition:          p.partition,
+		}, rp, dec, nil)
+		if part.Err != nil {
+			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, part.Err)
+		}
+		for _, r := range part.Records {
+			if r.Offset >= lo && r.Offset < hi {
+				visit(r)
+			}
+		}
+		if next <= off {
+			return fmt.Errorf("read checkpoint %s[%d]: no progress at offset %d (high watermark %d, reading up to %d)",
+				p.topic, p.partition, off, part.HighWatermark, hi)
+		}
+		off = next
+	}
+	return nil
+}
+
+// FailpointSlowCheckpoint (armed as relay-checkpoint-slow=delay:3s) makes
+// the checkpoint partition slow to answer, for the fault tests: from the
+// checkpoint reader's first Fetch request on, for that long, every Fetch
+// response reaches the reader only when the time is up.
+const FailpointSlowCheckpoint = "relay-checkpoint-slow"
+
+var slowCheckpoint struct {
+	sync.Mutex
+	until time.Time // zero until the first Fetch
+}
+
+func checkpointReaderOpts(opts []kgo.Opt) []kgo.Opt {
+	d := failpoint.Delay(FailpointSlowCheckpoint)
+	if d <= 0 {
+		return opts
+	}
+	return append(slices.Clone(opts), kgo.Dialer(func(ctx context.Context, network, host string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, host)
+		if err != nil {
+			return c, err
+		}
+		return &slowConn{Conn: c, d: d}, nil
+	}))
+}
+
+// slowConn holds the response to a Fetch request written in the slow
+// period until the period ends.
+type slowConn struct {
+	net.Conn
+	d     time.Duration
+	until atomic.Int64 // unix nanos; 0: the last request was no slow Fetch
+}
+
+func (c *slowConn) Write(b []byte) (int, error) {
+	// A request is a 4-byte length, then the API key (Fetch = 1).
+	if len(b) >= 6 && binary.BigEndian.Uint16(b[4:6]) == 1 {
+		slowCheckpoint.Lock()
+		if slowCheckpoint.until.IsZero() {
+			slowCheckpoint.until = time.Now().Add(c.d)
+		}
+		until := slowCheckpoint.until
+		slowCheckpoint.Unlock()
+		c.until.Store(until.UnixNano())
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *slowConn) Read(b []byte) (int, error) {
+	if u := c.until.Swap(0); u != 0 {
+		if d := time.Until(time.Unix(0, u)); d > 0 {
+			time.Sleep(d) // the injected slowness itself
+		}
+	}
+	return c.Conn.Read(b)
 }

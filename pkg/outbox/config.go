@@ -25,8 +25,10 @@ type Config struct {
 	// BatchMaxRows bounds the rows of one Kafka transaction. Default 1000.
 	BatchMaxRows int
 	// CheckpointTopic is the compacted topic that receives one checkpoint
-	// record per transaction (key = shard, value = the batch's outbox ids).
-	// It is created (1 partition, cleanup.policy=compact) when missing.
+	// record per transaction (key = "<database identity>/<shard>", value =
+	// the identity and the batch's outbox ids with a fingerprint of each
+	// row's event id). Relays of many databases may share it. It is created
+	// (1 partition, cleanup.policy=compact) when missing.
 	// Default "onceflow.relay.checkpoints".
 	CheckpointTopic string
 	// DB is the pool the relay reads and marks the outbox with (required).
@@ -72,14 +74,21 @@ type Config struct {
 	PruneInterval time.Duration
 	// Registerer receives the relay's metrics. Default: none registered.
 	Registerer prometheus.Registerer
+	// RetrySetAsideAfter is how long a row set aside for a cause that may go
+	// away by itself (a missing topic, a missing ACL, a topic breaking its
+	// contract) waits before the relay tries it again; the wait doubles with
+	// every refusal, up to 10 minutes. Rows refused for their content (too
+	// large, an illegal topic name) wait for an operator instead. Default
+	// 30s.
+	RetrySetAsideAfter time.Duration
 	// Retention keeps published rows this long before pruning them (unless
 	// DeleteOnPublish); 0 uses the default, a negative value prunes them at
 	// the next prune. Default 1h.
 	Retention time.Duration
 	// Shard names this relay's lease row, transactional.id suffix and
-	// checkpoint key. Every relay polls the whole outbox, so all relays of
-	// one database must use the same Shard (sharding sources over several
-	// leaders is not implemented yet). Default "default".
+	// checkpoint key suffix. Every relay polls the whole outbox, so all
+	// relays of one database must use the same Shard (sharding sources over
+	// several leaders is not implemented yet). Default "default".
 	Shard string
 	// StandbyInterval is how often a standby tries to take the lease.
 	// Default 500ms.
@@ -89,15 +98,19 @@ type Config struct {
 	StatsInterval time.Duration
 	// TopicCheck, when set, is called once per topic before the relay first
 	// publishes to it (e.g. to verify the topic against contract/topics.json).
-	// An error keeps the relay from publishing that batch: it is logged with
-	// the topic, counted as errors_total{kind="topic"} and retried with
-	// backoff; no row is skipped. Default: none.
+	// An error wrapping ErrTopicRefused sets the row aside (reason
+	// topic_contract, tried again after RetrySetAsideAfter): only its source
+	// waits. Any other error (the broker unreachable) holds the batch and is
+	// retried with backoff. Both count as errors_total{kind="topic"}.
+	// Default: none.
 	TopicCheck func(ctx context.Context, topic string) error
 	// TransactionTimeout is the Kafka transaction.timeout.ms. Default 10s.
 	TransactionTimeout time.Duration
 	// TransactionalIDPrefix + Shard is the producer's transactional.id,
-	// stable across restarts so that a new leader fences the old one.
-	// Default "onceflow-relay-".
+	// stable across restarts so that a new leader fences the old one. It
+	// must be unique to this database among every relay on the Kafka
+	// cluster: two databases' relays sharing one fence each other.
+	// Default "onceflow-relay-<database identity>-", unique by construction.
 	TransactionalIDPrefix string
 }
 
@@ -137,6 +150,9 @@ func (c Config) WithDefaults() Config {
 	if c.PruneInterval == 0 {
 		c.PruneInterval = time.Second
 	}
+	if c.RetrySetAsideAfter == 0 {
+		c.RetrySetAsideAfter = 30 * time.Second
+	}
 	if c.Retention == 0 {
 		c.Retention = time.Hour
 	}
@@ -152,9 +168,6 @@ func (c Config) WithDefaults() Config {
 	if c.TransactionTimeout == 0 {
 		c.TransactionTimeout = 10 * time.Second
 	}
-	if c.TransactionalIDPrefix == "" {
-		c.TransactionalIDPrefix = "onceflow-relay-"
-	}
 	return c
 }
 
@@ -165,9 +178,9 @@ func (c Config) validate() error {
 	positive := map[string]time.Duration{
 		"BackoffMax": c.BackoffMax, "LeaseRenewInterval": c.LeaseRenewInterval, "LeaseTTL": c.LeaseTTL,
 		"PollInterval": c.PollInterval, "PruneInterval": c.PruneInterval, "StandbyInterval": c.StandbyInterval,
-		"StatsInterval": c.StatsInterval, "TransactionTimeout": c.TransactionTimeout,
+		"StatsInterval": c.StatsInterval, "TransactionTimeout": c.TransactionTimeout, "RetrySetAsideAfter": c.RetrySetAsideAfter,
 	}
-	for _, f := range []string{"BackoffMax", "LeaseRenewInterval", "LeaseTTL", "PollInterval", "PruneInterval", "StandbyInterval", "StatsInterval", "TransactionTimeout"} {
+	for _, f := range []string{"BackoffMax", "LeaseRenewInterval", "LeaseTTL", "PollInterval", "PruneInterval", "RetrySetAsideAfter", "StandbyInterval", "StatsInterval", "TransactionTimeout"} {
 		if positive[f] <= 0 {
 			return bad(f, "must be positive, got %s", positive[f])
 		}
@@ -189,8 +202,11 @@ func (c Config) validate() error {
 		return bad("TransactionTimeout", "must be at least 1s, got %s", c.TransactionTimeout)
 	case c.CheckpointTopic == "":
 		return bad("CheckpointTopic", "is required")
-	case len(c.TransactionalIDPrefix+c.Shard) > 200:
+	case len(c.TransactionalIDPrefix+c.Shard) > 200, c.TransactionalIDPrefix == "" && len(DefaultTransactionalID(zeroUUID, c.Shard)) > 200:
 		return bad("Shard", "with TransactionalIDPrefix is over 200 bytes")
 	}
 	return nil
 }
+
+// zeroUUID has the length of a database identity.
+const zeroUUID = "00000000-0000-0000-0000-000000000000"

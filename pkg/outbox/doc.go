@@ -14,5 +14,14 @@
 // its producer under the same transactional.id, which fences the old one,
 // and marks the ids of the last committed checkpoint before polling again,
 // so a read_committed reader sees every committed event exactly once and each
-// source in seq order. docs/relay.md explains the design and its trade-offs.
+// source in seq order.
+//
+// Relays of many databases may share one Kafka cluster: the default
+// transactional.id and the checkpoint key derive from the database's
+// identity (onceflow.database_identity), every checkpoint carries it, and a
+// checkpoint is used only once proven to be this database's, row by row;
+// otherwise Run stops with an *IdentityError naming the fix. A row Kafka
+// refuses for good is set aside (onceflow.outbox_set_aside, see ListSetAside,
+// RetrySetAside, SkipSetAside): only its source waits behind it.
+// docs/relay.md explains the design and its trade-offs.
 package outbox

@@ -119,11 +119,8 @@ func (w Writer) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]
 
 // args validates msg with the envelope's rules and returns the statement's arguments.
 func (w Writer) args(msg Message) ([]any, error) {
-	if msg.Topic == "" {
-		return nil, &FieldError{Field: "topic", Reason: "is missing or empty"}
-	}
-	if len(msg.Topic) > 249 {
-		return nil, &FieldError{Field: "topic", Reason: fmt.Sprintf("%d bytes is over Kafka's limit of 249", len(msg.Topic))}
+	if err := CheckTopic(msg.Topic); err != nil {
+		return nil, err
 	}
 	env := envelope.Envelope{
 		EventID:     msg.EventID,

@@ -54,6 +54,12 @@ func TestEnqueueRefusesBadInput(t *testing.T) {
 		{"empty source", outbox.Writer{}, func(m *outbox.Message) { m.Source = "" }, "source"},
 		{"empty type", outbox.Writer{}, func(m *outbox.Message) { m.EventType = "" }, "event-type"},
 		{"empty topic", outbox.Writer{}, func(m *outbox.Message) { m.Topic = "" }, "topic"},
+		{"topic with a space", outbox.Writer{}, func(m *outbox.Message) { m.Topic = "bad topic" }, "topic"},
+		{"topic dot dot", outbox.Writer{}, func(m *outbox.Message) { m.Topic = ".." }, "topic"},
+		{"topic not ASCII", outbox.Writer{}, func(m *outbox.Message) { m.Topic = "commandes-é" }, "topic"},
+		{"topic too long", outbox.Writer{}, func(m *outbox.Message) { m.Topic = strings.Repeat("t", 250) }, "topic"},
+		{"line break in source", outbox.Writer{}, func(m *outbox.Message) { m.Source = "a\nb" }, "source"},
+		{"line break in event id", outbox.Writer{}, func(m *outbox.Message) { m.EventID = "e\r1" }, "event-id"},
 		{"payload over limit", outbox.Writer{MaxPayloadBytes: 8}, func(m *outbox.Message) { m.Payload = []byte(`{"long":"payload"}`) }, "payload"},
 		{"payload over default limit", outbox.Writer{}, func(m *outbox.Message) {
 			m.ContentType = "application/octet-stream"
@@ -218,6 +224,10 @@ func TestSQLEnqueueFunction(t *testing.T) {
 	if id != "billing:order-88:refund_issued" || seq != 2 {
 		t.Fatalf("got (%q, %d)", id, seq)
 	}
+	// Every legal topic character passes, at Kafka's length limit.
+	if _, err := b.db.Pool.Exec(b.ctx, `SELECT * FROM onceflow.enqueue('Orders.v1_eu-west-' || repeat('9', 231), 's2', 'x', '{}')`); err != nil {
+		t.Fatalf("a legal topic name of 249 bytes: %v", err)
+	}
 	// Go and SQL share the counter.
 	if r, err := b.enqueue(t, outbox.Writer{}, msg("order-88")); err != nil || r.Seq != 3 {
 		t.Fatalf("Go after SQL: %+v %v", r, err)
@@ -232,6 +242,16 @@ func TestSQLEnqueueFunction(t *testing.T) {
 		{`onceflow.enqueue('orders', 's', 'x', '{}', headers => '{"seq":"1"}')`, "22023", "headers"},
 		{`onceflow.enqueue('orders', 's', 'x', '{}', headers => '{"n":1}')`, "22023", "headers"},
 		{`onceflow.enqueue('orders', 's', 'x', jsonb_build_object('p', repeat('x', 1100000)))`, "22023", "payload"},
+		// The Go API's checks, mirrored by the function since migration 008.
+		{`onceflow.enqueue('bad topic', 's', 'x', '{}')`, "22023", "topic"},
+		{`onceflow.enqueue('orders!', 's', 'x', '{}')`, "22023", "topic"},
+		{`onceflow.enqueue('..', 's', 'x', '{}')`, "22023", "topic"},
+		{`onceflow.enqueue('.', 's', 'x', '{}')`, "22023", "topic"},
+		{`onceflow.enqueue('commandes-é', 's', 'x', '{}')`, "22023", "topic"},
+		{`onceflow.enqueue(repeat('t', 250), 's', 'x', '{}')`, "22023", "topic"},
+		{`onceflow.enqueue('orders', 'a' || chr(10) || 'b', 'x', '{}')`, "22023", "source"},
+		{`onceflow.enqueue('orders', 's', 'x' || chr(13), '{}')`, "22023", "event_type"},
+		{`onceflow.enqueue('orders', 's', 'x', '{}', event_id => 'e' || chr(10))`, "22023", "event_id"},
 	}
 	for _, tt := range tests {
 		_, err := b.db.Pool.Exec(b.ctx, "SELECT * FROM "+tt.call)

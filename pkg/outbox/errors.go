@@ -36,9 +36,9 @@ func (e *DuplicateEventError) Is(target error) bool { return target == ErrDuplic
 // It is the envelope's error type: the field names are the contract's.
 type FieldError = envelope.FieldError
 
-// TopicError is a publish that failed because of one topic, e.g. a topic that
-// does not exist. The relay keeps retrying the row (it never skips it) and
-// counts the error under kind "topic".
+// TopicError is a topic that Config.TopicCheck refused. The relay sets the
+// row aside (reason topic_contract) and tries it again later by itself; only
+// its source waits. It counts the error under kind "topic".
 type TopicError struct {
 	Topic string
 	Err   error
@@ -87,3 +87,26 @@ func interpretEnqueueError(err error, eventID string) error {
 func isTopicMissing(err error) bool {
 	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
 }
+
+// IdentityError stops the relay (Run returns it): it cannot prove that the
+// database it runs against, or a checkpoint it read, is the one it belongs
+// to, so using it could mark rows published that never were. Problem says
+// what was found, Fix what an operator does about it.
+type IdentityError struct {
+	Problem string
+	Fix     string
+}
+
+func (e *IdentityError) Error() string { return e.Problem + ". Fix: " + e.Fix }
+
+// ErrSetAsideNotFound means no open set-aside entry has that outbox id.
+var ErrSetAsideNotFound = errors.New("no open set-aside row with that outbox id")
+
+// ErrRetryDue means the set-aside row is being retried (its retry time has
+// come): the relay may be publishing it right now, so it cannot be skipped.
+var ErrRetryDue = errors.New("a retry of the row is due or running: wait until it is published or set aside again")
+
+// ErrTopicRefused is what a Config.TopicCheck error wraps to say that the
+// topic itself is wrong (it breaks its contract), as opposed to the check
+// failing to run: the relay then sets the row aside instead of retrying it.
+var ErrTopicRefused = errors.New("topic refused")

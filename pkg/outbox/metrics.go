@@ -23,6 +23,9 @@ type metrics struct {
 	errors      *prometheus.CounterVec
 	isLeader    prometheus.Gauge
 	pruned      prometheus.Counter
+	setAside    prometheus.Gauge
+	held        prometheus.Gauge
+	setAsideAll *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -33,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "onceflow_relay_oldest_unpublished_age_seconds",
-			Help: "Age of the oldest unpublished outbox row, as last measured by the leader (0 when none).",
+			Help: "Age of the oldest unpublished outbox row the relay may publish (not held behind a set-aside row), as last measured by the leader (0 when none).",
 		}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_relay_published_total",
@@ -51,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_relay_errors_total",
-			Help: "Errors by kind: kafka, postgres, topic (missing topic), unknown_outcome (Kafka commit outcome unknown), checkpoint, lease.",
+			Help: "Errors by kind: kafka, postgres, topic (a row set aside for its topic, or the topic check failing), unknown_outcome (Kafka commit outcome unknown), checkpoint, lease.",
 		}, []string{"kind"}),
 		isLeader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "onceflow_relay_is_leader",
@@ -61,6 +64,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceflow_relay_pruned_total",
 			Help: "Published outbox rows deleted after the retention.",
 		}),
+		setAside: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_relay_set_aside_rows",
+			Help: "Outbox rows set aside because Kafka refuses them (open entries of onceflow.outbox_set_aside), as last counted by the leader.",
+		}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_relay_held_rows",
+			Help: "Unpublished outbox rows of sources that have a set-aside row (they wait behind it), as last counted by the leader.",
+		}),
+		setAsideAll: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_relay_set_aside_total",
+			Help: "Outbox rows set aside, by reason: too_large, invalid_topic, invalid_record, topic_authorization, topic_missing, topic_contract.",
+		}, []string{"reason"}),
+	}
+	for _, r := range setAsideReasons {
+		m.setAsideAll.WithLabelValues(r)
 	}
 	for _, k := range []string{errKindCheckpoint, errKindKafka, errKindLease, errKindPostgres, errKindTopic, errKindUnknown} {
 		m.errors.WithLabelValues(k)
@@ -68,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.published, m.batchSize, m.txnDuration, m.errors, m.isLeader, m.pruned} {
+	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.published, m.batchSize, m.txnDuration, m.errors, m.isLeader, m.pruned, m.setAside, m.held, m.setAsideAll} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

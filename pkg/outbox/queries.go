@@ -22,21 +22,50 @@ RETURNING event_id, seq`
 // unpublished, so a later poll finds it (R1).
 // $2 are the ids of the previous batch, committed to Kafka and being marked
 // concurrently (a hashed subplan, so the exclusion is cheap).
+// Rows of a source with a set-aside row are held back until it is resolved
+// or its retry time comes (R2, I3); retrying tells the relay to try such a
+// row alone.
 const selectBatchSQL = `
-SELECT id, event_id, topic, source, seq, event_type, content_type, record_key, headers, payload
-  FROM onceflow.outbox
- WHERE published_at IS NULL
-   AND id NOT IN (SELECT unnest($2::bigint[]))
- ORDER BY id
+SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type, o.record_key, o.headers, o.payload,
+       EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a WHERE a.outbox_id = o.id AND a.resolved_at IS NULL) AS retrying
+  FROM onceflow.outbox o
+ WHERE o.published_at IS NULL
+   AND o.id NOT IN (SELECT unnest($2::bigint[]))
+   AND o.source NOT IN (` + heldSourcesSQL + `)
+ ORDER BY o.id
  LIMIT $1`
 
+// heldSourcesSQL are the sources the relay publishes nothing of: their
+// set-aside row waits for an operator or for its retry time.
+const heldSourcesSQL = `SELECT h.source FROM onceflow.outbox_set_aside h
+                         WHERE h.resolved_at IS NULL AND (h.retry_at IS NULL OR h.retry_at > now())`
+
+// markPublishedSQL marks a committed batch published and resolves the
+// set-aside entries of rows that were retried. It returns how many rows it
+// marked.
 const markPublishedSQL = `
-UPDATE onceflow.outbox SET published_at = now()
- WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
+WITH m AS (
+    UPDATE onceflow.outbox SET published_at = now()
+     WHERE id = ANY($1::bigint[]) AND published_at IS NULL
+    RETURNING id
+), r AS (
+    UPDATE onceflow.outbox_set_aside a SET resolved_at = now(), resolution = 'published'
+      FROM m WHERE a.outbox_id = m.id AND a.resolved_at IS NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM r)`
 
 // deletePublishedSQL is markPublishedSQL for Config.DeleteOnPublish.
 const deletePublishedSQL = `
-DELETE FROM onceflow.outbox WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
+WITH m AS (
+    DELETE FROM onceflow.outbox WHERE id = ANY($1::bigint[]) AND published_at IS NULL
+    RETURNING id
+), r AS (
+    UPDATE onceflow.outbox_set_aside a SET resolved_at = now(), resolution = 'published'
+      FROM m WHERE a.outbox_id = m.id AND a.resolved_at IS NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM r)`
 
 // pruneSQL deletes one small batch of rows published before the retention.
 const pruneSQL = `
@@ -46,10 +75,18 @@ DELETE FROM onceflow.outbox
                ORDER BY published_at
                LIMIT $2)`
 
+// statsSQL counts unpublished rows: all of them, those held behind a
+// set-aside row, the age of the oldest one not held, and the open set-aside
+// entries.
 const statsSQL = `
-SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-  FROM onceflow.outbox
- WHERE published_at IS NULL`
+WITH held AS (SELECT DISTINCT source FROM onceflow.outbox_set_aside WHERE resolved_at IS NULL),
+     p AS (SELECT created_at, source IN (SELECT source FROM held) AS held
+             FROM onceflow.outbox WHERE published_at IS NULL)
+SELECT count(*),
+       count(*) FILTER (WHERE held),
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT held)), 0)::float8,
+       (SELECT count(*) FROM onceflow.outbox_set_aside WHERE resolved_at IS NULL)
+  FROM p`
 
 // acquireLeaseSQL takes the shard's lease when it is free, expired, or held
 // under our own holder id (a restarted process with a stable holder id, such
@@ -77,3 +114,114 @@ UPDATE onceflow.relay_lease SET expires_at = now()
 
 // notifyChannel is what the trigger onceflow.outbox_notify notifies.
 const notifyChannel = "onceflow_outbox"
+
+// Identity (identity.go).
+const identityCols = `id::text, created_at, cluster_system_id, database_oid, first_used_at, changed_at, changed_by, change_note`
+
+const identitySQL = `SELECT ` + identityCols + ` FROM onceflow.database_identity`
+
+const identityUsedSQL = `UPDATE onceflow.database_identity SET first_used_at = now() WHERE first_used_at IS NULL`
+
+const identityRemintSQL = `
+UPDATE onceflow.database_identity
+   SET id = gen_random_uuid(), cluster_system_id = $1, database_oid = $2, first_used_at = now(),
+       changed_at = now(), changed_by = current_user,
+       change_note = 'new identity: a copy of a database whose relay never ran'
+RETURNING ` + identityCols
+
+const identityAdoptSQL = `
+UPDATE onceflow.database_identity
+   SET cluster_system_id = $1, database_oid = $2, changed_at = now(), changed_by = current_user,
+       change_note = 'adopt: ' || $3
+RETURNING ` + identityCols
+
+const identityResetSQL = `
+UPDATE onceflow.database_identity
+   SET id = gen_random_uuid(), cluster_system_id = $1, database_oid = $2, first_used_at = NULL,
+       changed_at = now(), changed_by = current_user, change_note = 'reset: ' || $3
+RETURNING ` + identityCols
+
+const placeOIDSQL = `SELECT oid FROM pg_database WHERE datname = current_database()`
+
+const placeClusterSQL = `SELECT system_identifier::text FROM pg_control_system()`
+
+// outboxLastIDSQL is the highest id the outbox's sequence has handed out
+// (NULL before the first insert). A checkpoint naming a higher id comes from
+// a database that has since been restored to an earlier point.
+const outboxLastIDSQL = `SELECT pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass)`
+
+// checkpointRowsSQL reads what recovery checks a checkpoint against.
+const checkpointRowsSQL = `SELECT id, event_id, published_at IS NULL FROM onceflow.outbox WHERE id = ANY($1::bigint[])`
+
+// Legacy checkpoints (settleLegacy, identity.go).
+const legacyListSQL = `
+SELECT shard, noted_at, decision, decided_at, decided_by, settled_at, outcome
+  FROM onceflow.relay_legacy_checkpoint ORDER BY shard`
+
+const legacyPendingSQL = `SELECT decision FROM onceflow.relay_legacy_checkpoint WHERE shard = $1 AND settled_at IS NULL`
+
+const legacyDecideSQL = `
+UPDATE onceflow.relay_legacy_checkpoint SET decision = $2, decided_at = now(), decided_by = current_user
+ WHERE shard = $1 AND settled_at IS NULL`
+
+const legacySettleSQL = `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now(), outcome = $2 WHERE shard = $1 AND settled_at IS NULL`
+
+const legacySettleAllSQL = `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now(), outcome = $1 WHERE settled_at IS NULL`
+
+const unpublishedAmongSQL = `SELECT count(*) FROM onceflow.outbox WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
+
+// Set-aside rows (setaside.go).
+
+// setAsideSQL opens (or, for a row retried and refused again, updates) the
+// set-aside entry of an unpublished row. $4 > 0 schedules an automatic
+// retry after $4 seconds, doubling per attempt up to $5 seconds.
+const setAsideSQL = `
+INSERT INTO onceflow.outbox_set_aside AS a (outbox_id, event_id, topic, source, seq, event_type, reason, error, retry_at)
+SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, $2, $3,
+       CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) END
+  FROM onceflow.outbox o
+ WHERE o.id = $1 AND o.published_at IS NULL
+ON CONFLICT (outbox_id) DO UPDATE
+   SET reason = excluded.reason, error = excluded.error, attempts = a.attempts + 1, last_failed_at = now(),
+       retry_at = CASE WHEN $4::float8 > 0
+                       THEN now() + make_interval(secs => least($4::float8 * power(2, a.attempts), $5::float8)) END
+ WHERE a.resolved_at IS NULL
+RETURNING (xmax = 0), attempts`
+
+const setAsideCols = `a.outbox_id, a.event_id, a.topic, a.source, a.seq, a.event_type, a.reason, a.error, a.attempts,
+       a.set_aside_at, a.last_failed_at, a.retry_at, a.retried_at, a.retried_by, a.resolved_at, a.resolution,
+       a.resolved_by, a.note,
+       (SELECT count(*) FROM onceflow.outbox o WHERE o.source = a.source AND o.published_at IS NULL AND a.resolved_at IS NULL)`
+
+// setAsideListSQL lists open entries ($1 false) or all of them, newest
+// first.
+const setAsideListSQL = `
+SELECT ` + setAsideCols + `
+  FROM onceflow.outbox_set_aside a
+ WHERE $1 OR a.resolved_at IS NULL
+ ORDER BY a.resolved_at IS NULL DESC, a.set_aside_at DESC, a.outbox_id`
+
+const setAsideGetSQL = `SELECT ` + setAsideCols + ` FROM onceflow.outbox_set_aside a WHERE a.outbox_id = $1`
+
+// setAsideRetrySQL makes the relay try an open entry's row at its next
+// poll.
+const setAsideRetrySQL = `
+UPDATE onceflow.outbox_set_aside
+   SET retry_at = now(), retried_at = now(), retried_by = current_user, note = coalesce(nullif($2, ''), note)
+ WHERE outbox_id = $1 AND resolved_at IS NULL`
+
+// setAsideSkip*SQL run in one transaction: lock the open entry (refusing
+// one whose retry is due: the relay may be publishing its row), copy and
+// delete the outbox row, resolve the entry.
+const setAsideSkipLockSQL = `
+SELECT retry_at IS NOT NULL AND retry_at <= now()
+  FROM onceflow.outbox_set_aside WHERE outbox_id = $1 AND resolved_at IS NULL FOR UPDATE`
+
+const setAsideSkipSQL = `
+WITH d AS (
+    DELETE FROM onceflow.outbox o WHERE o.id = $1 AND o.published_at IS NULL RETURNING to_jsonb(o.*) AS row
+)
+UPDATE onceflow.outbox_set_aside
+   SET resolved_at = now(), resolution = 'skipped', resolved_by = current_user, note = $2,
+       skipped_row = (SELECT row FROM d), retry_at = NULL
+ WHERE outbox_id = $1 AND resolved_at IS NULL`

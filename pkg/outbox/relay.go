@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,11 +23,17 @@ import (
 )
 
 // Failpoints (see internal/failpoint) the fault tests arm to kill the relay
-// at the two moments that matter for R3.
+// at the two moments that matter for R3. FailpointBeforeKafkaCommit is hit
+// after the last lease check, right before EndTransaction: armed with
+// ":stop", it freezes a leader that believes it still leads, the zombie a
+// Kafka fence must stop.
 const (
 	FailpointBeforeKafkaCommit = "relay-before-kafka-commit"
 	FailpointAfterKafkaCommit  = "relay-after-kafka-commit"
 )
+
+// maxSetAsideRetry caps the automatic retry interval of set-aside rows.
+const maxSetAsideRetry = 10 * time.Minute
 
 // Relay publishes the outbox to Kafka. Several relays may run against one
 // database: the one holding the shard's lease publishes, the others stand by.
@@ -33,8 +41,15 @@ type Relay struct {
 	cfg   Config
 	log   *slog.Logger
 	m     *metrics
-	txnID string
 	start time.Time
+
+	// Bound by recover (leader loop only): the database identity, the
+	// transactional.id and checkpoint key derived from it, and whether the
+	// shard's legacy checkpoint is settled.
+	identity      string
+	txnID         string
+	ckptKey       string
+	legacySettled bool
 
 	leader     atomic.Bool
 	validUntil atomic.Int64 // lease deadline, nanoseconds since start (monotonic)
@@ -58,7 +73,6 @@ func New(cfg Config) (*Relay, error) {
 		cfg:   cfg,
 		log:   cfg.Logger.With(slog.String("shard", cfg.Shard), slog.String("holder", cfg.HolderID)),
 		m:     m,
-		txnID: cfg.TransactionalIDPrefix + cfg.Shard,
 		start: time.Now(),
 	}
 	return r, nil
@@ -95,7 +109,9 @@ func (r *Relay) setReady(err error) {
 
 // Run takes part in leader election and publishes while leading. It returns
 // nil once ctx is cancelled and the in-flight batch is committed (or aborted)
-// and the lease released.
+// and the lease released. It returns an *IdentityError, after releasing the
+// lease, when it cannot prove that the database or a checkpoint is its own:
+// publishing on would risk marking rows that were never published.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.retry(ctx, errKindKafka, "ensure checkpoint topic", func() error {
 		cl, err := kgo.NewClient(r.cfg.KafkaOpts...)
@@ -113,6 +129,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil // ctx cancelled
 		}
 		err = r.lead(ctx, epoch)
+		var ie *IdentityError
+		if errors.As(err, &ie) {
+			r.log.ErrorContext(ctx, "relay stopped: "+ie.Problem, slog.String("fix", ie.Fix))
+			return err
+		}
 		if ctx.Err() != nil {
 			r.log.InfoContext(ctx, "relay stopped")
 			return nil
@@ -159,7 +180,7 @@ func (r *Relay) leaseValid() bool { return time.Since(r.start) < time.Duration(r
 // lead publishes until ctx is cancelled (graceful stop) or the lease is lost.
 func (r *Relay) lead(ctx context.Context, epoch int64) error {
 	log := r.log.With(slog.Int64("epoch", epoch))
-	log.InfoContext(ctx, "leadership acquired", slog.String("transactional_id", r.txnID))
+	log.InfoContext(ctx, "leadership acquired")
 	r.leader.Store(true)
 	r.m.isLeader.Set(1)
 
@@ -222,8 +243,12 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 	// covers every row that may be on Kafka but unmarked.
 	type markJob struct {
 		ids  []int64
+		ckpt map[int64]uint32 // id -> event id fingerprint
 		done chan error
 	}
+	// suspects are rows a refused transaction named: each is published
+	// alone next, and set aside if Kafka refuses it alone too.
+	suspects := map[int64]refused{}
 	var inflight *markJob
 	waitMark := func() error {
 		if inflight == nil {
@@ -253,6 +278,10 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		}
 		if cl == nil {
 			c, err := r.recover(stop, log)
+			var ie *IdentityError
+			if errors.As(err, &ie) {
+				return err
+			}
 			if err != nil {
 				if stop.Err() == nil {
 					fail(errKindCheckpoint, "recover from checkpoint", err)
@@ -262,8 +291,9 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			cl = c
 		}
 		var unmarked []int64
+		var unmarkedCkpt map[int64]uint32
 		if inflight != nil {
-			unmarked = inflight.ids
+			unmarked, unmarkedCkpt = inflight.ids, inflight.ckpt
 		}
 		tFetch := time.Now()
 		rows, err := r.fetch(stop, unmarked)
@@ -291,25 +321,66 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			t.Stop()
 			continue
 		}
-		if err := r.checkTopics(stop, rows); err != nil {
-			if stop.Err() == nil {
-				fail(errKindTopic, "topic breaks its contract: not publishing to it (the row is never skipped)", err)
+		// A row that Kafka refused (or will: an illegal topic name) goes
+		// alone; refused alone, it is set aside and only its source waits.
+		if len(suspects) > 4*r.cfg.BatchMaxRows {
+			clear(suspects) // bounded; a suspect forgotten is found again
+		}
+		rows = isolate(rows, suspects)
+		if len(rows) == 1 {
+			if err := CheckTopic(rows[0].topic); err != nil {
+				if err := r.setAside(stop, rows[0], ReasonInvalidTopic, err, log); err != nil && stop.Err() == nil {
+					fail(errKindPostgres, "set row aside", err)
+				}
+				continue
 			}
-			continue
+		}
+		if k, err := r.checkTopics(stop, rows); err != nil {
+			switch {
+			case stop.Err() != nil:
+				continue
+			case k > 0:
+				rows = rows[:k] // publish what is before the refused topic
+			case errors.Is(err, ErrTopicRefused):
+				r.m.errors.WithLabelValues(errKindTopic).Inc()
+				if err := r.setAside(stop, rows[0], ReasonTopicContract, err, log); err != nil && stop.Err() == nil {
+					fail(errKindPostgres, "set row aside", err)
+				}
+				continue
+			default:
+				fail(errKindTopic, "check topic against its contract (retrying; the batch waits)", err)
+				continue
+			}
 		}
 		tPublish := time.Now()
-		if err := r.publish(opCtx, cl, rows, unmarked); err != nil {
+		if err := r.publish(opCtx, cl, rows, unmarkedCkpt); err != nil {
 			// Whatever happened, the producer is thrown away and the next
 			// round recovers through the checkpoint: a new producer with
 			// the same transactional.id completes or aborts whatever this
 			// one left, and the checkpoint says what committed.
 			reset()
-			var te *TopicError
+			var re *refusedError
 			switch {
 			case errors.Is(err, ErrLeadershipLost):
 				return err
-			case errors.As(err, &te):
-				fail(errKindTopic, "publish batch: topic is missing or unwritable, retrying (the row is never skipped)", err)
+			case errors.As(err, &re):
+				if len(rows) > 1 {
+					// Refused in company: each suspect goes alone next,
+					// the others go on in batches.
+					for id, rf := range re.refused {
+						suspects[id] = rf
+					}
+					log.WarnContext(ctx, "publish batch: Kafka refused records; trying them one by one", slog.Any("error", err))
+					continue
+				}
+				rf := re.refused[rows[0].id]
+				if isTopicReason(rf.reason) {
+					r.m.errors.WithLabelValues(errKindTopic).Inc()
+				}
+				if err := r.setAside(stop, rows[0], rf.reason, rf.err, log); err != nil && stop.Err() == nil {
+					fail(errKindPostgres, "set row aside", err)
+				}
+				delete(suspects, rows[0].id)
 			case errors.Is(err, errUnknownOutcome):
 				fail(errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
 			default:
@@ -326,10 +397,13 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			continue
 		}
 		ids := make([]int64, len(rows))
+		ckpt := make(map[int64]uint32, len(rows))
 		for i, w := range rows {
 			ids[i] = w.id
+			ckpt[w.id] = w.fp
+			delete(suspects, w.id)
 		}
-		job := &markJob{ids: ids, done: make(chan error, 1)}
+		job := &markJob{ids: ids, ckpt: ckpt, done: make(chan error, 1)}
 		go func() { job.done <- r.mark(opCtx, job.ids) }()
 		inflight = job
 		if log.Enabled(ctx, slog.LevelDebug) {
@@ -446,13 +520,15 @@ func (r *Relay) every(ctx context.Context, d time.Duration, f func(context.Conte
 }
 
 func (r *Relay) stats(ctx context.Context) error {
-	var n int64
+	var n, held, open int64
 	var age float64
-	if err := r.cfg.DB.QueryRow(ctx, statsSQL).Scan(&n, &age); err != nil {
+	if err := r.cfg.DB.QueryRow(ctx, statsSQL).Scan(&n, &held, &age, &open); err != nil {
 		return fmt.Errorf("count pending rows: %w", err)
 	}
 	r.m.pending.Set(float64(n))
+	r.m.held.Set(float64(held))
 	r.m.oldestAge.Set(age)
+	r.m.setAside.Set(float64(open))
 	return nil
 }
 
@@ -475,15 +551,77 @@ func (r *Relay) prune(ctx context.Context) error {
 	return nil
 }
 
-// recover builds a new transactional producer and finishes the last batch:
-// initialising the transactional.id fences any older producer with it and
-// completes or aborts its pending transaction; then the last committed
-// checkpoint's ids are marked published. Only the last two batches can be
-// on Kafka but unmarked (batch N's mark finishes before batch N+2 begins),
-// and the last checkpoint names both.
+// recover binds the relay to this database's identity, builds a new
+// transactional producer and finishes the last batch: initialising the
+// transactional.id fences any older producer with it and completes or
+// aborts its pending transaction; then the rows the last committed
+// checkpoint names are marked published, once the checkpoint is proven to be
+// this database's, row by row. Only the last two batches can be on Kafka but
+// unmarked (batch N's mark finishes before batch N+2 begins), and the last
+// checkpoint names both.
 func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, error) {
+	id, reminted, err := bindIdentity(ctx, r.cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("database identity: %w", err)
+	}
+	if reminted {
+		log.InfoContext(ctx, "new database identity: this database is a copy of one whose relay never ran",
+			slog.String("identity", id.ID), slog.String("place", id.Place.String()))
+	}
+	if r.identity != "" && r.identity != id.ID {
+		return nil, &IdentityError{
+			Problem: fmt.Sprintf("the database identity changed from %s to %s while this relay ran (relay identity reset)", r.identity, id.ID),
+			Fix:     "restart the relay so that it publishes under the new identity",
+		}
+	}
+	r.identity = id.ID
+	r.txnID = r.cfg.TransactionalIDPrefix + r.cfg.Shard
+	if r.cfg.TransactionalIDPrefix == "" {
+		r.txnID = DefaultTransactionalID(id.ID, r.cfg.Shard)
+	}
+	r.ckptKey = checkpointKey(id.ID, r.cfg.Shard)
+
+	ictx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout+5*time.Second)
+	defer cancel()
+	if err := r.settleLegacy(ictx, log); err != nil {
+		return nil, err
+	}
+	cl, err := r.initProducer(ictx, r.txnID)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := lastCheckpoint(ictx, r.cfg.KafkaOpts, r.cfg.CheckpointTopic, r.ckptKey)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	attrs := []any{slog.String("transactional_id", r.txnID), slog.String("checkpoint_key", r.ckptKey)}
+	if rec == nil {
+		log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs, slog.String("checkpoint", "none"))...)
+		return cl, nil
+	}
+	c, err := decodeCheckpoint(rec.Value)
+	if err != nil {
+		cl.Close()
+		return nil, &IdentityError{
+			Problem: fmt.Sprintf("checkpoint record %s[%d]@%d under key %q cannot be read: %v", rec.Topic, rec.Partition, rec.Offset, r.ckptKey, err),
+			Fix:     "inspect the record; if this relay did not write it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
+		}
+	}
+	marked, err := r.applyCheckpoint(ictx, c, rec, "checkpoint")
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs,
+		slog.Int64("checkpoint_offset", rec.Offset), slog.Int("checkpoint_ids", len(c.ids)), slog.Int64("marked", marked))...)
+	return cl, nil
+}
+
+// initProducer creates a transactional producer and initialises its id.
+func (r *Relay) initProducer(ctx context.Context, txnID string) (*kgo.Client, error) {
 	opts := append(slices.Clone(r.cfg.KafkaOpts),
-		kgo.TransactionalID(r.txnID),
+		kgo.TransactionalID(txnID),
 		kgo.TransactionTimeout(r.cfg.TransactionTimeout),
 		kgo.RecordDeliveryTimeout(r.cfg.TransactionTimeout/2),
 		kgo.UnknownTopicRetries(3),
@@ -494,29 +632,180 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	if err != nil {
 		return nil, fmt.Errorf("new producer: %w", err)
 	}
-	ictx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout+5*time.Second)
-	defer cancel()
-	if _, _, err := cl.ProducerID(ictx); err != nil {
+	if _, _, err := cl.ProducerID(ctx); err != nil {
 		cl.Close()
-		return nil, fmt.Errorf("init transactional id %q: %w", r.txnID, err)
+		return nil, fmt.Errorf("init transactional id %q: %w", txnID, err)
 	}
-	ids, err := readCheckpoint(ictx, r.cfg.KafkaOpts, r.cfg.CheckpointTopic, r.cfg.Shard)
-	if err != nil {
-		cl.Close()
-		return nil, err
-	}
-	var marked int64
-	if len(ids) > 0 {
-		tag, err := r.cfg.DB.Exec(ictx, r.markSQL(), ids)
-		if err != nil {
-			cl.Close()
-			return nil, fmt.Errorf("mark checkpointed rows: %w", err)
-		}
-		marked = tag.RowsAffected()
-	}
-	log.InfoContext(ctx, "producer ready, recovered from checkpoint",
-		slog.Int("checkpoint_ids", len(ids)), slog.Int64("marked", marked))
 	return cl, nil
+}
+
+// applyCheckpoint proves that checkpoint c is this database's and marks the
+// unpublished rows it names. The proof: the record carries this database's
+// identity; no id it names is above what the outbox's sequence has handed
+// out (else the database was restored to an earlier point after those rows
+// were published); and every named row still in the table holds the event
+// the checkpoint recorded for it. Anything else is an *IdentityError: the
+// relay stops rather than mark a row on a guess.
+func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Record, what string) (int64, error) {
+	where := fmt.Sprintf("%s record %s[%d]@%d (key %q)", what, rec.Topic, rec.Partition, rec.Offset, string(rec.Key))
+	if c.fps != nil && c.db != r.identity {
+		return 0, &IdentityError{
+			Problem: fmt.Sprintf("%s names database identity %s, not this database's %s", where, c.db, r.identity),
+			Fix:     "another relay writes this database's checkpoint key; find it (same -checkpoint-topic and identity) and stop it, then restart this relay",
+		}
+	}
+	if len(c.ids) == 0 {
+		return 0, nil
+	}
+	var last *int64
+	if err := r.cfg.DB.QueryRow(ctx, outboxLastIDSQL).Scan(&last); err != nil {
+		return 0, fmt.Errorf("read the outbox id sequence: %w", err)
+	}
+	if top := c.ids[len(c.ids)-1]; last == nil || top > *last {
+		handed := "none"
+		if last != nil {
+			handed = strconv.FormatInt(*last, 10)
+		}
+		return 0, &IdentityError{
+			Problem: fmt.Sprintf("%s names outbox ids up to %d, but this database's outbox sequence has handed out ids only up to %s: "+
+				"the database was restored to an earlier point (or the sequence reset) after the relay had published those rows", where, top, handed),
+			Fix: "events published after the restore point are on Kafka but no longer here, and their sources' seqs will be handed out again: " +
+				"raise those sources' onceflow.source_seq counters past what consumers saw, then run `relay identity reset -note …` " +
+				"(docs/relay.md, \"Restored or copied databases\")",
+		}
+	}
+	rows, err := r.cfg.DB.Query(ctx, checkpointRowsSQL, c.ids)
+	if err != nil {
+		return 0, fmt.Errorf("read checkpointed rows: %w", err)
+	}
+	var mark []int64
+	var mismatch error
+	for rows.Next() {
+		var id int64
+		var eventID string
+		var unpublished bool
+		if err := rows.Scan(&id, &eventID, &unpublished); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("read checkpointed rows: %w", err)
+		}
+		if c.fps != nil {
+			i, ok := slices.BinarySearch(c.ids, id)
+			if !ok || c.fps[i] != fingerprint(eventID) {
+				if mismatch == nil {
+					mismatch = &IdentityError{
+						Problem: fmt.Sprintf("%s recorded another event for outbox row %d than the %q it holds: "+
+							"this database is not the one the checkpoint was written for (a copy, or restored and written to since)", where, id, eventID),
+						Fix: "if this database is a copy that must publish on its own, run `relay identity reset -note …`; " +
+							"if it was restored in place, see docs/relay.md, \"Restored or copied databases\"",
+					}
+				}
+				continue
+			}
+		}
+		if unpublished {
+			mark = append(mark, id)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("read checkpointed rows: %w", err)
+	}
+	if mismatch != nil {
+		return 0, mismatch
+	}
+	if len(mark) == 0 {
+		return 0, nil
+	}
+	var marked, resolved int64
+	if err := r.cfg.DB.QueryRow(ctx, r.markSQL(), mark).Scan(&marked, &resolved); err != nil {
+		return 0, fmt.Errorf("mark checkpointed rows: %w", err)
+	}
+	return marked, nil
+}
+
+// settleLegacy deals, once, with the checkpoint a relay of this shard wrote
+// before databases had identities (under the bare shard name, which every
+// database's relay shared). It first fences the old transactional.id (any
+// relay of the previous version still running stops publishing) and then
+// reads that checkpoint to its measured end:
+//   - none there, or it names no row that is unpublished here: settled;
+//   - an operator decided "adopt" (`relay identity legacy adopt`): its rows
+//     are marked, after the sequence check (no fingerprints in version 1);
+//   - "discard": settled; its rows are published again (duplicates that
+//     consumers drop by event id, never a loss);
+//   - no decision: an *IdentityError naming both commands.
+func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
+	if r.legacySettled {
+		return nil
+	}
+	var decision *string
+	err := r.cfg.DB.QueryRow(ctx, legacyPendingSQL, r.cfg.Shard).Scan(&decision)
+	if errors.Is(err, pgx.ErrNoRows) {
+		r.legacySettled = true
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read legacy checkpoint state: %w", err)
+	}
+	legacyTxn := r.cfg.TransactionalIDPrefix + r.cfg.Shard
+	if r.cfg.TransactionalIDPrefix == "" {
+		legacyTxn = "onceflow-relay-" + r.cfg.Shard
+	}
+	// Initialising the old transactional.id fences a relay of the previous
+	// version still running and ends its open transaction, so that the
+	// read below sees its last checkpoint decided.
+	cl, err := r.initProducer(ctx, legacyTxn)
+	if err != nil {
+		return fmt.Errorf("fence the previous relay version: %w", err)
+	}
+	cl.Close()
+	settle := func(outcome string) error {
+		if _, err := r.cfg.DB.Exec(ctx, legacySettleSQL, r.cfg.Shard, outcome); err != nil {
+			return fmt.Errorf("settle legacy checkpoint: %w", err)
+		}
+		log.InfoContext(ctx, "legacy checkpoint settled", slog.String("outcome", outcome))
+		r.legacySettled = true
+		return nil
+	}
+	rec, err := lastCheckpoint(ctx, r.cfg.KafkaOpts, r.cfg.CheckpointTopic, r.cfg.Shard)
+	if err != nil {
+		return fmt.Errorf("read legacy checkpoint: %w", err)
+	}
+	if rec == nil {
+		return settle(fmt.Sprintf("no checkpoint under the legacy key %q in %s", r.cfg.Shard, r.cfg.CheckpointTopic))
+	}
+	c, err := decodeCheckpoint(rec.Value)
+	if err != nil || c.fps != nil {
+		return &IdentityError{
+			Problem: fmt.Sprintf("legacy checkpoint record %s[%d]@%d under key %q is not a version 1 checkpoint (%v)", rec.Topic, rec.Partition, rec.Offset, r.cfg.Shard, err),
+			Fix:     fmt.Sprintf("run `relay identity legacy discard -shard %s` once you know what wrote it", r.cfg.Shard),
+		}
+	}
+	var unpublished int64
+	if err := r.cfg.DB.QueryRow(ctx, unpublishedAmongSQL, c.ids).Scan(&unpublished); err != nil {
+		return fmt.Errorf("read legacy checkpoint rows: %w", err)
+	}
+	desc := fmt.Sprintf("legacy checkpoint %s[%d]@%d %q", rec.Topic, rec.Partition, rec.Offset, truncate(string(rec.Value), 60))
+	switch {
+	case unpublished == 0:
+		return settle(desc + ": names no row unpublished here, nothing to do")
+	case deref(decision) == "discard":
+		return settle(fmt.Sprintf("%s: discarded; %d rows it names are published again", desc, unpublished))
+	case deref(decision) == "adopt":
+		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint")
+		if err != nil {
+			return err
+		}
+		return settle(fmt.Sprintf("%s: adopted, %d rows marked published", desc, marked))
+	}
+	return &IdentityError{
+		Problem: fmt.Sprintf("the relay version before database identities left %s, naming %d rows that are unpublished here; "+
+			"every database's relay wrote that key, so nothing proves it is this database's", desc, unpublished),
+		Fix: fmt.Sprintf("if no other database's relay ever used -checkpoint-topic %s with -shard %s, run `relay identity legacy adopt -shard %s` "+
+			"(its rows are marked, nothing is published twice); otherwise run `relay identity legacy discard -shard %s` "+
+			"(its rows are published again; consumers drop the duplicates by event id) (docs/relay.md, \"Upgrading\")",
+			r.cfg.CheckpointTopic, r.cfg.Shard, r.cfg.Shard, r.cfg.Shard),
+	}
 }
 
 type row struct {
@@ -530,6 +819,8 @@ type row struct {
 	key         []byte
 	headers     map[string]string
 	payload     []byte
+	fp          uint32 // fingerprint(eventID)
+	retrying    bool   // a set-aside row being tried again
 }
 
 // fetch reads the next batch, bounded by BatchMaxRows and BatchMaxBytes.
@@ -547,7 +838,7 @@ func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
 	for rs.Next() {
 		var w row
 		var hs []byte
-		if err := rs.Scan(&w.id, &w.eventID, &w.topic, &w.source, &w.seq, &w.eventType, &w.contentType, &w.key, &hs, &w.payload); err != nil {
+		if err := rs.Scan(&w.id, &w.eventID, &w.topic, &w.source, &w.seq, &w.eventType, &w.contentType, &w.key, &hs, &w.payload, &w.retrying); err != nil {
 			return nil, err
 		}
 		if len(hs) > 2 {
@@ -555,6 +846,7 @@ func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
 				return nil, fmt.Errorf("outbox row %d: headers: %w", w.id, err)
 			}
 		}
+		w.fp = fingerprint(w.eventID)
 		size := len(w.payload) + len(w.key) + len(w.eventID) + len(w.source) + len(hs) + 64
 		if len(out) > 0 && bytes+size > r.cfg.BatchMaxBytes {
 			break
@@ -565,11 +857,75 @@ func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
 	return out, rs.Err()
 }
 
+// isolate shortens a batch so that a suspect row (refused in an earlier
+// transaction, being retried after it was set aside, or with a topic name
+// Kafka would refuse) is published alone: the batch stops before the first
+// suspect, and a batch that starts with one holds only it. Every row before
+// it is older, so order is kept.
+func isolate(rows []row, suspects map[int64]refused) []row {
+	for i, w := range rows {
+		_, suspect := suspects[w.id]
+		if suspect || w.retrying || CheckTopic(w.topic) != nil {
+			if i == 0 {
+				return rows[:1]
+			}
+			return rows[:i]
+		}
+	}
+	return rows
+}
+
+func isTopicReason(reason string) bool {
+	switch reason {
+	case ReasonInvalidTopic, ReasonTopicAuthorization, ReasonTopicMissing, ReasonTopicContract:
+		return true
+	}
+	return false
+}
+
+// setAside records w, which Kafka refused on its own, in
+// onceflow.outbox_set_aside: from the next poll on, no row of its source is
+// published until it is resolved (R2), and every other source flows (I3).
+func (r *Relay) setAside(ctx context.Context, w row, reason string, cause error, log *slog.Logger) error {
+	if !r.leaseValid() {
+		return ErrLeadershipLost
+	}
+	retry := 0.0
+	if retriedByRelay(reason) {
+		retry = r.cfg.RetrySetAsideAfter.Seconds()
+	}
+	msg := truncate(cause.Error(), 2000)
+	var inserted bool
+	var attempts int
+	err := r.cfg.DB.QueryRow(ctx, setAsideSQL, w.id, reason, msg, retry, maxSetAsideRetry.Seconds()).Scan(&inserted, &attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // published or deleted meanwhile
+	}
+	if err != nil {
+		return fmt.Errorf("set outbox row %d aside: %w", w.id, err)
+	}
+	if inserted {
+		r.m.setAsideAll.WithLabelValues(reason).Inc()
+		r.m.setAside.Inc() // until the next stats refresh
+	}
+	wait := "an operator (relay outbox failed retry|skip)"
+	if retry > 0 {
+		wait = "the relay's next try, or an operator"
+	}
+	log.ErrorContext(ctx, "outbox row set aside: Kafka refuses it; its source waits, every other source flows",
+		slog.Int64("outbox_id", w.id), slog.String("event_id", w.eventID), slog.String("topic", w.topic),
+		slog.String("source", w.source), slog.Int64("seq", w.seq), slog.String("reason", reason),
+		slog.Int("attempts", attempts), slog.String("waits_for", wait), slog.String("error", msg))
+	return nil
+}
+
 var errUnknownOutcome = errors.New("kafka transaction outcome unknown")
 
 // publish writes rows and their checkpoint record in one Kafka transaction
-// and commits it. A nil error means committed.
-func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarked []int64) error {
+// and commits it. A nil error means committed. A *refusedError means Kafka
+// refused some records for good (and nothing was committed); unmarked are
+// the ids and fingerprints of the previous batch, whose mark is running.
+func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarked map[int64]uint32) error {
 	if !r.leaseValid() {
 		return ErrLeadershipLost
 	}
@@ -578,9 +934,14 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	recs := make([]*kgo.Record, 0, len(rows)+1)
-	ids := make([]int64, len(rows))
-	for i, w := range rows {
-		ids[i] = w.id
+	rowOf := make(map[*kgo.Record]int64, len(rows))
+	// The checkpoint names every id that may be on Kafka but unmarked once
+	// this transaction commits: this batch and the previous one, whose mark
+	// is still running.
+	ckpt := make(map[int64]uint32, len(rows)+len(unmarked))
+	maps.Copy(ckpt, unmarked)
+	for _, w := range rows {
+		ckpt[w.id] = w.fp
 		env := envelope.Envelope{
 			EventID: w.eventID, Source: w.source, Seq: w.seq, EventType: w.eventType,
 			ContentType: w.contentType, Key: w.key, Payload: w.payload,
@@ -590,34 +951,43 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 			delete(w.headers, envelope.HeaderTraceparent)
 		}
 		env.Headers = w.headers
-		recs = append(recs, env.Record(w.topic))
+		rec := env.Record(w.topic)
+		rowOf[rec] = w.id
+		recs = append(recs, rec)
 	}
-	// The checkpoint names every id that may be on Kafka but unmarked once
-	// this transaction commits: this batch and the previous one, whose mark
-	// is still running.
-	ckpt := append(slices.Clone(unmarked), ids...)
-	recs = append(recs, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: []byte(r.cfg.Shard), Value: encodeIDs(ckpt)})
+	recs = append(recs, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: []byte(r.ckptKey), Value: encodeCheckpoint(r.identity, ckpt)})
 
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout)
 	defer cancel()
 	var produceErr error
+	var refusedRows map[int64]refused
 	for _, res := range cl.ProduceSync(pctx, recs...) {
-		if res.Err != nil {
-			if isTopicMissing(res.Err) {
-				produceErr = &TopicError{Topic: res.Record.Topic, Err: res.Err}
-			} else {
-				produceErr = fmt.Errorf("produce to %q: %w", res.Record.Topic, res.Err)
+		if res.Err == nil {
+			continue
+		}
+		if id, ok := rowOf[res.Record]; ok {
+			if reason := refusal(res.Err); reason != "" {
+				if refusedRows == nil {
+					refusedRows = map[int64]refused{}
+				}
+				refusedRows[id] = refused{reason: reason, err: fmt.Errorf("produce to %q: %w", res.Record.Topic, res.Err)}
+				continue
 			}
-			break
+		}
+		if produceErr == nil {
+			produceErr = fmt.Errorf("produce to %q: %w", res.Record.Topic, res.Err)
 		}
 	}
-	failpoint.Hit(FailpointBeforeKafkaCommit)
+	if refusedRows != nil {
+		produceErr = &refusedError{refused: refusedRows}
+	}
 	if produceErr == nil && !r.leaseValid() {
 		produceErr = ErrLeadershipLost
 	}
 	if produceErr != nil {
 		// Abort; any error here leaves the outcome to the next producer's
-		// initialisation, which aborts the transaction for certain.
+		// initialisation, which aborts the transaction for certain (this
+		// one never asked to commit).
 		if err := cl.AbortBufferedRecords(pctx); err != nil {
 			return errors.Join(produceErr, fmt.Errorf("abort buffered records: %w", err))
 		}
@@ -626,6 +996,7 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 		}
 		return produceErr
 	}
+	failpoint.Hit(FailpointBeforeKafkaCommit)
 	if err := cl.EndTransaction(pctx, kgo.TryCommit); err != nil {
 		if errors.Is(err, kerr.OperationNotAttempted) {
 			// Not committed: abort, and say so.
@@ -646,7 +1017,8 @@ func (r *Relay) mark(ctx context.Context, ids []int64) error {
 	defer cancel()
 	bo := r.newBackoff()
 	return backoff.Retry(func() error {
-		_, err := r.cfg.DB.Exec(mctx, r.markSQL(), ids)
+		var marked, resolved int64
+		err := r.cfg.DB.QueryRow(mctx, r.markSQL(), ids).Scan(&marked, &resolved)
 		if err != nil && mctx.Err() != nil {
 			return backoff.Permanent(err)
 		}
@@ -701,23 +1073,24 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // checkTopics runs Config.TopicCheck once per topic, before the first
-// publish to it. A topic that fails stays unchecked and blocks the batch: it
-// is retried with backoff, and its rows are never skipped.
-func (r *Relay) checkTopics(ctx context.Context, rows []row) error {
+// publish to it, and returns the index of the first row whose topic fails
+// with the error. A topic that fails stays unchecked and is checked again
+// next time.
+func (r *Relay) checkTopics(ctx context.Context, rows []row) (int, error) {
 	if r.cfg.TopicCheck == nil {
-		return nil
+		return 0, nil
 	}
 	if r.checked == nil {
 		r.checked = map[string]bool{}
 	}
-	for _, w := range rows {
+	for i, w := range rows {
 		if r.checked[w.topic] {
 			continue
 		}
 		if err := r.cfg.TopicCheck(ctx, w.topic); err != nil {
-			return &TopicError{Topic: w.topic, Err: err}
+			return i, &TopicError{Topic: w.topic, Err: err}
 		}
 		r.checked[w.topic] = true
 	}
-	return nil
+	return 0, nil
 }

@@ -156,23 +156,36 @@ func TestRelayPublishesEnvelope(t *testing.T) {
 	}
 }
 
-// A row for a topic that does not exist is an error naming the topic, counted
-// under kind "topic"; the row is retried, never skipped, and published once
-// the topic exists. Rows behind it wait (order is kept).
+// A row for a topic that does not exist is set aside (reason topic_missing)
+// with an error naming the topic, counted under errors_total{kind="topic"};
+// a row of another source for an existing topic is published meanwhile. The
+// relay tries the row again by itself and publishes it once the topic
+// exists; a later row of its source waited behind it (order is kept).
 func TestRelayMissingTopic(t *testing.T) {
 	t.Parallel()
 	missing := "missing-" + strings.ReplaceAll(t.Name(), "/", "_") + "-" + time.Now().Format("150405.000000")
-	rb := startRelay(t, missing)
-	if _, err := rb.enqueue(t, outbox.Writer{}, outbox.Message{Topic: missing, Source: "s", EventType: "x", Payload: []byte(`{}`)}); err != nil {
-		t.Fatal(err)
+	other := testkit.Topic(t, "unit", 1, nil)
+	rb := startRelay(t, missing, func(c *outbox.Config) { c.RetrySetAsideAfter = 300 * time.Millisecond })
+	for _, m := range []outbox.Message{
+		{Topic: missing, Source: "s", EventType: "x", Payload: []byte(`{}`)},
+		{Topic: other, Source: "o", EventType: "x", Payload: []byte(`{}`)},
+		{Topic: missing, Source: "s", EventType: "x", Payload: []byte(`{}`)},
+	} {
+		if _, err := rb.enqueue(t, outbox.Writer{}, m); err != nil {
+			t.Fatal(err)
+		}
 	}
-	waitUntil(t, "a topic error naming the topic", func() bool {
-		return strings.Contains(rb.logs.String(), missing) &&
+	waitUntil(t, "the row set aside, naming the topic, and the other source published", func() bool {
+		var setAside, otherPublished bool
+		_ = rb.db.Pool.QueryRow(context.Background(), `SELECT
+			EXISTS (SELECT 1 FROM onceflow.outbox_set_aside WHERE reason = 'topic_missing' AND source = 's' AND resolved_at IS NULL AND error LIKE '%UNKNOWN_TOPIC_OR_PARTITION%'),
+			EXISTS (SELECT 1 FROM onceflow.outbox WHERE source = 'o' AND published_at IS NOT NULL)`).Scan(&setAside, &otherPublished)
+		return setAside && otherPublished && strings.Contains(rb.logs.String(), missing) &&
 			testutil.ToFloat64(metricLabel(t, rb.reg, "onceflow_relay_errors_total", "topic")) >= 1
 	})
 	var unpublished int
-	if err := rb.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil || unpublished != 1 {
-		t.Fatalf("unpublished=%d err=%v: the row must stay unpublished", unpublished, err)
+	if err := rb.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil || unpublished != 2 {
+		t.Fatalf("unpublished=%d err=%v: both rows of source s must wait", unpublished, err)
 	}
 	testkit.CreateTopic(t, missing, 1, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -181,8 +194,12 @@ func TestRelayMissingTopic(t *testing.T) {
 	if err != nil {
 		t.Fatalf("checker: %v\n%s", err, rb.logs)
 	}
-	if rep.Err() != nil || rep.Committed != 1 {
+	if rep.Err() != nil || rep.Committed != 2 {
 		t.Fatalf("%s %v", rep, rep.Err())
+	}
+	var resolution string
+	if err := rb.db.Pool.QueryRow(ctx, `SELECT resolution FROM onceflow.outbox_set_aside WHERE source = 's'`).Scan(&resolution); err != nil || resolution != "published" {
+		t.Fatalf("set-aside entry resolution %q (%v), want published", resolution, err)
 	}
 }
 

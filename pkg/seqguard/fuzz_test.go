@@ -17,8 +17,11 @@ type model struct {
 	applied  []int64             // in-order applies
 	late     []int64
 	held     []int64
+	dups     []int64 // redeliveries of seqs applied in order
 	lost     []int64 // seqs skipped by a give-up
 }
+
+func (m *model) appliedInOrder(seq int64) bool { return slices.Contains(m.applied, seq) }
 
 func newModel() *model {
 	return &model{parked: map[int64]bool{}, deadline: map[int64]time.Time{}}
@@ -58,6 +61,8 @@ func (m *model) receive(seq int64, now time.Time, p Policy) {
 		}
 	}
 	switch {
+	case seq <= m.last && m.appliedInOrder(seq):
+		m.dups = append(m.dups, seq)
 	case seq <= m.last:
 		if p.Late == Hold {
 			m.held = append(m.held, seq)
@@ -102,8 +107,8 @@ func (m *model) tick(now time.Time) {
 
 // tally is what the implementation did, collected from its steps.
 type tally struct {
-	applied, late, held, lost []int64
-	givenUp                   []Gap
+	applied, late, held, dups, lost []int64
+	givenUp                         []Gap
 }
 
 func (t *tally) add(steps []Step) {
@@ -117,6 +122,8 @@ func (t *tally) add(steps []Step) {
 			}
 		case StepHold:
 			t.held = append(t.held, st.Seq)
+		case StepDuplicate:
+			t.dups = append(t.dups, st.Seq)
 		case StepGapGivenUp:
 			t.givenUp = append(t.givenUp, st.Gap)
 			for s := st.Gap.From; s <= st.Gap.To; s++ {
@@ -137,6 +144,7 @@ func FuzzGuard(f *testing.F) {
 	f.Add([]byte{0x03, 3, 0, 9, 0, 8, 0, 7, 0xff, 40, 0, 1, 0, 2})
 	f.Add([]byte{0x2c, 5, 0, 6, 1, 7, 2, 0xa0, 30, 4, 1, 3, 0})
 	f.Add([]byte{0xf1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
+	f.Add([]byte{0x01, 0, 4, 0, 0, 0, 1, 0x08, 0, 0x08, 1, 0x90, 60, 0, 2, 0x08, 2, 0, 3})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) == 0 {
 			return
@@ -180,6 +188,26 @@ func FuzzGuard(f *testing.F) {
 			p := base
 			if a&0x10 != 0 { // another event-type class with a shorter timeout
 				p.GapTimeout = 5 * time.Second
+			}
+			if a&0x08 != 0 && len(models[src].applied) > 0 {
+				// A redelivery of an event applied in order whose inbox row
+				// retention pruned: the inbox lets it through, the guard
+				// must call it a duplicate and change nothing. (Late and
+				// held events keep their inbox rows: never pruned.)
+				seq := models[src].applied[int(b)%len(models[src].applied)]
+				before := states[src]
+				next, steps, err := states[src].Receive(seq, now, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(steps) != 1 || steps[0].Kind != StepDuplicate || next.LastApplied != before.LastApplied ||
+					!slices.Equal(next.Parked, before.Parked) || len(next.Gaps) != len(before.Gaps) {
+					t.Fatalf("source %d: redelivered applied seq %d: steps %v, state %+v -> %+v", src, seq, steps, before, next)
+				}
+				states[src] = next
+				tal[src].add(steps)
+				models[src].receive(seq, now, p)
+				continue
 			}
 			// Pick an event not seen before: the next one after b's choice.
 			seq := int64(b)%maxSeq + 1
@@ -264,7 +292,7 @@ func check(t *testing.T, src int, s State, m *model, tal *tally, seen map[int64]
 	if len(s.Parked) != 0 || len(s.Gaps) != 0 {
 		fail("parked or gaps left after every deadline passed")
 	}
-	if !slices.Equal(tal.applied, m.applied) || !slices.Equal(tal.late, m.late) ||
+	if !slices.Equal(tal.applied, m.applied) || !slices.Equal(tal.late, m.late) || !slices.Equal(tal.dups, m.dups) ||
 		!slices.Equal(tal.held, m.held) || !slices.Equal(tal.lost, m.lost) || s.LastApplied != m.last {
 		fail("implementation and model disagree")
 	}

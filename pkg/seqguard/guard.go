@@ -43,9 +43,11 @@ func ParseFirstSeen(s string) (FirstSeen, error) {
 	return 0, fmt.Errorf("unknown first-seen policy %q (want expect-first-seq-1 or accept-first-seen)", s)
 }
 
-// Late is the policy for an event whose seq is at or below last_applied
-// although the inbox has never seen it: it arrived after its gap was given
-// up, or after retention pruned its inbox row.
+// Late is the policy for a late event: one whose seq lies in a range that
+// was given up (or below the seq the source started at), so it was never
+// applied. An event at or below last_applied outside such a range was
+// applied in order: its redelivery (after retention pruned its inbox row) is
+// a duplicate under either policy.
 type Late int
 
 const (
@@ -155,9 +157,21 @@ const (
 type State struct {
 	// Started is false until the source's first event was decided.
 	Started bool
+	// First is the seq the source started at (1 under ExpectFirstSeq1, the
+	// first seq seen under AcceptFirstSeen); seqs below it were never
+	// applied. 0 means unknown (a source started before it was recorded):
+	// then it is taken as 1 under ExpectFirstSeq1, and under
+	// AcceptFirstSeen every seq at or below LastApplied outside a given-up
+	// range is treated as late rather than risk dropping it.
+	First int64
 	// LastApplied is the highest seq applied in order (or skipped by a
 	// given-up gap).
 	LastApplied int64
+	// GivenUp are given-up ranges, ascending: their seqs were never applied
+	// in order, so one arriving later is late. The store loads only those
+	// that matter to the event at hand; Receive appends the ranges it gives
+	// up.
+	GivenUp []Gap
 	// Parked holds the parked seqs, ascending; all are above LastApplied+1.
 	Parked []int64
 	// Gaps are the open gaps, ascending and disjoint: exactly the maximal
@@ -169,7 +183,30 @@ type State struct {
 func (s State) clone() State {
 	s.Parked = slices.Clone(s.Parked)
 	s.Gaps = slices.Clone(s.Gaps)
+	s.GivenUp = slices.Clone(s.GivenUp)
 	return s
+}
+
+// neverApplied reports whether seq, at or below LastApplied, was never
+// applied in order: it lies in a given-up range or below where the source
+// started (or where that is unknown under AcceptFirstSeen).
+func (s State) neverApplied(seq int64, p Policy) bool {
+	first := s.First
+	if first == 0 {
+		if p.FirstSeen == AcceptFirstSeen {
+			return true
+		}
+		first = 1
+	}
+	if seq < first {
+		return true
+	}
+	for _, g := range s.GivenUp {
+		if g.contains(seq) {
+			return true
+		}
+	}
+	return false
 }
 
 // Validate checks the invariants of s (see State's field docs).
@@ -177,8 +214,16 @@ func (s State) Validate() error {
 	if s.LastApplied < 0 {
 		return fmt.Errorf("last_applied %d is negative", s.LastApplied)
 	}
-	if !s.Started && (s.LastApplied != 0 || len(s.Parked) > 0 || len(s.Gaps) > 0) {
+	if !s.Started && (s.LastApplied != 0 || s.First != 0 || len(s.Parked) > 0 || len(s.Gaps) > 0 || len(s.GivenUp) > 0) {
 		return fmt.Errorf("source not started but has state")
+	}
+	if s.First < 0 || (s.First > 0 && s.First > s.LastApplied+1) {
+		return fmt.Errorf("first seq %d is not in 1..%d", s.First, s.LastApplied+1)
+	}
+	for _, g := range s.GivenUp {
+		if g.From < 1 || g.To < g.From || g.To > s.LastApplied {
+			return fmt.Errorf("given-up range %v is not at or below last_applied %d", g, s.LastApplied)
+		}
 	}
 	prev := s.LastApplied + 1
 	for _, p := range s.Parked {
@@ -230,6 +275,11 @@ const (
 	StepPark
 	// StepHold: keep the received late event (Seq) for an operator.
 	StepHold
+	// StepDuplicate: the received event's seq (Seq) is at or below
+	// last_applied and was applied in order: it is a redelivery of an
+	// applied event whose inbox row is gone (retention pruned it). Nothing
+	// is applied.
+	StepDuplicate
 	// StepSeqConflict: another event with the received seq (Seq) is already
 	// parked: two event ids claim one seq, a producer bug. The received
 	// event is held for an operator whatever the late policy.
@@ -253,6 +303,8 @@ func (k StepKind) String() string {
 		return "park"
 	case StepHold:
 		return "hold"
+	case StepDuplicate:
+		return "duplicate"
 	case StepSeqConflict:
 		return "seq-conflict"
 	case StepGapOpened:
@@ -297,7 +349,7 @@ func (st Step) String() string {
 			s += " parked"
 		}
 		return s
-	case StepPark, StepHold, StepSeqConflict:
+	case StepPark, StepHold, StepSeqConflict, StepDuplicate:
 		return fmt.Sprintf("%v %d", st.Kind, st.Seq)
 	case StepGapNarrowed:
 		return fmt.Sprintf("%v %v -> %v", st.Kind, st.Gap, st.Parts)
@@ -317,12 +369,17 @@ func (s State) Receive(seq int64, now time.Time, p Policy) (State, []Step, error
 	s = s.clone()
 	if !s.Started {
 		s.Started = true
+		s.First = 1
 		if p.FirstSeen == AcceptFirstSeen {
 			s.LastApplied = seq - 1
+			s.First = seq
 		}
 	}
 	var steps []Step
 	switch {
+	case seq <= s.LastApplied && !s.neverApplied(seq, p):
+		return s, []Step{{Kind: StepDuplicate, Seq: seq}}, nil
+
 	case seq <= s.LastApplied:
 		if p.Late == Hold {
 			return s, []Step{{Kind: StepHold, Seq: seq}}, nil
@@ -430,6 +487,7 @@ func (s *State) giveUpLowest(reason GiveUpReason, steps []Step) []Step {
 	g := s.Gaps[0]
 	s.Gaps = s.Gaps[1:]
 	s.LastApplied = g.To
+	s.GivenUp = append(s.GivenUp, g)
 	steps = append(steps, Step{Kind: StepGapGivenUp, Gap: g, Reason: reason})
 	return s.drain(steps)
 }
@@ -449,6 +507,7 @@ type Counts struct {
 	Applied     int // in order, including parked events applied
 	Late        int // applied marked late
 	Held        int // late events held and seq conflicts
+	Duplicates  int // redeliveries of events applied in order (StepDuplicate)
 	Parked      int
 	GapsOpened  int
 	GapsGivenUp int
@@ -467,6 +526,8 @@ func Count(steps []Step) Counts {
 			}
 		case StepHold, StepSeqConflict:
 			c.Held++
+		case StepDuplicate:
+			c.Duplicates++
 		case StepPark:
 			c.Parked++
 		case StepGapOpened:

@@ -77,6 +77,27 @@ func TestGuard(t *testing.T) {
 			last: 10,
 		},
 		{
+			name: "a redelivered seq applied in order is a duplicate, one in a given-up range is late",
+			ops:  []op{recv(1, 0), recv(2, 0), recv(4, 0), tick(30), recv(1, 31), recv(2, 31), recv(4, 31), recv(3, 31)},
+			want: []string{"apply 1", "apply 2", "park 4; gap-opened 3-3", "gap-given-up 3-3 (timeout); apply 4 parked",
+				"duplicate 1", "duplicate 2", "duplicate 4", "apply 3 late"},
+			last: 4,
+		},
+		{
+			name:   "hold: a duplicate is not held",
+			policy: Policy{Late: Hold},
+			ops:    []op{recv(1, 0), recv(2, 0), recv(1, 1)},
+			want:   []string{"apply 1", "apply 2", "duplicate 1"},
+			last:   2,
+		},
+		{
+			name:   "accept-first-seen: below the first seq is late, above it a duplicate",
+			policy: Policy{FirstSeen: AcceptFirstSeen},
+			ops:    []op{recv(5, 0), recv(6, 0), recv(4, 0), recv(5, 0)},
+			want:   []string{"apply 5", "apply 6", "apply 4 late", "duplicate 5"},
+			last:   6,
+		},
+		{
 			name:   "late event held",
 			policy: Policy{Late: Hold},
 			ops:    []op{recv(2, 0), tick(30), recv(1, 31)},
@@ -286,5 +307,22 @@ func TestCoreImportsNoIO(t *testing.T) {
 		if !allowed[path] {
 			t.Errorf("guard.go imports %s; the pure core may use only %v", path, allowed)
 		}
+	}
+}
+
+// TestUnknownFirst: a source started before its first seq was recorded
+// (First 0) is taken to have started at 1 under expect-first-seq-1; under
+// accept-first-seen every seq at or below last_applied outside a given-up
+// range is late rather than a duplicate, so nothing is dropped.
+func TestUnknownFirst(t *testing.T) {
+	t.Parallel()
+	old := State{Started: true, LastApplied: 9}
+	_, steps, err := old.Receive(3, t0, Policy{}.WithDefaults())
+	if err != nil || render(steps) != "duplicate 3" {
+		t.Fatalf("expect-first-seq-1: %s, %v", render(steps), err)
+	}
+	_, steps, err = old.Receive(3, t0, Policy{FirstSeen: AcceptFirstSeen}.WithDefaults())
+	if err != nil || render(steps) != "apply 3 late" {
+		t.Fatalf("accept-first-seen: %s, %v", render(steps), err)
 	}
 }

@@ -96,6 +96,8 @@ type Locked struct {
 	tx      pgx.Tx
 	sources []string
 	states  map[string]State
+	// dbNow is the database's clock, read with the lock.
+	dbNow time.Time
 	// dirty are sources whose cached last_applied is not written yet
 	// (DeferInOrder).
 	dirty map[string]bool
@@ -119,6 +121,11 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now tim
 	return l, nil
 }
 
+// Now is the database's clock as the lock read it (the transaction's
+// now()). Pass it to Receive, so that gap deadlines follow the database's
+// clock, not the clock of the replica that happens to run the batch.
+func (l *Locked) Now() time.Time { return l.dbNow }
+
 // Reload re-reads the locked sources' state (after a rollback to a
 // savepoint).
 func (l *Locked) Reload(ctx context.Context) error {
@@ -139,10 +146,12 @@ func (l *Locked) Flush(ctx context.Context) error {
 	}
 	slices.Sort(srcs)
 	lasts := make([]int64, len(srcs))
+	firsts := make([]int64, len(srcs))
 	for i, src := range srcs {
 		lasts[i] = l.states[src].LastApplied
+		firsts[i] = l.states[src].First
 	}
-	ct, err := l.tx.Exec(ctx, sqlSaveStates, l.store.Consumer, srcs, lasts, time.Now())
+	ct, err := l.tx.Exec(ctx, sqlSaveStates, l.store.Consumer, srcs, lasts, l.clock(), firsts)
 	if err != nil {
 		return fmt.Errorf("save seq state: %w", err)
 	}
@@ -175,14 +184,17 @@ func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error 
 	var locked []string
 	for rows.Next() {
 		var src string
-		var last *int64
-		if err := rows.Scan(&src, &last); err != nil {
+		var last, first *int64
+		if err := rows.Scan(&src, &last, &first, &l.dbNow); err != nil {
 			rows.Close()
 			return fmt.Errorf("lock seq state: %w", err)
 		}
 		st := State{}
 		if last != nil {
 			st.Started, st.LastApplied = true, *last
+		}
+		if first != nil && last != nil {
+			st.First = *first
 		}
 		states[src] = st
 		locked = append(locked, src)
@@ -242,11 +254,49 @@ func (l *Locked) Receive(ctx context.Context, ev Event, now time.Time, p Policy)
 	if err := p.Validate(); err != nil {
 		return Outcome{}, err
 	}
+	if st.Started && ev.Seq <= st.LastApplied {
+		// Late or a duplicate: that depends on the given-up ranges, read
+		// only now (they are not needed for anything else).
+		if err := l.loadGivenUp(ctx, ev.Source, ev.Seq, &st); err != nil {
+			return Outcome{}, err
+		}
+	}
 	next, steps, err := st.Receive(ev.Seq, now, p)
 	if err != nil {
 		return Outcome{}, fmt.Errorf("event %s: %w", ev.EventID, err)
 	}
 	return l.execute(ctx, ev.Source, st, next, steps, &ev, now)
+}
+
+// loadGivenUp adds to st the given-up ranges of source that hold seq.
+func (l *Locked) loadGivenUp(ctx context.Context, source string, seq int64, st *State) error {
+	rows, err := l.tx.Query(ctx, sqlGivenUpAt, l.store.Consumer, source, seq)
+	if err != nil {
+		return fmt.Errorf("load given-up gaps: %w", err)
+	}
+	var g Gap
+	_, err = pgx.ForEachRow(rows, []any{&g.From, &g.To, &g.OpenedAt, &g.Deadline}, func() error {
+		for _, have := range st.GivenUp {
+			if have.From == g.From && have.To == g.To {
+				return nil
+			}
+		}
+		st.GivenUp = append(st.GivenUp, g)
+		slices.SortFunc(st.GivenUp, func(a, b Gap) int { return int(a.From - b.From) })
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("load given-up gaps: %w", err)
+	}
+	return nil
+}
+
+// clock is the database's clock when the lock read it, else the replica's.
+func (l *Locked) clock() time.Time {
+	if l.dbNow.IsZero() {
+		return time.Now()
+	}
+	return l.dbNow
 }
 
 // Tick gives up the source's open gaps whose deadline is at or before now
@@ -336,7 +386,11 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 		})
 	}
 	if next.Started != prev.Started || next.LastApplied != prev.LastApplied || l.dirty[src] {
-		b.Queue(sqlSaveState, c, src, next.LastApplied, now).Exec(one("save seq state"))
+		var first any
+		if next.First > 0 {
+			first = next.First
+		}
+		b.Queue(sqlSaveState, c, src, next.LastApplied, now, first).Exec(one("save seq state"))
 	}
 	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
 		return Outcome{}, fmt.Errorf("seq guard %q: %w", src, err)
@@ -374,9 +428,17 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 //
 // The locks are taken in the same order as Lock's (seq_state before
 // seq_gaps), so the timer and consumer batches cannot deadlock.
+//
+// A zero now means the database's clock (now() of tx): then no replica's
+// clock, however skewed, decides when a gap is given up.
 func (s *PGStore) GiveUpExpired(ctx context.Context, tx pgx.Tx, now time.Time, limit int) ([]Outcome, error) {
 	if limit <= 0 {
 		limit = 100
+	}
+	if now.IsZero() {
+		if err := tx.QueryRow(ctx, sqlDBNow).Scan(&now); err != nil {
+			return nil, fmt.Errorf("read the database clock: %w", err)
+		}
 	}
 	rows, err := tx.Query(ctx, sqlExpiredSources, s.Consumer, now, limit)
 	if err != nil {
@@ -416,12 +478,17 @@ type Stats struct {
 }
 
 // Stats reads the gauges (onceflow_consumer_seq_open_gaps,
-// _seq_oldest_open_gap_age_seconds, _parked_events, _held_events).
+// _seq_oldest_open_gap_age_seconds, _parked_events, _held_events). A zero
+// now measures the oldest gap's age on the database's clock.
 func (s *PGStore) Stats(ctx context.Context, q Querier, now time.Time) (Stats, error) {
 	var st Stats
 	var oldest *time.Time
-	if err := q.QueryRow(ctx, sqlStats, s.Consumer).Scan(&st.OpenGaps, &oldest, &st.Parked, &st.Held); err != nil {
+	var dbNow time.Time
+	if err := q.QueryRow(ctx, sqlStats, s.Consumer).Scan(&st.OpenGaps, &oldest, &dbNow, &st.Parked, &st.Held); err != nil {
 		return Stats{}, fmt.Errorf("seq guard stats: %w", err)
+	}
+	if now.IsZero() {
+		now = dbNow
 	}
 	if oldest != nil {
 		st.OldestOpenGapAge = max(now.Sub(*oldest), 0)

@@ -11,18 +11,28 @@ INSERT INTO onceflow.seq_state (consumer, source, last_applied, updated_at)
 SELECT $1::text, s, NULL::bigint, $3::timestamptz FROM unnest($2::text[]) AS s ORDER BY s
 ON CONFLICT (consumer, source) DO NOTHING`
 
-	// Lock the seq_state rows in source order (LockRows runs above the sort).
+	// Lock the seq_state rows in source order (LockRows runs above the sort),
+	// with the database's clock (the transaction's now()).
 	sqlLockState = `
-SELECT source, last_applied FROM onceflow.seq_state
+SELECT source, last_applied, first_seq, now() FROM onceflow.seq_state
 WHERE consumer = $1 AND source = ANY($2::text[])
 ORDER BY source
 FOR UPDATE`
 
 	// The timer's lock: one source, never waiting.
 	sqlLockStateSkipLocked = `
-SELECT source, last_applied FROM onceflow.seq_state
+SELECT source, last_applied, first_seq, now() FROM onceflow.seq_state
 WHERE consumer = $1 AND source = $2
 FOR UPDATE SKIP LOCKED`
+
+	// The given-up ranges holding a seq at or below last_applied: the event
+	// is late if there is one, a duplicate if not.
+	sqlGivenUpAt = `
+SELECT from_seq, to_seq, opened_at, deadline FROM onceflow.seq_gaps
+WHERE consumer = $1 AND source = $2 AND state = 'given_up' AND from_seq <= $3 AND to_seq >= $3
+ORDER BY from_seq`
+
+	sqlDBNow = `SELECT now()`
 
 	sqlLoadParked = `
 SELECT source, seq FROM onceflow.inbox
@@ -34,14 +44,16 @@ SELECT source, from_seq, to_seq, opened_at, deadline FROM onceflow.seq_gaps
 WHERE consumer = $1 AND source = ANY($2::text[]) AND state = 'open'
 ORDER BY source, from_seq`
 
+	// first_seq is written once, when the source starts ($5 NULL: unknown).
 	sqlSaveState = `
-UPDATE onceflow.seq_state SET last_applied = $3, updated_at = $4
+UPDATE onceflow.seq_state SET last_applied = $3, updated_at = $4, first_seq = coalesce(first_seq, $5)
 WHERE consumer = $1 AND source = $2`
 
 	// Locked.Flush: the deferred last_applied of several sources at once.
 	sqlSaveStates = `
-UPDATE onceflow.seq_state s SET last_applied = u.last_applied, updated_at = $4
-FROM unnest($2::text[], $3::bigint[]) AS u(source, last_applied)
+UPDATE onceflow.seq_state s SET last_applied = u.last_applied, updated_at = $4,
+    first_seq = coalesce(s.first_seq, nullif(u.first_seq, 0))
+FROM unnest($2::text[], $3::bigint[], $5::bigint[]) AS u(source, last_applied, first_seq)
 WHERE s.consumer = $1 AND s.source = u.source`
 
 	// The received event's inbox row (inserted by the consumer) becomes
@@ -98,6 +110,7 @@ LIMIT $3`
 SELECT
     (SELECT count(*) FROM onceflow.seq_gaps WHERE consumer = $1 AND state = 'open'),
     (SELECT min(opened_at) FROM onceflow.seq_gaps WHERE consumer = $1 AND state = 'open'),
+    now(),
     (SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND status = 'parked'),
     (SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND status = 'held')`
 

@@ -1,0 +1,64 @@
+package inbox
+
+import (
+	"log/slog"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func offsets(from, to int64) []*kgo.Record {
+	var out []*kgo.Record
+	for o := from; o <= to; o++ {
+		out = append(out, &kgo.Record{Topic: "t", Partition: 1, Offset: o})
+	}
+	return out
+}
+
+// TestDispatchNeverReachesALaterWorker is the stale-fetch scenario, step by
+// step: partition 0 is stuck in retry backoff, a poll returns partition 1's
+// records 200-299, and before they are dispatched partition 1 is revoked
+// and assigned to this member again (its new worker starts at 150, the
+// committed offset). The polled batch must not reach the new worker:
+// applied there before 150-199, it would store the next offset 300 and a
+// crash would lose 150-199. A poll made after the reassignment reaches it.
+func TestDispatchNeverReachesALaterWorker(t *testing.T) {
+	t.Parallel()
+	c := &Consumer{cfg: Config{QueueDepth: 2}, m: newMetrics(nil), log: slog.New(slog.DiscardHandler), workers: map[tp]*worker{}}
+	c.addWorkers(map[string][]int32{"t": {0, 1}})
+	stuck := c.workers[tp{"t", 0}]
+	gen := pollGen(c)
+	polledBefore := []polledPartition{{tp: tp{"t", 1}, recs: offsets(200, 299)}}
+
+	old := c.takeWorkers(map[string][]int32{"t": {1}}) // revoked
+	c.addWorkers(map[string][]int32{"t": {1}})         // and assigned to this member again
+	fresh := c.workers[tp{"t", 1}]
+	if len(old) != 1 || old[0] == fresh {
+		t.Fatal("the reassignment did not make a new worker")
+	}
+	c.dispatch(gen, polledBefore)
+	if len(fresh.queue) != 0 || len(old[0].queue) != 0 {
+		t.Fatalf("a batch polled before the reassignment was dispatched: new worker %d, old %d batches", len(fresh.queue), len(old[0].queue))
+	}
+	if got := testutil.ToFloat64(c.m.staleBatches); got != 1 {
+		t.Fatalf("stale_batches_dropped_total = %v, want 1", got)
+	}
+
+	c.dispatch(pollGen(c), []polledPartition{{tp: tp{"t", 1}, recs: offsets(150, 199)}, {tp: tp{"t", 0}, recs: offsets(7, 9)}})
+	f, ok := fresh.next(nil, 2)
+	if !ok || f.recs[0].Offset != 150 || f.gen < fresh.gen {
+		t.Fatalf("the new worker's first batch: %+v %v", f, ok)
+	}
+	if len(stuck.queue) != 1 {
+		t.Fatalf("the stuck partition's worker has %d batches queued, want 1", len(stuck.queue))
+	}
+	// Without blocking: more batches queue past QueueDepth (with a client,
+	// fetching of the partition is paused meanwhile).
+	for range 3 {
+		c.dispatch(pollGen(c), []polledPartition{{tp: tp{"t", 0}, recs: offsets(10, 12)}})
+	}
+	if len(stuck.queue) != 4 {
+		t.Fatalf("%d batches queued for the stuck partition, want 4", len(stuck.queue))
+	}
+}

@@ -1,0 +1,434 @@
+"""Fenced external side effects: the ledger protocol of Go's ``effects.Do``
+for Python, over the same SQL functions and the same ``onceflow.effects``
+table, so Go and Python share one ledger.
+
+A fence claims a key on a database connection of its own (never the
+caller's business transaction): it waits while another caller, in any
+language, holds the same key, then either finds the recorded result
+(``replayed``: do not call) or records the intent and lets the caller call
+the downstream with the key; the result is recorded after the call. A call
+that fails leaves the intent, and the next attempt calls again with the
+same key, for the downstream to dedup (``Idempotency-Key``).
+
+Context manager::
+
+    with fenced(event_key(event_id), db=pool) as fx:
+        if fx.replayed:
+            receipt = fx.result.summary
+        else:
+            resp = send(..., idempotency_key=fx.key)
+            receipt = fx.record(resp.status, {"id": resp.id}).summary
+
+Decorator (the return value is the recorded result, JSON)::
+
+    @fenced(lambda order: event_key(order["id"]), db=pool)
+    def charge(order):
+        return api.charge(order, idempotency_key=current_fence().key)
+
+Both work with ``async with`` / ``async def`` and psycopg's async API.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import json
+import os
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol, TypeVar, Union, cast, overload
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.types.json import Jsonb
+
+from . import failpoint
+from .errors import FenceError, InvalidKeyError
+from .keys import validate_key, validate_scope
+
+__all__ = [
+    "DATABASE_URL_ENV",
+    "AsyncConnectionSource",
+    "ConnectionSource",
+    "Fence",
+    "Result",
+    "current_fence",
+    "fenced",
+]
+
+DATABASE_URL_ENV = "ONCEFLOW_DATABASE_URL"
+"""The connection string used when ``fenced`` is given no ``db``."""
+
+FAILPOINT_AFTER_CALL = "effects-after-call"
+FAILPOINT_AFTER_RECORD = "effects-after-record"
+
+_CLAIM = "SELECT status, attempts, result_code, result FROM onceflow.effect_claim(%s, %s, %s)"
+_RECORD = "SELECT onceflow.effect_record(%s, %s, %s, %s)"
+_RELEASE = "SELECT onceflow.effect_release(%s, %s)"
+
+
+class ConnectionSource(Protocol):
+    """A pool of sync connections, such as ``psycopg_pool.ConnectionPool``."""
+
+    def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+
+class AsyncConnectionSource(Protocol):
+    """A pool of async connections, such as ``psycopg_pool.AsyncConnectionPool``."""
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+
+DB = Union[str, ConnectionSource, AsyncConnectionSource, None]
+
+
+@dataclass(frozen=True)
+class Result:
+    """A recorded result: ``code`` (e.g. an HTTP status; Go's
+    ``Result.Code``, ``None`` for none), ``summary`` (a small JSON value:
+    a downstream id, a hash), and whether it came from the ledger without
+    calling (``replayed``)."""
+
+    code: int | None = None
+    summary: Any = None
+    replayed: bool = False
+
+
+_current: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("onceflow_fence", default=None)
+
+
+def current_fence() -> Fence:
+    """The fence of the ``with fenced(...)`` block or ``@fenced`` function
+    running now (its ``key`` is what the downstream must receive)."""
+    f = _current.get()
+    if f is None:
+        raise FenceError("current_fence(): not inside a fenced block or function")
+    return f
+
+
+class Fence:
+    """One claim of one key: what a ``with fenced(...)`` block sees."""
+
+    def __init__(self, key: str, scope: str) -> None:
+        self.key = key
+        self.scope = scope
+        self.replayed = False
+        self.attempts = 0
+        self.result: Result | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._aconn: psycopg.AsyncConnection[Any] | None = None
+        self._held = False
+
+    def _record_args(self, code: int | None, summary: Any) -> tuple[str, str, int | None, Jsonb | None]:
+        if self.replayed:
+            raise FenceError(f"key {self.key!r} was replayed: its result is recorded already, nothing was called")
+        if not self._held:
+            raise FenceError(f"key {self.key!r} is not held (recorded already, or the fence has ended)")
+        if code is not None and not isinstance(code, int):
+            raise FenceError(f"result code of {self.key!r} is {type(code).__name__}, want int or None")
+        try:
+            json.dumps(summary)
+        except (TypeError, ValueError) as err:
+            raise FenceError(f"result summary of {self.key!r} is not JSON: {err}") from err
+        return (self.key, self.scope, code, Jsonb(summary) if summary is not None else None)
+
+    def _recorded(self, code: int | None, summary: Any) -> Result:
+        self._held = False
+        self.result = Result(code=code, summary=json.loads(json.dumps(summary)), replayed=False)
+        failpoint.hit(FAILPOINT_AFTER_RECORD)
+        return self.result
+
+    def record(self, code: int | None = None, summary: Any = None) -> Result:
+        """Record the call's result (status done) and release the key. Call
+        it right after the downstream answered; a block that ends without
+        it records ``Result()``."""
+        if self._conn is None:
+            raise FenceError("record(): this fence is async; use await arecord()")
+        failpoint.hit(FAILPOINT_AFTER_CALL)
+        args = self._record_args(code, summary)
+        try:
+            self._conn.execute(_RECORD, args)
+            if not self._conn.autocommit:
+                self._conn.commit()
+        except psycopg.Error as err:
+            raise FenceError(f"record result of {self.key!r}: {err}") from err
+        return self._recorded(code, summary)
+
+    async def arecord(self, code: int | None = None, summary: Any = None) -> Result:
+        """:meth:`record` for an async fence."""
+        if self._aconn is None:
+            raise FenceError("arecord(): this fence is sync; use record()")
+        failpoint.hit(FAILPOINT_AFTER_CALL)
+        args = self._record_args(code, summary)
+        try:
+            await self._aconn.execute(_RECORD, args)
+            if not self._aconn.autocommit:
+                await self._aconn.commit()
+        except psycopg.Error as err:
+            raise FenceError(f"record result of {self.key!r}: {err}") from err
+        return self._recorded(code, summary)
+
+    def _claimed(self, row: tuple[Any, ...] | None) -> None:
+        if row is None:  # pragma: no cover - the function always returns a row
+            raise FenceError(f"claim {self.key!r}: no row")
+        status, attempts, code, summary = row
+        self.attempts = int(attempts)
+        if status == "done":
+            self.replayed = True
+            self.result = Result(code=code, summary=summary, replayed=True)
+        else:
+            self._held = True
+
+
+def _claim_error(key: str, err: psycopg.Error) -> Exception:
+    msg = err.diag.message_primary or str(err)
+    if isinstance(err, pgerrors.InvalidParameterValue):
+        return InvalidKeyError(msg)
+    return FenceError(f"claim {key!r}: {msg}")
+
+
+T = TypeVar("T")
+
+
+class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(...)
+    """Fence a side effect by ``key`` (see the module documentation).
+
+    ``key`` is a key string (``event_key``, ``graph_key``, or any valid
+    key) or, for the decorator form, a function of the decorated
+    function's arguments returning it. ``scope`` names the owner of the
+    effect, as in Go's ``effects.DoScoped``: the same key in two scopes is
+    two effects. ``""`` (the default) is the scope of Go's ``effects.Do``;
+    ``consumer_scope(consumer, entry)`` is that of a Go consumer's ``http``
+    handler, so a key fenced there is replayed by the handler and back.
+    ``db`` is a connection string, a psycopg pool
+    (sync or async), or ``None`` for ``$ONCEFLOW_DATABASE_URL``: the fence
+    takes a connection of its own for the claim and gives it back at the
+    end. ``event_id`` is stored in the ledger row for operators.
+    """
+
+    def __init__(
+        self,
+        key: str | Callable[..., str],
+        scope: str = "",
+        *,
+        db: DB = None,
+        event_id: str | None = None,
+    ) -> None:
+        if not isinstance(scope, str):
+            raise FenceError(f"scope is {type(scope).__name__}, want str")
+        self._key = key
+        self.scope = scope
+        self._db = db
+        self._event_id = event_id
+        self._fence: Fence | None = None
+        self._token: contextvars.Token[Fence | None] | None = None
+        self._cm: Any = None
+
+    # ------------------------------------------------------------- helpers
+
+    def _key_str(self) -> str:
+        if not isinstance(self._key, str):
+            raise FenceError("a key function needs the decorator form; give `with fenced(...)` a key string")
+        validate_key(self._key)
+        return self._key
+
+    def _db_or_env(self) -> str | ConnectionSource | AsyncConnectionSource:
+        if self._db is not None:
+            return self._db
+        url = os.environ.get(DATABASE_URL_ENV, "")
+        if not url:
+            raise FenceError(f"no database: pass db= (a connection string or a pool) or set {DATABASE_URL_ENV}")
+        return url
+
+    def _start(self) -> Fence:
+        if self._fence is not None:
+            raise FenceError("this fenced(...) is already in use; make one per block")
+        validate_scope(self.scope)
+        f = Fence(self._key_str(), self.scope)
+        self._fence = f
+        return f
+
+    def _finish(self) -> None:
+        if self._token is not None:
+            _current.reset(self._token)
+        self._token = None
+        self._fence = None
+        self._cm = None
+
+    # ---------------------------------------------------------------- sync
+
+    def __enter__(self) -> Fence:
+        f = self._start()
+        try:
+            db = self._db_or_env()
+            if isinstance(db, str):
+                conn = psycopg.connect(db, autocommit=True)
+            else:
+                self._cm = cast(ConnectionSource, db).connection()
+                conn = self._cm.__enter__()
+                if not isinstance(conn, psycopg.Connection):
+                    raise FenceError("db is an async pool: use `async with fenced(...)`")
+            f._conn = conn
+            try:
+                row = conn.execute(_CLAIM, (f.key, f.scope, self._event_id)).fetchone()
+                if not conn.autocommit:
+                    conn.commit()
+            except psycopg.Error as err:
+                conn.close()  # the lock state is unknown: never reuse it
+                raise _claim_error(f.key, err) from err
+            f._claimed(row)
+        except BaseException:
+            self._close_sync(f)
+            self._finish()
+            raise
+        self._token = _current.set(f)
+        return f
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        f = self._fence
+        if f is None:
+            return
+        try:
+            if exc_type is None and f._held:
+                f.record()
+        finally:
+            self._close_sync(f)
+            self._finish()
+
+    def _close_sync(self, f: Fence) -> None:
+        conn = f._conn
+        f._conn = None
+        if conn is not None and f._held and not conn.closed:
+            try:
+                conn.execute(_RELEASE, (f.key, f.scope))
+                if not conn.autocommit:
+                    conn.commit()
+            except psycopg.Error:
+                conn.close()  # never hand back a connection holding the key
+        f._held = False
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)
+        elif conn is not None:
+            conn.close()
+
+    # --------------------------------------------------------------- async
+
+    async def __aenter__(self) -> Fence:
+        f = self._start()
+        try:
+            db = self._db_or_env()
+            if isinstance(db, str):
+                conn = await psycopg.AsyncConnection.connect(db, autocommit=True)
+            else:
+                self._cm = cast(AsyncConnectionSource, db).connection()
+                if not hasattr(self._cm, "__aenter__"):
+                    raise FenceError("db is a sync pool: use `with fenced(...)`")
+                conn = await self._cm.__aenter__()
+            f._aconn = conn
+            try:
+                cur = await conn.execute(_CLAIM, (f.key, f.scope, self._event_id))
+                row = await cur.fetchone()
+                if not conn.autocommit:
+                    await conn.commit()
+            except psycopg.Error as err:
+                await conn.close()
+                raise _claim_error(f.key, err) from err
+            f._claimed(row)
+        except BaseException:
+            await self._close_async(f)
+            self._finish()
+            raise
+        self._token = _current.set(f)
+        return f
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        f = self._fence
+        if f is None:
+            return
+        try:
+            if exc_type is None and f._held:
+                await f.arecord()
+        finally:
+            await self._close_async(f)
+            self._finish()
+
+    async def _close_async(self, f: Fence) -> None:
+        conn = f._aconn
+        f._aconn = None
+        if conn is not None and f._held and not conn.closed:
+            try:
+                await conn.execute(_RELEASE, (f.key, f.scope))
+                if not conn.autocommit:
+                    await conn.commit()
+            except psycopg.Error:
+                await conn.close()
+        f._held = False
+        if self._cm is not None:
+            await self._cm.__aexit__(None, None, None)
+        elif conn is not None:
+            await conn.close()
+
+    # ----------------------------------------------------------- decorator
+
+    @overload
+    def __call__(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]: ...
+    @overload
+    def __call__(self, fn: Callable[..., T]) -> Callable[..., T]: ...
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Fence every call of ``fn``: the first call with a key runs it and
+        records its return value (JSON; a :class:`Result` records its code
+        and summary); a call whose key is recorded returns the recorded
+        value without running ``fn``. Both paths return the value as it
+        reads back from JSON."""
+        spec = self
+
+        def child(args: tuple[Any, ...], kwargs: dict[str, Any]) -> fenced:
+            key = spec._key(*args, **kwargs) if callable(spec._key) else spec._key
+            return fenced(key, spec.scope, db=spec._db, event_id=spec._event_id)
+
+        def unpack(value: Any) -> tuple[int | None, Any, bool]:
+            # A Result with a code is recorded as code + summary and comes
+            # back as a Result; anything else is the summary alone.
+            if isinstance(value, Result):
+                return value.code, value.summary, value.code is not None
+            return None, value, False
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                async with child(args, kwargs) as fx:
+                    if fx.replayed:
+                        assert fx.result is not None
+                        return fx.result if isinstance(fx.result.code, int) else fx.result.summary
+                    code, summary, wrapped = unpack(await fn(*args, **kwargs))
+                    r = await fx.arecord(code, summary)
+                    return r if wrapped else r.summary
+
+            return awrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with child(args, kwargs) as fx:
+                if fx.replayed:
+                    assert fx.result is not None
+                    return fx.result if isinstance(fx.result.code, int) else fx.result.summary
+                code, summary, wrapped = unpack(fn(*args, **kwargs))
+                r = fx.record(code, summary)
+                return r if wrapped else r.summary
+
+        return wrapper

@@ -1,0 +1,266 @@
+"""The fencing protocol from Python: double delivery, concurrent callers
+(threads and asyncio), a failed call, a crashed caller, the decorator, and
+the SQL functions' guards against misuse."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from onceflow import FenceError, InvalidKeyError, Result, consumer_scope, current_fence, event_key, fenced
+
+
+def ledger(db_url: str, key: str, scope: str = "") -> tuple[str, int, int | None, Any] | None:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT status, attempts, result_code, result FROM onceflow.effects WHERE scope = %s AND idempotency_key = %s",
+            (scope, key),
+        ).fetchone()
+    return None if row is None else (row[0], row[1], row[2], row[3])
+
+
+def test_double_delivery_one_effect(db_url: str) -> None:
+    key = event_key("ord-1")
+    calls: list[str] = []
+    results = []
+    for _ in range(3):  # the same event delivered three times
+        with fenced(key, db=db_url, event_id="ord-1") as fx:
+            if fx.replayed:
+                results.append(fx.result)
+            else:
+                calls.append(fx.key)
+                results.append(fx.record(201, {"charge": "ch_1"}))
+    assert calls == ["event:ord-1"]
+    assert results[0] == Result(201, {"charge": "ch_1"}, replayed=False)
+    assert results[1] == results[2] == Result(201, {"charge": "ch_1"}, replayed=True)
+    assert ledger(db_url, key) == ("done", 1, 201, {"charge": "ch_1"})
+
+
+def test_scopes_are_separate_ledgers(db_url: str) -> None:
+    """The same key in two scopes is two effects: the empty scope (Go's
+    effects.Do) and a consumer's http handler scope each call once."""
+    key = event_key("ord-2")
+    scope = consumer_scope("billing/eu", "payment.requested")
+    assert scope == "inbox/billing%2Feu/http/payment.requested"
+    calls: list[str] = []
+    for s in ("", scope, scope, ""):
+        with fenced(key, s, db=db_url) as fx:
+            if not fx.replayed:
+                calls.append(s)
+                fx.record(201, {"scope": s})
+    assert calls == ["", scope]
+    assert ledger(db_url, key) == ("done", 1, 201, {"scope": ""})
+    assert ledger(db_url, key, scope) == ("done", 1, 201, {"scope": scope})
+
+
+def test_concurrent_callers_one_effect(db_url: str) -> None:
+    """Eight threads with one key: one calls, never two at once, seven get its result."""
+    callers = 8
+    lock = threading.Lock()
+    inside = 0
+    most = 0
+    calls = 0
+    replayed = 0
+    errors: list[BaseException] = []
+    start = threading.Barrier(callers)
+    entered = threading.Event()
+    release = threading.Event()
+
+    def caller() -> None:
+        nonlocal inside, most, calls, replayed
+        try:
+            start.wait()
+            with fenced("same", db=db_url) as fx:
+                if fx.replayed:
+                    with lock:
+                        replayed += 1
+                    return
+                with lock:
+                    inside += 1
+                    most = max(most, inside)
+                    calls += 1
+                entered.set()
+                release.wait(30)  # hold the key while the others queue on it
+                with lock:
+                    inside -= 1
+                fx.record(200, {"n": 1})
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
+    for t in threads:
+        t.start()
+    assert entered.wait(30), "no caller got the key"
+    # Another key is not held up meanwhile.
+    with fenced("other", db=db_url) as fx:
+        assert not fx.replayed
+    # Wait until the others are queued on the lock in PostgreSQL.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for _ in range(600):
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 3839 AND NOT granted"
+            ).fetchone()
+            if row is not None and row[0] == callers - 1:
+                break
+            conn.execute("SELECT pg_sleep(0.05)")
+        else:
+            raise AssertionError("the other callers never waited on the key")
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert (calls, most, replayed) == (1, 1, callers - 1)
+    assert ledger(db_url, "same") == ("done", 1, 200, {"n": 1})
+
+
+def test_concurrent_async_callers_one_effect(db_url: str) -> None:
+    asyncio.run(_concurrent_async_callers(db_url))
+
+
+async def _concurrent_async_callers(db_url: str) -> None:
+    calls = 0
+
+    async def caller() -> Result:
+        nonlocal calls
+        async with fenced("async-key", "agents", db=db_url) as fx:
+            if fx.replayed:
+                assert fx.result is not None
+                return fx.result
+            calls += 1
+            await asyncio.sleep(0.2)  # let the others reach the lock
+            return await fx.arecord(202, ["sent"])
+
+    results = await asyncio.gather(*(caller() for _ in range(6)))
+    assert calls == 1
+    assert sum(r.replayed for r in results) == 5
+    assert all(r.code == 202 and r.summary == ["sent"] for r in results)
+    assert ledger(db_url, "async-key", "agents") == ("done", 1, 202, ["sent"])
+
+
+def test_failed_call_keeps_intent_and_calls_again_with_the_same_key(db_url: str) -> None:
+    sent: list[str] = []
+    with pytest.raises(ConnectionError):
+        with fenced("k1", db=db_url) as fx:
+            sent.append(fx.key)
+            raise ConnectionError("503 from the downstream")
+    assert ledger(db_url, "k1") == ("intent", 1, None, None)
+    with fenced("k1", db=db_url) as fx:
+        assert not fx.replayed and fx.attempts == 2
+        sent.append(fx.key)
+        # the block ends without record(): done with an empty result
+    assert sent == ["k1", "k1"]
+    assert ledger(db_url, "k1") == ("done", 2, None, None)
+
+
+def test_crashed_caller_releases_the_key(db_url: str) -> None:
+    """A caller whose session dies mid-call (the process crashed) holds
+    nothing: the next caller calls again with the same key."""
+    conn = psycopg.connect(db_url, autocommit=True)
+    row = conn.execute("SELECT status FROM onceflow.effect_claim('crash-key')").fetchone()
+    assert row == ("intent",)
+    conn.pgconn.finish()  # the session ends without release, as on SIGKILL
+    with fenced("crash-key", db=db_url) as fx:
+        assert not fx.replayed and fx.attempts == 2
+        fx.record(200)
+
+
+def test_pool_connection_comes_back_without_the_key(db_url: str) -> None:
+    with ConnectionPool(db_url, min_size=1, max_size=1, open=True) as pool:
+        with pytest.raises(RuntimeError):
+            with fenced("pooled", db=pool) as fx:
+                assert not fx.replayed
+                raise RuntimeError("call failed")
+        with pool.connection() as conn:  # the only connection: it must hold nothing
+            row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone()
+            assert row == (0,)
+        with fenced("pooled", db=pool) as fx:
+            assert fx.attempts == 2
+            fx.record(200)
+        with fenced("pooled", db=pool) as fx:
+            assert fx.replayed
+
+
+def test_decorator_runs_once_per_key(db_url: str) -> None:
+    runs: list[str] = []
+
+    @fenced(lambda order_id, amount: event_key(order_id), db=db_url)
+    def charge(order_id: str, amount: int) -> dict[str, Any]:
+        runs.append(current_fence().key)
+        return {"charge": f"ch_{order_id}", "amount": amount}
+
+    first = charge("o-1", 10)
+    again = charge("o-1", 10)
+    other = charge("o-2", 5)
+    assert runs == ["event:o-1", "event:o-2"]
+    assert first == again == {"charge": "ch_o-1", "amount": 10}
+    assert other["charge"] == "ch_o-2"
+
+
+def test_async_decorator_and_pool(db_url: str) -> None:
+    asyncio.run(_async_decorator_and_pool(db_url))
+
+
+async def _async_decorator_and_pool(db_url: str) -> None:
+    runs = 0
+    async with AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False) as pool:
+
+        @fenced("async-deco", db=pool)
+        async def send() -> Result:
+            nonlocal runs
+            runs += 1
+            return Result(201, {"id": "m-1"})
+
+        assert await send() == Result(201, {"id": "m-1"}, replayed=False)
+        assert await send() == Result(201, {"id": "m-1"}, replayed=True)
+    assert runs == 1
+
+
+def test_invalid_key_and_scope(db_url: str) -> None:
+    with pytest.raises(InvalidKeyError):
+        with fenced("a\nb", db=db_url):
+            pass
+    with pytest.raises(FenceError):
+        fenced("k", scope=None, db=db_url)  # type: ignore[arg-type]
+    for bad_scope in ("s" * 513, "tab\there"):
+        with pytest.raises(InvalidKeyError, match="scope"):
+            with fenced("k", bad_scope, db=db_url):
+                pass
+    with psycopg.connect(db_url, autocommit=True) as conn:  # the SQL function checks the same
+        for bad_scope in ("s" * 513, "tab\there"):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="scope"):
+                conn.execute("SELECT onceflow.effect_claim('k', %s)", (bad_scope,))
+    with pytest.raises(FenceError, match="decorator form"):
+        with fenced(lambda: "k", db=db_url):
+            pass
+
+
+def test_result_must_be_json(db_url: str) -> None:
+    with pytest.raises(FenceError, match="not JSON"):
+        with fenced("json", db=db_url) as fx:
+            fx.record(200, {"when": object()})
+    assert ledger(db_url, "json") == ("intent", 1, None, None)
+
+
+def test_sql_protocol_guards(db_url: str) -> None:
+    """What the SQL functions refuse: a claim in a transaction that already
+    wrote (its intent would not commit before the call), a second claim of
+    a key the session holds, a record without the claim."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute("INSERT INTO onceflow.effects (idempotency_key) VALUES ('business-write')")
+        with pytest.raises(psycopg.errors.ActiveSqlTransaction, match="outside the business transaction"):
+            conn.execute("SELECT onceflow.effect_claim('in-tx')")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT onceflow.effect_claim('twice')")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="already holds"):
+            conn.execute("SELECT onceflow.effect_claim('twice')")
+        with psycopg.connect(db_url, autocommit=True) as other:
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="not claimed by this session"):
+                other.execute("SELECT onceflow.effect_record('twice', '', 200, NULL)")
+        conn.execute("SELECT onceflow.effect_record('twice', '', 200, NULL)")
+        row = conn.execute("SELECT onceflow.effect_release('twice', '')").fetchone()
+        assert row == (False,)  # record released it already
