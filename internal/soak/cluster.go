@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/onceflow/onceflow/internal/kafkanode"
 	"github.com/onceflow/onceflow/internal/tcpproxy"
@@ -309,4 +311,70 @@ func (c *cluster) stop() {
 			_ = b.proxy.Close()
 		}
 	}
+}
+
+// waitTopics waits until every broker's own metadata lists every topic
+// with a leader for each partition: a topic just created reaches the
+// brokers one after another, and a binary started meanwhile may ask one that
+// does not know it yet.
+func (c *cluster) waitTopics(ctx context.Context, topics ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cl, err := kgo.NewClient(c.internalOpts()...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for _, b := range c.brokers {
+		for {
+			why := knows(ctx, cl.Broker(int(b.id)), topics)
+			if why == "" {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("topics not visible on every broker: broker %d: %s", b.id, why)
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// knows asks one broker for the topics' metadata: "" when it lists them
+// all with a leader for every partition, else what is missing.
+func knows(ctx context.Context, b *kgo.Broker, topics []string) string {
+	req := kmsg.NewPtrMetadataRequest()
+	for _, name := range topics {
+		t := kmsg.NewMetadataRequestTopic()
+		t.Topic = kmsg.StringPtr(name)
+		req.Topics = append(req.Topics, t)
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(qctx, b)
+	if err != nil {
+		return err.Error()
+	}
+	if len(resp.Topics) != len(topics) {
+		return fmt.Sprintf("%d of %d topics listed", len(resp.Topics), len(topics))
+	}
+	for _, t := range resp.Topics {
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil || len(t.Partitions) == 0 {
+			return fmt.Sprintf("topic %s: %v", deref(t.Topic), err)
+		}
+		for _, p := range t.Partitions {
+			if p.Leader < 0 || p.ErrorCode != 0 {
+				return fmt.Sprintf("%s/%d has no leader yet", deref(t.Topic), p.Partition)
+			}
+		}
+	}
+	return ""
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

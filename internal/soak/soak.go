@@ -258,6 +258,9 @@ func (r *run) setup(ctx context.Context) error {
 		}
 		time.Sleep(time.Second)
 	}
+	if err := r.kc.waitTopics(ctx, eventTopic, ckptTopic); err != nil {
+		return err
+	}
 	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
 		return fmt.Errorf("create soak.effects: %w", err)
 	}
