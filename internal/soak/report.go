@@ -158,7 +158,7 @@ func (rep *Report) Text() string {
 	p("\nfaults       %d in all, %d broker or database restarts\n", len(rep.Faults), rep.Restarts)
 	for _, k := range AllKinds {
 		if n := rep.FaultsByKind[k]; n > 0 {
-			p("  %-18s %4d   recovery %s\n", k, n, rep.RecoveryBy[k])
+			p("  %-28s %4d   recovery %s\n", k, n, rep.RecoveryBy[k])
 		}
 	}
 	p("recovery     %s (fault to progress again on every partition)\n", rep.Recovery)
@@ -197,7 +197,7 @@ func (rep *Report) Text() string {
 		if f.RecoveryS < 0 {
 			rec = "no progress within the timeout"
 		}
-		p("  %4d %7.1fs %-18s %-60s outage %5.1fs  recovery %s", f.N, f.AtS, f.Kind, f.Target, f.OutageS, rec)
+		p("  %4d %7.1fs %-28s %-60s outage %5.1fs  recovery %s", f.N, f.AtS, f.Kind, f.Target, f.OutageS, rec)
 		if f.Error != "" {
 			p("  (%s)", f.Error)
 		}
