@@ -29,7 +29,6 @@ type broker struct {
 	node     *kafkanode.Node
 	internal string // 127.0.0.1:port of the INTERNAL listener
 	proxy    *tcpproxy.Proxy
-	kills    int
 }
 
 // cluster is a three-node KRaft cluster (each node broker and controller)
@@ -161,7 +160,6 @@ func (c *cluster) kill(id int32) {
 	defer c.mu.Unlock()
 	if b := c.broker(id); b != nil {
 		b.node.Kill()
-		b.kills++
 	}
 }
 

@@ -271,12 +271,15 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 			id = int32(1 + p.pick%clusterSize)
 			what = "random broker (" + err.Error() + ")"
 		}
+		held := fmt.Sprintf("broker-%d", id)
+		r.held.Store(held, struct{}{})
 		began(fmt.Sprintf("broker %d (%s)", id, what))
 		r.kc.kill(id)
 		sleep(p.outage)
 		if err := r.kc.restart(hard, id); err != nil {
 			f.Error = err.Error()
 		}
+		r.held.Delete(held)
 	case KindRelayCrashSlowCkpt:
 		id, what, err := roleHolder(ctx, r.adm, roleCheckpointLeader, 0, eventTopic, ckptTopic, group)
 		if err != nil {

@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -324,7 +325,7 @@ func (r *run) binCmd(ctx context.Context, bin string, args ...string) (string, e
 func (r *run) childSpec(name string) procs.Spec {
 	dbURL := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", r.pgProxy.Addr())
 	brokers := joinComma(r.kc.externalSeeds())
-	if name[:5] == "relay" {
+	if strings.HasPrefix(name, "relay") {
 		return procs.Spec{Bin: filepath.Join(r.cfg.BinDir, "relay"), Args: []string{"run",
 			"-database-url", dbURL, "-kafka-brokers", brokers, "-http-addr", "127.0.0.1:0",
 			"-holder-id", name, "-topics-verify"}}
@@ -493,6 +494,22 @@ func (r *run) superviseChildren(ctx context.Context) {
 			r.exitsMu.Unlock()
 			r.printf("  %s exited by itself (%v): restarting\n", name, r.procs.Exit(name))
 			_, _ = r.procs.Restart(name)
+		}
+		for _, b := range r.kc.brokers {
+			name := fmt.Sprintf("broker-%d", b.id)
+			if _, held := r.held.Load(name); held || b.node.Running() {
+				continue
+			}
+			if _, held := r.held.Load(name); held {
+				continue
+			}
+			r.exitsMu.Lock()
+			r.exits = append(r.exits, fmt.Sprintf("%s at %s (see logs/%s.log)", name, r.elapsed().Round(time.Second), name))
+			r.exitsMu.Unlock()
+			r.printf("  %s exited by itself: restarting\n", name)
+			if err := r.kc.restart(ctx, b.id); err != nil {
+				r.printf("  restart %s: %v\n", name, err)
+			}
 		}
 	}
 }
