@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -320,7 +321,7 @@ func sqlUpsertHandler(tb testing.TB) inbox.BatchHandler {
 	if err := os.WriteFile(handlers, []byte(spec), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	h, err := inbox.LoadHandlerFile(handlers)
+	h, err := handlerfile.Load(handlers)
 	if err != nil {
 		tb.Fatal(err)
 	}

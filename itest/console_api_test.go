@@ -16,6 +16,7 @@ import (
 	console "github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -57,7 +58,7 @@ func TestConsoleAPI(t *testing.T) {
 	evs = append(evs, typedEvents("gappy", "audit.log", 3, 3)...)
 	produceAll(t, cl, topic, evs)
 
-	h, err := inbox.LoadHandlerFile(consoleHandlersFile(t))
+	h, err := handlerfile.Load(consoleHandlersFile(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -48,7 +49,7 @@ func handlersFile(t *testing.T) string {
 
 func sqlHandler(t *testing.T) inbox.BatchHandler {
 	t.Helper()
-	h, err := inbox.LoadHandlerFile(handlersFile(t))
+	h, err := handlerfile.Load(handlersFile(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
 // TestEffectsTwoConsumerNames: two logical consumers (two deployments that
@@ -38,7 +40,7 @@ func TestEffectsTwoConsumerNames(t *testing.T) {
 	for _, name := range []string{"billing", "audit"} {
 		srv, hs := newIdemServer(t)
 		servers[name] = srv
-		h, err := inbox.ParseHandlerFile(fmt.Appendf(nil, `{"handlers": [{"event_type": "payment.requested", "kind": "http", "http": {"url": %q}}]}`, hs.URL+"/"+name))
+		h, err := handlerfile.Parse(fmt.Appendf(nil, `{"handlers": [{"event_type": "payment.requested", "kind": "http", "http": {"url": %q}}]}`, hs.URL+"/"+name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,11 +74,11 @@ func TestEffectsTwoConsumerNames(t *testing.T) {
 	}
 
 	// Retention, two hours on: billing prunes its own rows only.
-	r, err := effects.ParseRetention([]byte(`{"classes":[{"match":"payment.*","keep":"1h"}]}`))
+	r, err := retention.Parse([]byte(`{"classes":[{"match":"payment.*","keep":"1h"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{Consumer: "billing", Now: func() time.Time { return time.Now().Add(2 * time.Hour) }})
+	st, err := retention.Prune(ctx, db.Pool, r, retention.Options{Consumer: "billing", Now: func() time.Time { return time.Now().Add(2 * time.Hour) }})
 	if err != nil || st.Inbox != n || st.Effects != n {
 		t.Fatalf("billing's prune: %+v, %v; want %d inbox rows and %d effects", st, err, n, n)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -44,7 +45,7 @@ func TestEffectsHTTPStatuses(t *testing.T) {
 	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h, err := inbox.LoadHandlerFile(p)
+	h, err := handlerfile.Load(p)
 	if err != nil {
 		t.Fatal(err)
 	}

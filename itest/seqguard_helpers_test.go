@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -53,7 +54,7 @@ func seqHandlersFile(t *testing.T) string {
 
 func seqHandler(t *testing.T) inbox.BatchHandler {
 	t.Helper()
-	h, err := inbox.LoadHandlerFile(seqHandlersFile(t))
+	h, err := handlerfile.Load(seqHandlersFile(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,10 +26,12 @@ import (
 
 	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
-	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
@@ -39,7 +41,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 			cli.Usage(fs, stderr)
 			return err
 		}
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	return nil
 }
@@ -55,24 +57,24 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		return usage("consumer run: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	log, err := cfg.Log.logger(stderr)
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
-	handler, err := inbox.LoadHandlerFile(cfg.HandlersFile)
+	handler, err := handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall)))
 	if err != nil {
 		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 	}
-	var retention *effects.Retention
+	var policy *retention.Policy
 	if cfg.RetentionFile != "" {
-		if retention, err = loadRetention(cfg.RetentionFile); err != nil {
+		if policy, err = loadRetention(cfg.RetentionFile); err != nil {
 			return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
 		}
 	}
-	if cfg.PruneInterval < 0 || (cfg.PruneInterval > 0 && retention == nil) {
-		return usage("-prune-interval (ONCEFLOW_PRUNE_INTERVAL) must be positive and needs -retention-file, got %s", cfg.PruneInterval)
+	if cfg.RetentionInterval < 0 || (cfg.RetentionInterval > 0 && policy == nil) {
+		return usage("-retention-interval (ONCEFLOW_RETENTION_INTERVAL) must be positive and needs -retention-file, got %s", cfg.RetentionInterval)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer")
 	if err != nil {
@@ -83,15 +85,19 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c, err := inbox.New(inbox.Config{
-		BatchHandler:         handler,
-		BatchMaxRecords:      cfg.BatchMaxRecords,
-		ConsumerName:         cfg.ConsumerName,
-		DLQTopic:             cfg.DLQTopic,
-		FirstSeen:            cfg.firstSeen,
-		GapCheckInterval:     cfg.GapCheckInterval,
-		GapTimeout:           cfg.GapTimeout,
-		GapTimeouts:          cfg.gapTimeouts,
-		Group:                cfg.Group,
+		BatchHandler:     handler,
+		BatchMaxRecords:  cfg.BatchMaxRecords,
+		ConsumerName:     cfg.ConsumerName,
+		DLQTopic:         cfg.DLQTopic,
+		FirstSeen:        cfg.firstSeen,
+		GapCheckInterval: cfg.GapCheckInterval,
+		GapTimeout:       cfg.GapTimeout,
+		GapTimeouts:      cfg.gapTimeouts,
+		Group:            cfg.Group,
+		Hooks: inbox.Hooks{
+			OnAfterHandler:  failpoint.Func(failpoint.ConsumerAfterHandler),
+			OnAfterPGCommit: failpoint.Func(failpoint.ConsumerAfterPGCommit),
+		},
 		InstanceID:           cfg.InstanceID,
 		KafkaOpts:            cfg.Kafka.Opts(log),
 		LatePolicy:           cfg.latePolicy,
@@ -109,7 +115,13 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		Topics:               cfg.Topics,
 	})
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
+	}
+	var pm *retention.Metrics
+	if cfg.RetentionInterval > 0 {
+		if pm, err = retention.NewMetrics(reg); err != nil {
+			return err
+		}
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return c.Run(gctx) })
@@ -126,10 +138,9 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 			return nil
 		})
 	}
-	if cfg.PruneInterval > 0 {
-		pm := effects.NewPrunerMetrics(reg)
+	if cfg.RetentionInterval > 0 {
 		g.Go(func() error {
-			return effects.RunPruner(gctx, pool, retention, cfg.PruneInterval, effects.PruneOptions{Consumer: cfg.ConsumerName}, pm, log)
+			return retention.Run(gctx, pool, policy, cfg.RetentionInterval, retention.Options{Consumer: cfg.ConsumerName}, pm, log)
 		})
 	}
 	g.Go(func() error {
@@ -193,11 +204,7 @@ func replayer(rc inbox.ReplayConfig) admin.ReplayFunc {
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var lc logConfig
 	log, _ := lc.logger(stderr)
-	err := migrate.Command(ctx, "consumer", args, stdout, log)
-	if err != nil && err != flag.ErrHelp && strings.Contains(err.Error(), "ONCEFLOW_") {
-		return &usageError{err} // a bad setting, named
-	}
-	return err
+	return migrate.Command(ctx, "consumer", args, stdout, log)
 }
 
 func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -211,7 +218,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usage("consumer dlq list: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if cfg.Limit < 1 {
 		return usage("-limit (ONCEFLOW_LIMIT) must be at least 1, got %d", cfg.Limit)
@@ -293,7 +300,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		req.Expect = &cfg.Expect
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	var replay admin.ReplayFunc
 	if cfg.HandlersFile == "" && !cfg.DryRun {
@@ -301,10 +308,10 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	rc, err := cfg.replayConfig()
 	if err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if cfg.HandlersFile != "" {
-		if rc.Handler, err = inbox.LoadHandlerFile(cfg.HandlersFile); err != nil {
+		if rc.Handler, err = handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall))); err != nil {
 			return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
 		}
 	}

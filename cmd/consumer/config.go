@@ -54,7 +54,7 @@ type runConfig struct {
 	Group                string
 	HandlersFile         string
 	RetentionFile        string
-	PruneInterval        time.Duration
+	RetentionInterval    time.Duration
 	HTTPAddr             string
 	InstanceID           string
 	LatePolicy           string
@@ -90,9 +90,10 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GapTimeouts, "gap-timeouts", "", "gap timeouts per event-type class: comma-separated glob=duration, first match wins (e.g. billing.*=5m,agent.*=10s)")
 	fs.StringVar(&c.Group, "group", "", "Kafka consumer group (required)")
 	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the sql/log handlers per event type (required)")
-	fs.DurationVar(&c.PruneInterval, "prune-interval", 0, "with -retention-file: prune expired rows this often (0: never; use 'consumer prune' from a CronJob)")
+	fs.DurationVar(&c.RetentionInterval, "retention-interval", 0, "with -retention-file: prune expired rows this often (0: never; use 'consumer prune' from a CronJob)")
+	cli.Deprecated(fs, "prune-interval", "retention-interval")
 	fs.StringVar(&c.RetentionFile, "retention-file", "", "JSON file of retention classes and sources' redelivery horizons, checked at start (see docs/effects.md)")
-	fs.StringVar(&c.HTTPAddr, "http-addr", ":9464", "address for /metrics, /healthz and /readyz (empty disables)")
+	fs.StringVar(&c.HTTPAddr, "http-addr", ":9464", "address of /metrics, /healthz and /readyz (empty disables)")
 	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id, stable per replica (e.g. the pod name); empty: dynamic")
 	fs.StringVar(&c.LatePolicy, "late-policy", seqguard.DeliverLate.String(), "event arriving after its gap was given up: deliver-late (handler sees Late) or hold (kept for an operator)")
 	fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "most parked events per source; beyond it the lowest gaps are given up early")

@@ -72,10 +72,10 @@ func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return usage("consumer gaps list: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if err := cli.PositiveDuration("since", cfg.Since); err != nil && !cfg.All {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
 	if err != nil {
@@ -131,7 +131,7 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		return usage("-note (ONCEFLOW_NOTE) is required: say what was done about the missing events")
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
 	if err != nil {

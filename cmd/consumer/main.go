@@ -25,6 +25,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/onceflow/onceflow/internal/cli"
 )
 
 func main() {
@@ -35,20 +37,13 @@ func main() {
 		return
 	}
 	fmt.Fprintln(os.Stderr, "consumer:", err)
-	var ue *usageError
-	if errors.As(err, &ue) {
-		os.Exit(2)
-	}
-	os.Exit(1)
+	os.Exit(cli.ExitCode(err))
 }
 
 // usageError is invalid configuration or usage: exit status 2.
-type usageError struct{ err error }
+type usageError = cli.UsageError
 
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
-
-func usage(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
+func usage(format string, a ...any) error { return cli.Usagef(format, a...) }
 
 const help = `usage: consumer <command> [flags]
 

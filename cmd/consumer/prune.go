@@ -9,19 +9,19 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/pgconn"
-	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
-func loadRetention(path string) (*effects.Retention, error) {
+func loadRetention(path string) (*retention.Policy, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return effects.ParseRetention(b)
+	return retention.Parse(b)
 }
 
-// runPrune is `consumer prune`: one pass of effects.Prune.
+// runPrune is `consumer prune`: one pass of retention.Prune.
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("consumer prune", flag.ContinueOnError)
 	var (
@@ -43,7 +43,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usage("consumer prune: unexpected argument %q", fs.Arg(0))
 	}
 	if err := db.Validate(); err != nil {
-		return &usageError{err}
+		return &usageError{Err: err}
 	}
 	if consumer == "" {
 		return usage("-consumer-name (ONCEFLOW_CONSUMER_NAME) must not be empty")
@@ -63,7 +63,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	st, err := effects.Prune(ctx, pool, r, effects.PruneOptions{BatchSize: batchSize, Consumer: consumer, Pause: pause})
+	st, err := retention.Prune(ctx, pool, r, retention.Options{BatchSize: batchSize, Consumer: consumer, Pause: pause})
 	if err != nil {
 		return err
 	}

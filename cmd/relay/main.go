@@ -115,6 +115,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 }
 
+// Help texts of the flags `relay run` shares with the operator commands:
+// one environment name, one meaning, one text.
+const (
+	shardHelp       = "relay shard: lease row, transactional.id suffix, checkpoint key suffix (all relays of one database use the same shard today)"
+	txnIDPrefixHelp = "Kafka transactional.id prefix, the shard is appended; must be unique to this database on the Kafka cluster (empty: onceflow-relay-<database identity>-, unique by construction)"
+)
+
 // config is everything `relay run` is configured with.
 type config struct {
 	admin     admin.Flags
@@ -169,9 +176,9 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.pruneInterval, "prune-interval", time.Second, "how often published rows are pruned")
 	fs.DurationVar(&c.retention, "retention", time.Hour, "how long published rows are kept (negative: delete at the next prune)")
 	fs.DurationVar(&c.retrySetAside, "retry-set-aside-after", 30*time.Second, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
-	fs.StringVar(&c.shard, "shard", "default", "relay shard: lease row, transactional.id suffix, checkpoint key suffix (all relays of one database use the same shard today)")
+	fs.StringVar(&c.shard, "shard", "default", shardHelp)
 	fs.DurationVar(&c.standbyInterval, "standby-interval", 500*time.Millisecond, "how often a standby tries to take the lease")
-	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "", "Kafka transactional.id prefix, the shard is appended; must be unique to this database on the Kafka cluster (empty: onceflow-relay-<database identity>-, unique by construction)")
+	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
 	fs.DurationVar(&c.txnTimeout, "transaction-timeout", 10*time.Second, "Kafka transaction timeout")
 	fs.BoolVar(&c.topicsVerify, "topics-verify", false, "verify the checkpoint topic at start and each event topic before its first publish against the topic spec; refuse to publish to a topic that breaks it (create topics with `relay topics apply` first)")
 	c.topics.RegisterFlags(fs)

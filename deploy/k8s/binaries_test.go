@@ -39,6 +39,8 @@ type flagSet struct {
 	Env map[string]string
 	// Required flags (their usage says "(required)").
 	Required []string
+	// Usage by flag name: the help text printed under it.
+	Usage map[string]string
 }
 
 // flagLine is cli.Usage's format: "  -name  [$ENV] (default "x")" then the
@@ -46,7 +48,7 @@ type flagSet struct {
 var flagLine = regexp.MustCompile(`^\s+-([a-z0-9][a-z0-9-]*)\s+\[\$(ONCEFLOW_[A-Z0-9_]+)\](?: \(default (".*")\))?\s*$`)
 
 func parseFlags(source, out string) flagSet {
-	fs := flagSet{Source: source, Defaults: map[string]string{}, Env: map[string]string{}}
+	fs := flagSet{Source: source, Defaults: map[string]string{}, Env: map[string]string{}, Usage: map[string]string{}}
 	lines := strings.Split(out, "\n")
 	for i, l := range lines {
 		m := flagLine.FindStringSubmatch(l)
@@ -61,8 +63,11 @@ func parseFlags(source, out string) flagSet {
 		}
 		fs.Defaults[m[1]] = def
 		fs.Env[m[2]] = m[1]
-		if i+1 < len(lines) && strings.Contains(lines[i+1], "(required)") {
-			fs.Required = append(fs.Required, m[1])
+		if i+1 < len(lines) {
+			fs.Usage[m[1]] = strings.TrimSpace(lines[i+1])
+			if strings.Contains(lines[i+1], "(required)") {
+				fs.Required = append(fs.Required, m[1])
+			}
 		}
 	}
 	return fs

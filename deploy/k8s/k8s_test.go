@@ -32,9 +32,9 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
-	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
 // overlays are the kustomize targets users apply.
@@ -959,7 +959,7 @@ func TestRetentionConfigParses(t *testing.T) {
 		if cm == nil {
 			t.Fatalf("%s: no ConfigMap onceflow-retention for the prune CronJob", dir)
 		}
-		if _, err := effects.ParseRetention([]byte(cm.Data["retention.json"])); err != nil {
+		if _, err := retention.Parse([]byte(cm.Data["retention.json"])); err != nil {
 			t.Errorf("%s: onceflow-retention retention.json: %v", dir, err)
 		}
 	}

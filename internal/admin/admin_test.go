@@ -10,11 +10,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
 const (
@@ -96,7 +99,7 @@ func TestFilterParams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(f.Statuses, ",") != "dead,held" || f.EventType != "billing.*" || !f.ReceivedFrom.Equal(now.Add(-2*time.Hour)) ||
+	if !slices.Equal(f.Statuses, []status.Status{status.Dead, status.Held}) || f.EventType != "billing.*" || !f.ReceivedFrom.Equal(now.Add(-2*time.Hour)) ||
 		!f.ReceivedTo.Equal(now.Add(-30*time.Minute)) || f.Group != "0123456789ab" {
 		t.Fatalf("filter %+v", f)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
 // FilterParams are a dead-letter filter as an operator types it: the
@@ -64,7 +65,7 @@ func (p FilterParams) Filter(now time.Time) (inbox.DeadLetterFilter, error) {
 	}
 	for s := range strings.SplitSeq(p.Status, ",") {
 		if s = strings.TrimSpace(s); s != "" {
-			f.Statuses = append(f.Statuses, s)
+			f.Statuses = append(f.Statuses, status.Status(s))
 		}
 	}
 	var err error

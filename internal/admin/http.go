@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
 //go:embed web
@@ -264,7 +266,7 @@ func (h *handler) held(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := FilterFromQuery(r.URL.Query())
-	p.Status = "held"
+	p.Status = string(status.Held)
 	rows, err := h.svc.DeadLetters(r.Context(), p, limit)
 	h.reply(w, r, map[string]any{"held": rows}, err)
 }

@@ -188,7 +188,7 @@ func (s *Service) dryRun(ctx context.Context, f inbox.DeadLetterFilter, req Repl
 		return out, err
 	}
 	for _, g := range gs {
-		out.Groups = append(out.Groups, Group{ID: g.ID, Status: g.Status, Key: g.Key, Sample: g.Sample, Count: g.Count,
+		out.Groups = append(out.Groups, Group{ID: g.ID, Status: string(g.Status), Key: g.Key, Sample: g.Sample, Count: g.Count,
 			EventTypes: g.EventTypes, Sources: g.Sources, First: g.First, Last: g.Last})
 	}
 	if req.Expect != nil && *req.Expect != out.Matched {

@@ -174,7 +174,7 @@ func (s *Service) DeadLetters(ctx context.Context, p FilterParams, limit int) ([
 	}
 	out := make([]DeadLetter, 0, len(rows))
 	for _, d := range rows {
-		out = append(out, DeadLetter{EventID: d.EventID, Status: d.Status, Source: d.Source, Seq: d.Seq, EventType: d.EventType,
+		out = append(out, DeadLetter{EventID: d.EventID, Status: string(d.Status), Source: d.Source, Seq: d.Seq, EventType: d.EventType,
 			Topic: d.Topic, Partition: d.Partition, Offset: d.Offset, Attempts: d.Attempts, LastError: d.LastError,
 			ErrorKey: d.ErrorKey, Group: d.Group, Received: d.Received})
 	}
@@ -206,7 +206,7 @@ func (s *Service) Groups(ctx context.Context, p FilterParams, limit int) ([]Grou
 	}
 	out := make([]Group, 0, len(gs))
 	for _, g := range gs {
-		out = append(out, Group{ID: g.ID, Status: g.Status, Key: g.Key, Sample: g.Sample, Count: g.Count,
+		out = append(out, Group{ID: g.ID, Status: string(g.Status), Key: g.Key, Sample: g.Sample, Count: g.Count,
 			EventTypes: g.EventTypes, Sources: g.Sources, First: g.First, Last: g.Last})
 	}
 	return out, nil

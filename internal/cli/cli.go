@@ -38,6 +38,9 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		if set[f.Name] {
 			return
 		}
+		if _, ok := f.Value.(*alias); ok {
+			return // an alias has no environment variable of its own
+		}
 		env := EnvName(f.Name)
 		v, ok := os.LookupEnv(env)
 		if !ok {
@@ -53,12 +56,34 @@ func Parse(fs *flag.FlagSet, args []string) error {
 // Usage prints the flags of fs with their environment variables.
 func Usage(fs *flag.FlagSet, w interface{ Write([]byte) (int, error) }) {
 	fs.VisitAll(func(f *flag.Flag) {
+		if a, ok := f.Value.(*alias); ok {
+			fmt.Fprintf(w, "  -%s  (deprecated: use -%s)\n", f.Name, a.of)
+			return
+		}
 		def := f.DefValue
 		if def != "" {
 			def = " (default " + strconv.Quote(def) + ")"
 		}
 		fmt.Fprintf(w, "  -%s  [$%s]%s\n      %s\n", f.Name, EnvName(f.Name), def, f.Usage)
 	})
+}
+
+// Deprecated defines flag old on fs as a deprecated spelling of flag name,
+// which must be defined already: setting -old sets -name. Unlike every other
+// flag, old reads no environment variable (its name may have meant
+// something else elsewhere), and Usage lists it without one.
+func Deprecated(fs *flag.FlagSet, old, name string) {
+	f := fs.Lookup(name)
+	if f == nil {
+		panic("cli.Deprecated: no flag -" + name)
+	}
+	fs.Var(&alias{Value: f.Value, of: name}, old, "deprecated: use -"+name)
+}
+
+// alias forwards to the flag it is a deprecated spelling of.
+type alias struct {
+	flag.Value
+	of string
 }
 
 type discard struct{}
@@ -87,4 +112,30 @@ func PositiveDuration(flagName string, d time.Duration) error {
 		return fmt.Errorf("-%s (%s) must be positive, got %s", flagName, EnvName(flagName), d)
 	}
 	return nil
+}
+
+// UsageError is invalid usage or configuration, named in its text: a
+// subcommand of either binary that returns one exits with status 2.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Usagef returns a *UsageError with a formatted message.
+func Usagef(format string, a ...any) error {
+	return &UsageError{Err: fmt.Errorf(format, a...)}
+}
+
+// ExitCode is the one exit-status rule of every subcommand of both
+// binaries: 0 for success and -help, 2 for a *UsageError, 1 for anything
+// else.
+func ExitCode(err error) int {
+	var ue *UsageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	}
+	return 1
 }

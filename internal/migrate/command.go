@@ -27,11 +27,12 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "usage: %s migrate [flags]\n", prog)
 			cli.Usage(fs, stdout)
+			return err
 		}
-		return err
+		return &cli.UsageError{Err: err}
 	}
 	if err := db.Validate(); err != nil {
-		return err
+		return &cli.UsageError{Err: err}
 	}
 	conn, err := db.Conn(ctx, "onceflow-"+prog+"-migrate")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/effects"
 )
 
@@ -218,7 +219,7 @@ func TestKeyVectors(t *testing.T) {
 // does, case by case; effect_claim rejects what ValidateKey rejects.
 func TestKeyVectorsSQL(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	conn, err := db.Pool.Acquire(ctx)
 	if err != nil {

@@ -8,20 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/onceflow/onceflow/internal/failpoint"
 )
-
-// FailpointAfterCall is armed by fault tests through ONCEFLOW_FAILPOINTS:
-// the call has returned, its result is not recorded yet.
-const FailpointAfterCall = "effects-after-call"
-
-// lockClass is the first key of the ledger's two-int advisory locks: the
-// key locks of onceflow.effect_claim (the second key is hashtext(scope ||
-// E'\n' || key), migration 007) and the pruning lock. Two-int advisory
-// locks never collide with the one-bigint locks used elsewhere (migrations,
-// tests).
-const lockClass = 0x0eff
 
 // Result is what a call returned, recorded in the ledger.
 type Result struct {
@@ -136,7 +123,6 @@ func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call Cal
 	held = true
 
 	res, err := call(ctx, key)
-	failpoint.Hit(FailpointAfterCall)
 	if err != nil {
 		return Result{}, fmt.Errorf("effects: call %q: %w", key, err)
 	}

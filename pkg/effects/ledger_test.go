@@ -16,19 +16,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/effects"
 )
 
-func newDB(t *testing.T) *testkit.DB {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("-short: needs PostgreSQL")
-	}
-	return testkit.NewDB(t)
-}
-
 // TestDoRecordsAndReplays: the first Do calls and records the result; a
 // replay returns the recorded result without calling.
 func TestDoRecordsAndReplays(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := effects.WithEventID(context.Background(), "ev-1")
 	var calls atomic.Int32
 	call := func(_ context.Context, key string) (effects.Result, error) {
@@ -61,7 +53,7 @@ func TestDoRecordsAndReplays(t *testing.T) {
 // next Do calls again with the same key, and attempts counts both.
 func TestDoIntentOnlyCallsAgain(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	boom := errors.New("503 from downstream")
 	var keys []string
@@ -97,7 +89,7 @@ func TestDoIntentOnlyCallsAgain(t *testing.T) {
 // Different keys are not serialized.
 func TestDoSameKeyConcurrently(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	const callers = 8
 	// Each waiter holds a connection while it waits for the lock: room for
@@ -163,7 +155,7 @@ func TestDoSameKeyConcurrently(t *testing.T) {
 // its context; the holder is unaffected and the pool stays usable.
 func TestDoCancelledWhileWaiting(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	inside := make(chan struct{})
 	release := make(chan struct{})
@@ -203,7 +195,7 @@ func TestDoCancelledWhileWaiting(t *testing.T) {
 // different events gives one effect.
 func TestGraphKeyOneEffect(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	var calls atomic.Int32
 	for _, ev := range []string{"delivery-1", "delivery-2-replayed-checkpoint"} {
 		key, err := effects.GraphKey("thread-42", "send_email", "0/3")
@@ -233,7 +225,7 @@ func TestGraphKeyOneEffect(t *testing.T) {
 // takes, and only for its own scope; a bad scope is refused before any I/O.
 func TestDoScoped(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	var calls atomic.Int32
 	call := func(_ context.Context, key string) (effects.Result, error) {
@@ -286,7 +278,7 @@ func TestDoScoped(t *testing.T) {
 // then replayed; and with effect_claim gone DoScoped cannot run at all.
 func TestDoScopedRunsTheSQLProtocol(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	const scope, key = "inbox/agents%2F1/http/%2A", "event:sql-1"
 	holder, err := db.Pool.Acquire(ctx)

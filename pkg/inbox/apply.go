@@ -14,18 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/seqguard"
-)
-
-// Failpoints a fault test can arm through ONCEFLOW_FAILPOINTS.
-const (
-	// fpAfterHandler: the handlers' writes are done, the Postgres commit
-	// has not happened.
-	fpAfterHandler = "consumer-after-handler"
-	// fpAfterPGCommit: Postgres has committed, Kafka's offset not yet.
-	fpAfterPGCommit = "consumer-after-pg-commit"
 )
 
 // malformedKeyPrefix starts the inbox key of a record that has no valid
@@ -85,6 +75,9 @@ type deadLetter struct {
 type applier struct {
 	cfg     *Config
 	handler BatchHandler
+	// guard is the sequence-guard step (newGuard; tests may script it).
+	// See guard.go.
+	guard guard
 }
 
 // errStopped means the worker was told to stop while waiting to retry.
@@ -163,7 +156,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 	var apply []Event
 	kept := map[string]seqguard.Event{}
 	if len(fresh) > 0 {
-		adm, err := a.cfg.guard.lock(ctx, tx, fresh)
+		adm, err := a.guard.lock(ctx, tx, fresh)
 		if err != nil {
 			return out, fmt.Errorf("sequence guard: %w", err)
 		}
@@ -202,7 +195,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 		}
 		out.processed = len(apply)
 	}
-	failpoint.Hit(fpAfterHandler)
+	a.cfg.Hooks.afterHandler()
 	if err := tx.Commit(ctx); err != nil {
 		return out, fmt.Errorf("commit: %w", err)
 	}

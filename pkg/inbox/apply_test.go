@@ -74,9 +74,11 @@ func setupApply(t *testing.T, g guard) applySetup {
 	}
 	db := testkit.NewDB(t)
 	r := &recorder{}
-	cfg := Config{Pool: db.Pool, Group: "g", ConsumerName: "c1", guard: g}.WithDefaults()
-	cfg.setGuard()
-	return applySetup{db: db, app: &applier{cfg: &cfg, handler: r}, rec: r}
+	cfg := Config{Pool: db.Pool, Group: "g", ConsumerName: "c1"}.WithDefaults()
+	if g == nil {
+		g = newGuard(&cfg)
+	}
+	return applySetup{db: db, app: &applier{cfg: &cfg, handler: r, guard: g}, rec: r}
 }
 
 func rec(id string, seq, offset int64) *kgo.Record {
@@ -160,8 +162,8 @@ func TestApplySeqGuard(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := setupApply(t, nil)
-	if _, ok := s.app.cfg.guard.(*seqGuard); !ok {
-		t.Fatalf("default guard %T, want the sequence guard", s.app.cfg.guard)
+	if _, ok := s.app.guard.(*seqGuard); !ok {
+		t.Fatalf("default guard %T, want the sequence guard", s.app.guard)
 	}
 	out, err := s.app.applyTx(ctx, items(rec("e1", 1, 0), rec("e3", 3, 1)))
 	if err != nil {
@@ -307,7 +309,7 @@ func TestReplayThroughGuard(t *testing.T) {
 	}
 	// Source b's gap is given up (its deadline is past for this clock):
 	// b3 is applied without b2.
-	gone, err := s.app.giveUpExpired(ctx, s.app.cfg.guard.(*seqGuard), time.Now().Add(time.Hour), nil)
+	gone, err := s.app.giveUpExpired(ctx, s.app.guard.(*seqGuard), time.Now().Add(time.Hour), nil)
 	if err != nil || gone.processed != 1 || len(gone.guard.givenUp) != 1 || gone.guard.givenUp[0].source != "b" {
 		t.Fatalf("give up b: %+v %v", gone, err)
 	}
@@ -345,7 +347,7 @@ func TestGapTimerDeadLettersFailingReleased(t *testing.T) {
 	if _, err := s.app.applyTx(ctx, items(rec("e1", 1, 0), rec("e3", 3, 1), rec("e4", 4, 2))); err != nil {
 		t.Fatal(err)
 	}
-	g := s.app.cfg.guard.(*seqGuard)
+	g := s.app.guard.(*seqGuard)
 	failures := map[string]int{}
 	later := time.Now().Add(time.Hour)
 	_, err := s.app.giveUpExpired(ctx, g, later, failures)

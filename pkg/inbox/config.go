@@ -88,6 +88,11 @@ type Config struct {
 	// required.
 	Handler Handler
 
+	// Hooks are called at the points of the apply path where a crash
+	// matters (default: none). Fault tests install them to kill the process
+	// there; see Hooks.
+	Hooks Hooks
+
 	// InstanceID, when set, makes this member a static group member
 	// (KIP-345): a restarted process with the same id takes its partitions
 	// back at once instead of waiting for the session timeout, and a clean
@@ -160,10 +165,33 @@ type Config struct {
 
 	// Topics to consume (required).
 	Topics []string
+}
 
-	// guard is the sequence-guard step (set by New from Ordering; tests may
-	// set it). See guard.go.
-	guard guard
+// Hooks are functions the consumer calls at the points of its apply path
+// where a crash matters, in the order below. A nil hook is skipped. They run
+// on the partition's worker goroutine, so a hook that blocks stalls that
+// partition; the library itself never needs them. The consumer binary
+// installs the fault tests' failpoints through them.
+type Hooks struct {
+	// OnAfterHandler runs after the handlers' writes of a batch and before
+	// its Postgres commit.
+	OnAfterHandler func()
+
+	// OnAfterPGCommit runs after a batch's Postgres commit and before its
+	// offsets are marked for the Kafka commit.
+	OnAfterPGCommit func()
+}
+
+func (h Hooks) afterHandler() {
+	if h.OnAfterHandler != nil {
+		h.OnAfterHandler()
+	}
+}
+
+func (h Hooks) afterPGCommit() {
+	if h.OnAfterPGCommit != nil {
+		h.OnAfterPGCommit()
+	}
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.
@@ -219,17 +247,13 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// setGuard sets the guard from Ordering unless one is set. c must not be
-// copied afterwards (the sequence guard keeps a pointer to it).
-func (c *Config) setGuard() {
-	if c.guard != nil {
-		return
-	}
+// newGuard returns the guard step Ordering asks for. The sequence guard
+// reads its policy from c, which must outlive it (the consumer's own copy).
+func newGuard(c *Config) guard {
 	if c.Ordering == OrderArrival {
-		c.guard = arrivalOrder{}
-	} else {
-		c.guard = newSeqGuard(c)
+		return arrivalOrder{}
 	}
+	return newSeqGuard(c)
 }
 
 // validateGuard checks the sequence guard's settings (shared with
@@ -267,20 +291,14 @@ func (c *Config) validate() error {
 		return bad("CommitInterval", "must not be negative")
 	case c.CommitTimeout < 0:
 		return bad("CommitTimeout", "must not be negative")
-	case c.FirstSeen != seqguard.ExpectFirstSeq1 && c.FirstSeen != seqguard.AcceptFirstSeen:
-		return bad("FirstSeen", fmt.Sprintf("unknown value %d", int(c.FirstSeen)))
 	case c.GapCheckInterval < 0:
 		return bad("GapCheckInterval", "must not be negative")
-	case c.GapTimeout < 0:
-		return bad("GapTimeout", "must not be negative")
 	case c.Group == "":
 		return bad("Group", "is required")
 	case len(c.KafkaOpts) == 0:
 		return bad("KafkaOpts", "is required (at least kgo.SeedBrokers)")
 	case c.LatePolicy != seqguard.DeliverLate && c.LatePolicy != seqguard.Hold:
 		return bad("LatePolicy", fmt.Sprintf("unknown value %d", int(c.LatePolicy)))
-	case c.MaxParked < 1:
-		return bad("MaxParked", "must be at least 1")
 	case c.MaxPayloadBytes < 0:
 		return bad("MaxPayloadBytes", "must not be negative")
 	case c.Ordering != OrderSeq && c.Ordering != OrderArrival:
@@ -302,10 +320,8 @@ func (c *Config) validate() error {
 	case len(c.Topics) == 0:
 		return bad("Topics", "is required")
 	}
-	for _, r := range c.GapTimeouts {
-		if err := r.validate(); err != nil {
-			return bad("GapTimeouts", err.Error())
-		}
+	if err := c.validateGuard(); err != nil {
+		return err
 	}
 	for _, t := range c.Topics {
 		if t == "" {

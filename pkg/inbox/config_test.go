@@ -60,9 +60,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		c.GapTimeout != 30*time.Second || c.GapCheckInterval != time.Second || c.MaxParked != 1000 || c.Ordering != OrderSeq {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
-	c.setGuard()
-	if _, ok := c.guard.(*seqGuard); !ok {
-		t.Fatalf("default guard %T, want the sequence guard", c.guard)
+	if g := newGuard(&c); !isSeqGuard(g) {
+		t.Fatalf("default guard %T, want the sequence guard", g)
 	}
 }
 
@@ -83,4 +82,9 @@ func TestParseGapTimeouts(t *testing.T) {
 			t.Errorf("%s: timeout %v, want %v", typ, p.GapTimeout, want)
 		}
 	}
+}
+
+func isSeqGuard(g guard) bool {
+	_, ok := g.(*seqGuard)
+	return ok
 }

@@ -15,8 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/onceflow/onceflow/internal/failpoint"
 )
 
 // Consumer is the consumer engine: a Kafka consumer group member that applies
@@ -99,15 +97,19 @@ func New(cfg Config) (*Consumer, error) {
 	if h == nil {
 		h = asBatch(cfg.Handler)
 	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %w", err)
+	}
 	c := &Consumer{
 		cfg:          cfg,
-		m:            newMetrics(cfg.Registerer),
+		m:            m,
 		log:          cfg.Logger,
 		workers:      map[tp]*worker{},
 		resubscribed: map[string]time.Time{},
 	}
-	c.cfg.setGuard()
 	c.app = &applier{cfg: &c.cfg, handler: h}
+	c.app.guard = newGuard(&c.cfg)
 	return c, nil
 }
 
@@ -174,7 +176,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// The gap timer runs in every replica until Run returns.
 	timerCtx, stopTimer := context.WithCancel(ctx)
 	timerDone := make(chan struct{})
-	if sg, ok := c.cfg.guard.(*seqGuard); ok {
+	if sg, ok := c.app.guard.(*seqGuard); ok {
 		go func() {
 			defer close(timerDone)
 			c.runGapTimer(timerCtx, sg)
@@ -649,7 +651,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	c.m.addGuard(out.guard)
 	c.logGivenUp(ctx, out.guard.givenUp)
 
-	failpoint.Hit(fpAfterPGCommit)
+	c.cfg.Hooks.afterPGCommit()
 	c.copyToDLQ(ctx, cl, out.deadItems)
 	// The Kafka commit follows (every CommitInterval, and on revocation).
 	cl.MarkCommitRecords(recs[len(recs)-1])

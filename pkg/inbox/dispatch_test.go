@@ -25,7 +25,7 @@ func offsets(from, to int64) []*kgo.Record {
 // crash would lose 150-199. A poll made after the reassignment reaches it.
 func TestDispatchNeverReachesALaterWorker(t *testing.T) {
 	t.Parallel()
-	c := &Consumer{cfg: Config{QueueDepth: 2}, m: newMetrics(nil), log: slog.New(slog.DiscardHandler), workers: map[tp]*worker{}}
+	c := &Consumer{cfg: Config{QueueDepth: 2}, m: mustMetrics(t), log: slog.New(slog.DiscardHandler), workers: map[tp]*worker{}}
 	c.addWorkers(map[string][]int32{"t": {0, 1}})
 	stuck := c.workers[tp{"t", 0}]
 	gen := pollGen(c)
@@ -61,4 +61,13 @@ func TestDispatchNeverReachesALaterWorker(t *testing.T) {
 	if len(stuck.queue) != 4 {
 		t.Fatalf("%d batches queued for the stuck partition, want 4", len(stuck.queue))
 	}
+}
+
+func mustMetrics(t *testing.T) *metrics {
+	t.Helper()
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

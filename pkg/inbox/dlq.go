@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/inbox/status"
 	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
@@ -17,7 +18,7 @@ import (
 // kept failing, or the record was malformed) or "held".
 type DeadLetter struct {
 	EventID   string
-	Status    string
+	Status    status.Status
 	Source    string
 	Seq       *int64
 	EventType string
@@ -122,15 +123,16 @@ func (c ReplayConfig) Replay(ctx context.Context, eventID string) (ReplayResult,
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	var (
-		status, source, eventType, topic string
-		seq                              *int64
-		partition                        int32
-		offset                           int64
-		attempts                         int
-		headers, payload                 []byte
-		received                         time.Time
+		st                       status.Status
+		source, eventType, topic string
+		seq                      *int64
+		partition                int32
+		offset                   int64
+		attempts                 int
+		headers, payload         []byte
+		received                 time.Time
 	)
-	err = tx.QueryRow(ctx, qLockForReplay, consumer, eventID).Scan(&status, &source, &seq, &eventType,
+	err = tx.QueryRow(ctx, qLockForReplay, consumer, eventID).Scan(&st, &source, &seq, &eventType,
 		&topic, &partition, &offset, &attempts, &headers, &payload, &received)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("%w: %s (consumer %s)", ErrNotFound, eventID, consumer)
@@ -138,12 +140,12 @@ func (c ReplayConfig) Replay(ctx context.Context, eventID string) (ReplayResult,
 	if err != nil {
 		return "", fmt.Errorf("lock inbox row: %w", err)
 	}
-	switch status {
-	case "processed":
+	switch st {
+	case status.Processed:
 		return AlreadyProcessed, nil
-	case "dead", "held":
+	case status.Dead, status.Held:
 	default:
-		return "", fmt.Errorf("event %s is %s: the sequence guard owns it", eventID, status)
+		return "", fmt.Errorf("event %s is %s: the sequence guard owns it", eventID, st)
 	}
 	rec, err := recordFromRow(topic, partition, offset, headers, payload)
 	if err != nil {
@@ -158,7 +160,7 @@ func (c ReplayConfig) Replay(ctx context.Context, eventID string) (ReplayResult,
 
 	// Which events to apply, in order.
 	evs, res := []Event{ev}, Replayed
-	if status == "held" {
+	if st == status.Held {
 		evs[0].Late, res = true, ReplayedLate
 	} else {
 		var guarded bool

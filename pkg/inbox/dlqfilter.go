@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"github.com/onceflow/onceflow/pkg/inbox/status"
 	"slices"
 	"strings"
 	"time"
@@ -16,7 +17,7 @@ import (
 // The same filter drives `consumer dlq list/replay` and the admin API.
 type DeadLetterFilter struct {
 	// Statuses to include: "dead", "held" (default both).
-	Statuses []string
+	Statuses []status.Status
 	// EventType matches the event type; '*' matches any run of characters
 	// ("billing.*").
 	EventType string
@@ -43,7 +44,7 @@ func (f DeadLetterFilter) Empty() bool {
 // Validate names the first bad field.
 func (f DeadLetterFilter) Validate() error {
 	for _, s := range f.Statuses {
-		if s != "dead" && s != "held" {
+		if s != status.Dead && s != status.Held {
 			return fmt.Errorf("status %q: want dead or held", s)
 		}
 	}
@@ -73,9 +74,13 @@ func (f DeadLetterFilter) args(consumer string) []any {
 	if consumer == "" {
 		consumer = DefaultConsumerName
 	}
-	statuses := f.Statuses
-	if len(statuses) == 0 {
-		statuses = []string{"dead", "held"}
+	want := f.Statuses
+	if len(want) == 0 {
+		want = status.NeedsOperator
+	}
+	statuses := make([]string, len(want))
+	for i, s := range want {
+		statuses[i] = string(s)
 	}
 	str := func(s string) any {
 		if s == "" {
@@ -168,7 +173,7 @@ type DeadLetterGroup struct {
 	// ID names the group in filters (12 hex characters of a hash of status
 	// and key); stable for as long as the key is.
 	ID     string
-	Status string
+	Status status.Status
 	// Key is the normalised error (see the package's queries: words with a
 	// digit become '#').
 	Key string

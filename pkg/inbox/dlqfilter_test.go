@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
 // TestErrorKeyRule pins the grouping rule of docs/console.md: words with a
@@ -94,8 +95,8 @@ func TestDeadLetterFilters(t *testing.T) {
 		want string
 	}{
 		{"all", DeadLetterFilter{}, "pay-0 pay-1 pay-2 pay-3 pay-4 pay-5 mail-1 late-1"},
-		{"dead only", DeadLetterFilter{Statuses: []string{"dead"}}, "pay-0 pay-1 pay-2 pay-3 pay-4 pay-5 mail-1"},
-		{"held only", DeadLetterFilter{Statuses: []string{"held"}}, "late-1"},
+		{"dead only", DeadLetterFilter{Statuses: []status.Status{status.Dead}}, "pay-0 pay-1 pay-2 pay-3 pay-4 pay-5 mail-1"},
+		{"held only", DeadLetterFilter{Statuses: []status.Status{status.Held}}, "late-1"},
 		{"event type glob", DeadLetterFilter{EventType: "email.*"}, "mail-1 late-1"},
 		{"event type exact", DeadLetterFilter{EventType: "billing.charge"}, "pay-0 pay-1 pay-2 pay-3 pay-4 pay-5"},
 		{"event type underscore is literal", DeadLetterFilter{EventType: "email_send"}, ""},
@@ -143,7 +144,7 @@ func TestDeadLetterFilters(t *testing.T) {
 	if got := strings.Join(order, " "); got != "acct-0:2 acct-0:4 acct-0:6 acct-1:1 acct-1:3 acct-1:5" {
 		t.Errorf("replay order: %s", got)
 	}
-	for _, bad := range []DeadLetterFilter{{Statuses: []string{"processed"}}, {Group: "xyz"},
+	for _, bad := range []DeadLetterFilter{{Statuses: []status.Status{status.Processed}}, {Group: "xyz"},
 		{ReceivedFrom: t0, ReceivedTo: t0}} {
 		if _, err := FindDeadLetters(ctx, db.Pool, "c", bad, 1); err == nil {
 			t.Errorf("filter %+v accepted", bad)

@@ -34,9 +34,10 @@
 // break the envelope contract (see package envelope) are dead-lettered at
 // once under the key "malformed:<topic>:<partition>:<offset>".
 //
-// Handlers need no Go code when configured with a HandlerFile: "sql" runs a
-// statement with named parameters per event type, "log" only records the
-// event in the inbox.
+// Handlers need no Go code when configured with a handler file (package
+// handlerfile): "sql" runs a statement with named parameters per event type,
+// "log" only records the event in the inbox, "http" calls a URL fenced by
+// the effects ledger.
 //
 // See docs/consumer.md for operations, configuration and measurements.
 package inbox

@@ -2,29 +2,17 @@ package inbox
 
 import (
 	"context"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 )
 
-// Event is one decoded event as a handler sees it: the envelope fields plus
-// where the record was read from.
+// Event is one decoded event as a handler sees it: the envelope (event id,
+// source, seq, type, content type, traceparent, record key, extra headers,
+// payload, the record's timestamp) plus where the record was read from.
 type Event struct {
-	EventID     string
-	Source      string
-	Seq         int64
-	EventType   string
-	ContentType string
-	Traceparent string
-	// Key is the record key.
-	Key []byte
-	// Headers are the event's extra application headers.
-	Headers map[string]string
-	Payload []byte
-	// Timestamp is the record's timestamp.
-	Timestamp time.Time
+	envelope.Envelope
 
 	Topic     string
 	Partition int32
@@ -36,21 +24,7 @@ type Event struct {
 }
 
 func eventFromEnvelope(e envelope.Envelope, topic string, partition int32, offset int64) Event {
-	return Event{
-		EventID:     e.EventID,
-		Source:      e.Source,
-		Seq:         e.Seq,
-		EventType:   e.EventType,
-		ContentType: e.ContentType,
-		Traceparent: e.Traceparent,
-		Key:         e.Key,
-		Headers:     e.Headers,
-		Payload:     e.Payload,
-		Timestamp:   e.Timestamp,
-		Topic:       topic,
-		Partition:   partition,
-		Offset:      offset,
-	}
+	return Event{Envelope: e, Topic: topic, Partition: partition, Offset: offset}
 }
 
 // Handler applies one event. It runs inside the inbox transaction: every
@@ -108,9 +82,11 @@ func withConsumerName(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, consumerNameKey{}, name)
 }
 
-// consumerNameFrom is the consumer name in ctx, DefaultConsumerName when a
-// caller ran a handler outside the engine.
-func consumerNameFrom(ctx context.Context) string {
+// ConsumerName is the logical consumer running the handler that got ctx
+// (DefaultConsumerName when a caller ran the handler outside the engine).
+// Handlers that keep state of their own per consumer scope it by this name
+// (the handler file's http handlers scope their effects by it).
+func ConsumerName(ctx context.Context) string {
 	if v, ok := ctx.Value(consumerNameKey{}).(string); ok && v != "" {
 		return v
 	}

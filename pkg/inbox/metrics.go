@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,7 +37,7 @@ type metrics struct {
 	heldNow     prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "onceflow", "consumer"
 	m := &metrics{
 		processed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "processed_total",
@@ -90,13 +91,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"other_topic_id", "no_topic_id", "topic_id_unknown"} {
 		m.offsetsIgnored.WithLabelValues(r)
 	}
-	if reg != nil {
-		reg.MustRegister(m.processed, m.duplicates, m.deadLettered, m.handlerErrors, m.malformed,
-			m.batchSize, m.batchDuration, m.lag, m.inFlight, m.offsetsIgnored, m.staleBatches, m.topicsRecreated,
-			m.parked, m.late, m.held, m.gapsOpened, m.gapsGivenUp,
-			m.gapsOpen, m.oldestGap, m.parkedNow, m.heldNow)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.deadLettered, m.handlerErrors, m.malformed,
+		m.batchSize, m.batchDuration, m.lag, m.inFlight, m.offsetsIgnored, m.staleBatches, m.topicsRecreated,
+		m.parked, m.late, m.held, m.gapsOpened, m.gapsGivenUp,
+		m.gapsOpen, m.oldestGap, m.parkedNow, m.heldNow} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return m, nil
 }
 
 func (m *metrics) setLag(topic string, partition int32, lag int64) {

@@ -10,7 +10,10 @@ import (
 func TestMetricsLint(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m := newMetrics(reg)
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m.processed.Inc()
 	m.setLag("orders", 3, 12)
 	m.batchSize.Observe(10)
@@ -33,7 +36,9 @@ func TestMetricsLint(t *testing.T) {
 func TestMetricsGuardExportedFromStart(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	newMetrics(reg)
+	if _, err := newMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -51,5 +56,18 @@ func TestMetricsGuardExportedFromStart(t *testing.T) {
 		if !got[name] {
 			t.Errorf("%s is not exported from start", name)
 		}
+	}
+}
+
+// A second consumer on the same registry is an error from New, never a
+// panic in the host program.
+func TestMetricsRegisteredTwiceIsAnError(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	if _, err := newMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newMetrics(reg); err == nil {
+		t.Fatal("registering the consumer's metrics twice: no error")
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
 // Querier runs statements: pgx.Tx, *pgx.Conn and *pgxpool.Pool all are one.
@@ -111,11 +113,11 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now tim
 	srcs := slices.Clone(sources)
 	slices.Sort(srcs)
 	srcs = slices.Compact(srcs)
-	if _, err := tx.Exec(ctx, sqlEnsureState, s.Consumer, srcs, now); err != nil {
+	if _, err := tx.Exec(ctx, qEnsureState, s.Consumer, srcs, now); err != nil {
 		return nil, fmt.Errorf("create seq state: %w", err)
 	}
 	l := &Locked{store: s, tx: tx, sources: srcs}
-	if err := l.load(ctx, sqlLockState, srcs); err != nil {
+	if err := l.load(ctx, qLockState, srcs); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -130,7 +132,7 @@ func (l *Locked) Now() time.Time { return l.dbNow }
 // savepoint).
 func (l *Locked) Reload(ctx context.Context) error {
 	l.dirty = nil
-	return l.load(ctx, sqlLockState, l.sources)
+	return l.load(ctx, qLockState, l.sources)
 }
 
 // Flush writes the state that Receive deferred (PGStore.DeferInOrder) in one
@@ -151,7 +153,7 @@ func (l *Locked) Flush(ctx context.Context) error {
 		lasts[i] = l.states[src].LastApplied
 		firsts[i] = l.states[src].First
 	}
-	ct, err := l.tx.Exec(ctx, sqlSaveStates, l.store.Consumer, srcs, lasts, l.clock(), firsts)
+	ct, err := l.tx.Exec(ctx, qSaveStates, l.store.Consumer, srcs, lasts, l.clock(), firsts)
 	if err != nil {
 		return fmt.Errorf("save seq state: %w", err)
 	}
@@ -172,7 +174,7 @@ func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error 
 	c := l.store.Consumer
 	states := make(map[string]State, len(srcs))
 	var args []any
-	if lockSQL == sqlLockState {
+	if lockSQL == qLockState {
 		args = []any{c, srcs}
 	} else {
 		args = []any{c, srcs[0]}
@@ -203,7 +205,7 @@ func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error 
 		return fmt.Errorf("lock seq state: %w", err)
 	}
 	if len(locked) > 0 {
-		rows, err = l.tx.Query(ctx, sqlLoadParked, c, locked)
+		rows, err = l.tx.Query(ctx, qLoadParked, c, locked)
 		if err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
@@ -217,7 +219,7 @@ func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error 
 		}); err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
-		rows, err = l.tx.Query(ctx, sqlLoadGaps, c, locked)
+		rows, err = l.tx.Query(ctx, qLoadGaps, c, locked)
 		if err != nil {
 			return fmt.Errorf("load gaps: %w", err)
 		}
@@ -270,7 +272,7 @@ func (l *Locked) Receive(ctx context.Context, ev Event, now time.Time, p Policy)
 
 // loadGivenUp adds to st the given-up ranges of source that hold seq.
 func (l *Locked) loadGivenUp(ctx context.Context, source string, seq int64, st *State) error {
-	rows, err := l.tx.Query(ctx, sqlGivenUpAt, l.store.Consumer, source, seq)
+	rows, err := l.tx.Query(ctx, qGivenUpAt, l.store.Consumer, source, seq)
 	if err != nil {
 		return fmt.Errorf("load given-up gaps: %w", err)
 	}
@@ -344,37 +346,37 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 		g := stp.Gap
 		switch stp.Kind {
 		case StepPark, StepHold, StepSeqConflict:
-			status, late := "parked", false
+			st, late := status.Parked, false
 			switch stp.Kind {
 			case StepHold:
-				status, late = "held", true
+				st, late = status.Held, true
 			case StepSeqConflict:
-				status = "held"
+				st = status.Held
 			}
-			b.Queue(sqlPark, c, cur.EventID, status, late, cur.Headers, cur.Payload).
-				Exec(one(fmt.Sprintf("%s event %s: its inbox row must be inserted first", status, cur.EventID)))
+			b.Queue(qPark, c, cur.EventID, string(st), late, cur.Headers, cur.Payload).
+				Exec(one(fmt.Sprintf("%s event %s: its inbox row must be inserted first", st, cur.EventID)))
 		case StepApply:
 			if !stp.Current {
 				unpark = append(unpark, stp.Seq)
 			} else if stp.Late {
-				b.Queue(sqlMarkLate, c, cur.EventID).Exec(one("mark event " + cur.EventID + " late"))
+				b.Queue(qMarkLate, c, cur.EventID).Exec(one("mark event " + cur.EventID + " late"))
 			}
 		case StepGapOpened:
-			b.Queue(sqlGapOpen, c, src, g.From, g.To, g.OpenedAt, g.Deadline)
+			b.Queue(qGapOpen, c, src, g.From, g.To, g.OpenedAt, g.Deadline)
 		case StepGapNarrowed:
-			b.Queue(sqlGapNarrow, c, src, g.From, g.To, stp.Parts[0].From, stp.Parts[0].To).Exec(one("narrow gap " + g.String()))
+			b.Queue(qGapNarrow, c, src, g.From, g.To, stp.Parts[0].From, stp.Parts[0].To).Exec(one("narrow gap " + g.String()))
 			for _, part := range stp.Parts[1:] {
-				b.Queue(sqlGapOpen, c, src, part.From, part.To, part.OpenedAt, part.Deadline)
+				b.Queue(qGapOpen, c, src, part.From, part.To, part.OpenedAt, part.Deadline)
 			}
 		case StepGapFilled:
-			b.Queue(sqlGapFill, c, src, g.From, g.To, now).Exec(one("fill gap " + g.String()))
+			b.Queue(qGapFill, c, src, g.From, g.To, now).Exec(one("fill gap " + g.String()))
 		case StepGapGivenUp:
-			b.Queue(sqlGapGiveUp, c, src, g.From, g.To, string(stp.Reason), now).Exec(one("give up gap " + g.String()))
+			b.Queue(qGapGiveUp, c, src, g.From, g.To, string(stp.Reason), now).Exec(one("give up gap " + g.String()))
 		}
 	}
 	parked := map[int64]Event{}
 	if len(unpark) > 0 {
-		b.Queue(sqlUnpark, c, src, unpark, now).Query(func(rows pgx.Rows) error {
+		b.Queue(qUnpark, c, src, unpark, now).Query(func(rows pgx.Rows) error {
 			var e Event
 			_, err := pgx.ForEachRow(rows, []any{&e.EventID, &e.Seq, &e.EventType, &e.Topic, &e.Partition, &e.Offset, &e.Headers, &e.Payload}, func() error {
 				e.Source = src
@@ -390,7 +392,7 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 		if next.First > 0 {
 			first = next.First
 		}
-		b.Queue(sqlSaveState, c, src, next.LastApplied, now, first).Exec(one("save seq state"))
+		b.Queue(qSaveState, c, src, next.LastApplied, now, first).Exec(one("save seq state"))
 	}
 	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
 		return Outcome{}, fmt.Errorf("seq guard %q: %w", src, err)
@@ -436,11 +438,11 @@ func (s *PGStore) GiveUpExpired(ctx context.Context, tx pgx.Tx, now time.Time, l
 		limit = 100
 	}
 	if now.IsZero() {
-		if err := tx.QueryRow(ctx, sqlDBNow).Scan(&now); err != nil {
+		if err := tx.QueryRow(ctx, qDBNow).Scan(&now); err != nil {
 			return nil, fmt.Errorf("read the database clock: %w", err)
 		}
 	}
-	rows, err := tx.Query(ctx, sqlExpiredSources, s.Consumer, now, limit)
+	rows, err := tx.Query(ctx, qExpiredSources, s.Consumer, now, limit)
 	if err != nil {
 		return nil, fmt.Errorf("find expired gaps: %w", err)
 	}
@@ -451,7 +453,7 @@ func (s *PGStore) GiveUpExpired(ctx context.Context, tx pgx.Tx, now time.Time, l
 	var outs []Outcome
 	for _, src := range srcs {
 		l := &Locked{store: s, tx: tx}
-		if err := l.load(ctx, sqlLockStateSkipLocked, []string{src}); err != nil {
+		if err := l.load(ctx, qLockStateSkipLocked, []string{src}); err != nil {
 			return nil, err
 		}
 		if _, ok := l.states[src]; !ok {
@@ -484,7 +486,7 @@ func (s *PGStore) Stats(ctx context.Context, q Querier, now time.Time) (Stats, e
 	var st Stats
 	var oldest *time.Time
 	var dbNow time.Time
-	if err := q.QueryRow(ctx, sqlStats, s.Consumer).Scan(&st.OpenGaps, &oldest, &dbNow, &st.Parked, &st.Held); err != nil {
+	if err := q.QueryRow(ctx, qStats, s.Consumer).Scan(&st.OpenGaps, &oldest, &dbNow, &st.Parked, &st.Held); err != nil {
 		return Stats{}, fmt.Errorf("seq guard stats: %w", err)
 	}
 	if now.IsZero() {
@@ -516,7 +518,7 @@ type GapRecord struct {
 // given-up gaps that are unresolved or were given up at or after since.
 // Open gaps come first; then by source and range.
 func (s *PGStore) ListGaps(ctx context.Context, q Querier, includeGivenUp bool, since time.Time) ([]GapRecord, error) {
-	rows, err := q.Query(ctx, sqlListGaps, s.Consumer, includeGivenUp, since)
+	rows, err := q.Query(ctx, qListGaps, s.Consumer, includeGivenUp, since)
 	if err != nil {
 		return nil, fmt.Errorf("list gaps: %w", err)
 	}
@@ -546,7 +548,7 @@ func (s *PGStore) ResolveGap(ctx context.Context, q Querier, source string, from
 	if from < 1 || to < from {
 		return 0, fmt.Errorf("seqguard: resolve gap: bad range %d-%d", from, to)
 	}
-	ct, err := q.Exec(ctx, sqlResolveGaps, s.Consumer, source, from, to, note, now)
+	ct, err := q.Exec(ctx, qResolveGaps, s.Consumer, source, from, to, note, now)
 	if err != nil {
 		return 0, fmt.Errorf("resolve gap: %w", err)
 	}

@@ -1,4 +1,4 @@
-package effects_test
+package retention_test
 
 import (
 	"context"
@@ -14,7 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
 const retentionJSON = `{
@@ -27,7 +29,7 @@ const retentionJSON = `{
 }`
 
 func TestParseRetention(t *testing.T) {
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +48,7 @@ func TestParseRetention(t *testing.T) {
 		`{"classes":[{"match":"ping.*","keep":"24h"}],"sources":[{"source":"stripe-webhooks","horizon":"72h","event_types":["ping.x"]}]}`: `class "ping.*" keeps 24h0m0s, shorter than source "stripe-webhooks"'s redelivery horizon 72h0m0s`,
 	}
 	for cfg, want := range bad {
-		if _, err := effects.ParseRetention([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := retention.Parse([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", cfg, err, want)
 		}
 	}
@@ -57,9 +59,9 @@ func TestParseRetention(t *testing.T) {
 // rows are never pruned; only one replica prunes at a time.
 func TestPrune(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,13 +108,13 @@ func TestPrune(t *testing.T) {
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(3839, hashtext('prune' || E'\n' || 'default'))`); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{BatchSize: 7}); err != nil || !st.Skipped || st.Inbox != 0 {
+	if st, err := retention.Prune(ctx, db.Pool, r, retention.Options{BatchSize: 7}); err != nil || !st.Skipped || st.Inbox != 0 {
 		t.Fatalf("prune while another replica prunes: %+v, %v", st, err)
 	}
 	// Another consumer's pruner is not blocked by it; it prunes none of the
 	// default consumer's rows (only the published outbox row, which belongs
 	// to no consumer).
-	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{Consumer: "nobody"}); err != nil || st.Skipped || st.Inbox+st.Effects != 0 || st.Outbox != 1 {
+	if st, err := retention.Prune(ctx, db.Pool, r, retention.Options{Consumer: "nobody"}); err != nil || st.Skipped || st.Inbox+st.Effects != 0 || st.Outbox != 1 {
 		t.Fatalf("another consumer's prune: %+v, %v", st, err)
 	}
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(3839, hashtext('prune' || E'\n' || 'default'))`); err != nil {
@@ -120,7 +122,7 @@ func TestPrune(t *testing.T) {
 	}
 	holder.Release()
 
-	st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{BatchSize: 7, Pause: time.Millisecond})
+	st, err := retention.Prune(ctx, db.Pool, r, retention.Options{BatchSize: 7, Pause: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +150,7 @@ func TestPrune(t *testing.T) {
 	if n := count(t, db.Pool, `SELECT count(*) FROM onceflow.inbox WHERE consumer = 'other'`); n != 1 {
 		t.Fatalf("the other consumer's inbox row was pruned")
 	}
-	if st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{}); err != nil || st.Inbox+st.Effects+st.Outbox != 0 {
+	if st, err := retention.Prune(ctx, db.Pool, r, retention.Options{}); err != nil || st.Inbox+st.Effects+st.Outbox != 0 {
 		t.Fatalf("second prune: %+v, %v", st, err)
 	}
 }
@@ -159,7 +161,7 @@ func TestPrune(t *testing.T) {
 // (the 1M-row figure in docs/effects.md was taken with it).
 func TestPruneInsertLatency(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	rows := int64(100_000)
 	if v, err := strconv.ParseInt(os.Getenv("ONCEFLOW_TEST_PRUNE_ROWS"), 10, 64); err == nil && v > 0 {
@@ -169,7 +171,7 @@ func TestPruneInsertLatency(t *testing.T) {
 	  SELECT 'default', 'old-' || g, 'src', 'ping.a', 't', 0, g, 'processed', now() - interval '2h' - g * interval '1 ms' FROM generate_series(1, $1) g`, rows); err != nil {
 		t.Fatal(err)
 	}
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +202,7 @@ func TestPruneInsertLatency(t *testing.T) {
 			mu.Unlock()
 		}
 	})
-	st, err := effects.Prune(ctx, db.Pool, r, effects.PruneOptions{BatchSize: 500, Pause: 2 * time.Millisecond})
+	st, err := retention.Prune(ctx, db.Pool, r, retention.Options{BatchSize: 500, Pause: 2 * time.Millisecond})
 	took := time.Since(start)
 	close(done)
 	wg.Wait()
@@ -222,22 +224,25 @@ func TestPruneInsertLatency(t *testing.T) {
 // by result, and stops with its context.
 func TestRunPruner(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, received_at)
 	  SELECT 'default', 'old-' || g, 'src', 'ping.a', 't', 0, g, 'processed', now() - interval '2h' FROM generate_series(1, 30) g`); err != nil {
 		t.Fatal(err)
 	}
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	m := effects.NewPrunerMetrics(reg)
+	m, err := retention.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() {
-		done <- effects.RunPruner(ctx, db.Pool, r, time.Hour, effects.PruneOptions{BatchSize: 8}, m, nil)
+		done <- retention.Run(ctx, db.Pool, r, time.Hour, retention.Options{BatchSize: 8}, m, nil)
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -261,7 +266,7 @@ func TestRunPruner(t *testing.T) {
 // class's glob; rows that are not processed do not count.
 func TestOldestAgeByClass(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
+	db := testkit.NewDBUnlessShort(t)
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, received_at) VALUES
 	  ('default', 'a1', 'src', 'audit.login', 't', 0, 1, 'processed', now() - interval '48 hours'),
@@ -271,11 +276,11 @@ func TestOldestAgeByClass(t *testing.T) {
 	  ('default', 'o1', 'src', 'order.placed', 't', 0, 5, 'processed', now() - interval '5 hours')`); err != nil {
 		t.Fatal(err)
 	}
-	r, err := effects.ParseRetention([]byte(retentionJSON))
+	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ages, err := effects.OldestAgeByClass(ctx, db.Pool, r, "")
+	ages, err := retention.OldestAgeByClass(ctx, db.Pool, r, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,19 @@
-package effects
+package retention
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
-// PrunerMetrics are the counters of RunPruner.
-type PrunerMetrics struct {
+// Metrics are the counters of Run.
+type Metrics struct {
 	// Pruned counts deleted rows by table (inbox, effects, outbox).
 	Pruned *prometheus.CounterVec
 	// Runs counts passes by result (ok, skipped, error).
@@ -25,10 +28,10 @@ type PrunerMetrics struct {
 // Unclassified labels event types that no retention class matches.
 const Unclassified = "(unclassified)"
 
-// NewPrunerMetrics registers the pruner's counters on reg (nil: not
-// registered).
-func NewPrunerMetrics(reg prometheus.Registerer) *PrunerMetrics {
-	m := &PrunerMetrics{
+// NewMetrics registers the pruner's counters on reg (nil: not
+// registered); registering twice on one registry is an error.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_pruned_total",
 			Help: "Rows deleted by retention pruning, by table."}, []string{"table"}),
 		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_prune_runs_total",
@@ -42,15 +45,20 @@ func NewPrunerMetrics(reg prometheus.Registerer) *PrunerMetrics {
 	for _, r := range []string{"ok", "skipped", "error"} {
 		m.Runs.WithLabelValues(r)
 	}
-	if reg != nil {
-		reg.MustRegister(m.Pruned, m.Runs, m.OldestAge)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	for _, c := range []prometheus.Collector{m.Pruned, m.Runs, m.OldestAge} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register retention metrics: %w", err)
+		}
+	}
+	return m, nil
 }
 
-// RunPruner runs Prune every interval (the first pass right away) until ctx
+// Run runs Prune every interval (the first pass right away) until ctx
 // ends, counting into m. Errors are logged and counted, never fatal.
-func RunPruner(ctx context.Context, db *pgxpool.Pool, r *Retention, interval time.Duration, o PruneOptions, m *PrunerMetrics, log *slog.Logger) error {
+func Run(ctx context.Context, db *pgxpool.Pool, r *Policy, interval time.Duration, o Options, m *Metrics, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -93,33 +101,25 @@ func RunPruner(ctx context.Context, db *pgxpool.Pool, r *Retention, interval tim
 
 // OldestAgeByClass returns, per retention class (its glob, or Unclassified),
 // the age of the oldest processed inbox row of consumer (DefaultConsumer
-// when empty). It reads one aggregate over the
-// processed inbox rows grouped by event type (a scan of the inbox: run it at
-// the pruning interval, not more often).
-func OldestAgeByClass(ctx context.Context, db *pgxpool.Pool, r *Retention, consumer string) (map[string]time.Duration, error) {
+// when empty), from inbox.OldestProcessed (a scan of the consumer's inbox
+// rows: run it at the pruning interval, not more often).
+func OldestAgeByClass(ctx context.Context, db *pgxpool.Pool, r *Policy, consumer string) (map[string]time.Duration, error) {
 	if consumer == "" {
 		consumer = DefaultConsumer
 	}
-	rows, err := db.Query(ctx, `SELECT event_type, (extract(epoch FROM now() - min(received_at)) * 1e6)::bigint
-		FROM onceflow.inbox WHERE consumer = $1 AND status = 'processed' GROUP BY event_type`, consumer)
+	byType, err := inbox.OldestProcessed(ctx, db, consumer)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	ages := map[string]time.Duration{}
-	for rows.Next() {
-		var typ string
-		var micros int64
-		if err := rows.Scan(&typ, &micros); err != nil {
-			return nil, err
-		}
+	for typ, age := range byType {
 		class := Unclassified
 		if c, ok := r.ClassOf(typ); ok {
 			class = c.Match
 		}
-		if age := time.Duration(micros) * time.Microsecond; age > ages[class] {
+		if age > ages[class] {
 			ages[class] = age
 		}
 	}
-	return ages, rows.Err()
+	return ages, nil
 }

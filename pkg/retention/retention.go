@@ -1,4 +1,8 @@
-package effects
+// Package retention prunes the dedup rows of onceflow's tables by event
+// class: the retention file's format and checks, the pruning pass and its
+// metrics. Each table's own package owns the statements that read and
+// delete its rows; this package decides which rows have expired.
+package retention
 
 import (
 	"bytes"
@@ -9,9 +13,21 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
-// Retention maps event-type classes to how long their dedup rows are kept,
+// lockClass is the first key of the pruning try-lock: the class of the
+// effects ledger's two-int advisory locks (onceflow.effect_claim takes
+// (x'0eff', hashtext(scope || E'\n' || key)), migration 007), kept equal so
+// that replicas of every version serialize on the same lock. Two-int
+// advisory locks never collide with the one-bigint locks used elsewhere
+// (migrations, tests).
+const lockClass = 0x0eff
+
+// Policy maps event-type classes to how long their dedup rows are kept,
 // and declares how long each source may redeliver:
 //
 //	{
@@ -29,7 +45,7 @@ import (
 // type no class matches is kept permanently. A class's TTL shorter than the
 // horizon of a source that sends a type of that class is rejected: the
 // source could redeliver an event after its inbox row was pruned.
-type Retention struct {
+type Policy struct {
 	Classes []Class  `json:"classes"`
 	Sources []Source `json:"sources,omitempty"`
 }
@@ -60,11 +76,11 @@ type Source struct {
 	horizon time.Duration
 }
 
-// ParseRetention reads and checks a retention configuration.
-func ParseRetention(data []byte) (*Retention, error) {
+// Parse reads and checks a retention configuration.
+func Parse(data []byte) (*Policy, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var r Retention
+	var r Policy
 	if err := dec.Decode(&r); err != nil {
 		return nil, fmt.Errorf("retention: parse: %w", err)
 	}
@@ -75,7 +91,7 @@ func ParseRetention(data []byte) (*Retention, error) {
 }
 
 // Validate compiles and checks the configuration.
-func (r *Retention) Validate() error {
+func (r *Policy) Validate() error {
 	if len(r.Classes) == 0 {
 		return fmt.Errorf("retention: classes: at least one is required")
 	}
@@ -120,7 +136,7 @@ func (r *Retention) Validate() error {
 
 // ClassOf returns the first class whose glob matches eventType (a source's
 // declared type may itself be a glob: it is matched as text).
-func (r *Retention) ClassOf(eventType string) (Class, bool) {
+func (r *Policy) ClassOf(eventType string) (Class, bool) {
 	for _, c := range r.Classes {
 		if ok, _ := path.Match(c.Match, eventType); ok {
 			return c, true
@@ -130,7 +146,7 @@ func (r *Retention) ClassOf(eventType string) (Class, bool) {
 }
 
 // ttlOf returns the TTL of eventType's class, or 0 when it is kept.
-func (r *Retention) ttlOf(eventType string) time.Duration {
+func (r *Policy) ttlOf(eventType string) time.Duration {
 	c, ok := r.ClassOf(eventType)
 	if !ok || c.permanent {
 		return 0
@@ -138,7 +154,7 @@ func (r *Retention) ttlOf(eventType string) time.Duration {
 	return c.ttl
 }
 
-func (r *Retention) minTTL() time.Duration {
+func (r *Policy) minTTL() time.Duration {
 	var m time.Duration
 	for _, c := range r.Classes {
 		if !c.permanent && (m == 0 || c.ttl < m) {
@@ -149,11 +165,11 @@ func (r *Retention) minTTL() time.Duration {
 }
 
 // DefaultConsumer is the logical consumer Prune prunes when
-// PruneOptions.Consumer is empty (the consumer's own default name).
+// Options.Consumer is empty (the consumer's own default name).
 const DefaultConsumer = "default"
 
-// PruneOptions bound the work of one statement.
-type PruneOptions struct {
+// Options bound the work of one statement.
+type Options struct {
 	// BatchSize is the most rows one DELETE removes (default 500).
 	BatchSize int
 	// Consumer is the logical consumer whose inbox rows and effects are
@@ -167,8 +183,8 @@ type PruneOptions struct {
 	Now func() time.Time
 }
 
-// PruneStats counts what one Prune removed.
-type PruneStats struct {
+// Stats counts what one Prune removed.
+type Stats struct {
 	Inbox, Effects, Outbox int64
 	// Skipped is true when another replica held the pruning lock.
 	Skipped bool
@@ -194,11 +210,20 @@ const (
 //     batch (an intent is never pruned; another consumer's rows never are);
 //   - onceflow.outbox rows already published, by published_at.
 //
+// Who prunes published outbox rows: the relay, always, once they are older
+// than its retention (outbox.Config.Retention, `relay -retention`), whatever
+// their class; Prune may delete them sooner, when their class's TTL is
+// shorter. A permanent class therefore protects inbox and effects rows, never
+// outbox rows: the outbox is a queue, the inbox is the dedup record. The
+// statements are each table's own package's: inbox.ScanProcessed and
+// inbox.DeleteProcessed, effects.DeleteDone, outbox.ScanPublished and
+// outbox.DeletePublished.
+//
 // Only one replica prunes a consumer at a time (a try-lock: a second Prune
 // returns Skipped). onceflow.seq_state is never touched: a redelivery of a pruned
 // event of a tracked source is still caught by the sequence guard as late.
-func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) (PruneStats, error) {
-	var st PruneStats
+func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, error) {
+	var st Stats
 	if o.BatchSize <= 0 {
 		o.BatchSize = 500
 	}
@@ -236,115 +261,109 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Retention, o PruneOptions) 
 	} else if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return st, fmt.Errorf("retention: read the database clock: %w", err)
 	}
-	scopePrefix := ConsumerScopePrefix(o.Consumer)
-	pause := func() error {
-		t := time.NewTimer(o.Pause)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-			return nil
-		}
+	p := pass{policy: r, now: now, minTTL: minTTL, batch: o.BatchSize, pause: o.Pause}
+
+	// The consumer's inbox rows, and the effects of the pruned events.
+	scopePrefix := effects.ConsumerScopePrefix(o.Consumer)
+	err = keyset(ctx, &p,
+		func(ctx context.Context, before, afterAt time.Time, afterID string) ([]candidate[string], error) {
+			rows, err := inbox.ScanProcessed(ctx, conn, o.Consumer, before, afterAt, afterID, p.batch)
+			out := make([]candidate[string], len(rows))
+			for i, r := range rows {
+				out[i] = candidate[string]{key: r.EventID, eventType: r.EventType, at: r.ReceivedAt}
+			}
+			return out, err
+		},
+		func(ctx context.Context, ids []string) error {
+			n, err := inbox.DeleteProcessed(ctx, conn, o.Consumer, ids)
+			if err != nil {
+				return err
+			}
+			st.Inbox += n
+			n, err = effects.DeleteDone(ctx, conn, scopePrefix, ids)
+			st.Effects += n
+			return err
+		})
+	if err != nil {
+		return st, fmt.Errorf("retention: %w", err)
 	}
 
-	// The consumer's inbox rows (and the effects of the pruned events),
-	// keyset by (received_at, event_id).
-	var (
-		lastAt    = time.Time{}
-		lastEvent string
-	)
-	for {
-		rows, err := conn.Query(ctx, `SELECT event_id, event_type, received_at FROM onceflow.inbox
-		  WHERE consumer = $1 AND status = 'processed' AND NOT late AND received_at < $2 AND (received_at, event_id) > ($3, $4)
-		  ORDER BY received_at, event_id LIMIT $5`, o.Consumer, now.Add(-minTTL), lastAt, lastEvent, o.BatchSize)
-		if err != nil {
-			return st, fmt.Errorf("retention: scan inbox: %w", err)
-		}
-		var ids []string
-		n := 0
-		for rows.Next() {
-			var id, et string
-			var at time.Time
-			if err := rows.Scan(&id, &et, &at); err != nil {
-				rows.Close()
-				return st, err
+	// Published outbox rows.
+	err = keyset(ctx, &p,
+		func(ctx context.Context, before, afterAt time.Time, afterID int64) ([]candidate[int64], error) {
+			rows, err := outbox.ScanPublished(ctx, conn, before, afterAt, afterID, p.batch)
+			out := make([]candidate[int64], len(rows))
+			for i, r := range rows {
+				out[i] = candidate[int64]{key: r.ID, eventType: r.EventType, at: r.PublishedAt}
 			}
-			n++
-			lastAt, lastEvent = at, id
-			if ttl := r.ttlOf(et); ttl > 0 && at.Before(now.Add(-ttl)) {
-				ids = append(ids, id)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return st, fmt.Errorf("retention: scan inbox: %w", err)
-		}
-		if len(ids) > 0 {
-			tag, err := conn.Exec(ctx, `DELETE FROM onceflow.inbox
-			  WHERE consumer = $1 AND event_id = ANY($2::text[]) AND status = 'processed' AND NOT late`, o.Consumer, ids)
-			if err != nil {
-				return st, fmt.Errorf("retention: prune inbox: %w", err)
-			}
-			st.Inbox += tag.RowsAffected()
-			tag, err = conn.Exec(ctx, `DELETE FROM onceflow.effects
-			  WHERE status = 'done' AND event_id = ANY($1::text[]) AND starts_with(scope, $2)`, ids, scopePrefix)
-			if err != nil {
-				return st, fmt.Errorf("retention: prune effects: %w", err)
-			}
-			st.Effects += tag.RowsAffected()
-		}
-		if n < o.BatchSize {
-			break
-		}
-		if err := pause(); err != nil {
-			return st, err
-		}
-	}
-
-	// Published outbox rows, keyset by (published_at, id).
-	var lastPub time.Time
-	var lastID int64
-	for {
-		rows, err := conn.Query(ctx, `SELECT id, event_type, published_at FROM onceflow.outbox
-		  WHERE published_at IS NOT NULL AND published_at < $1 AND (published_at, id) > ($2, $3)
-		  ORDER BY published_at, id LIMIT $4`, now.Add(-minTTL), lastPub, lastID, o.BatchSize)
-		if err != nil {
-			return st, fmt.Errorf("retention: scan outbox: %w", err)
-		}
-		var del []int64
-		n := 0
-		for rows.Next() {
-			var id int64
-			var et string
-			var at time.Time
-			if err := rows.Scan(&id, &et, &at); err != nil {
-				rows.Close()
-				return st, err
-			}
-			n++
-			lastPub, lastID = at, id
-			if ttl := r.ttlOf(et); ttl > 0 && at.Before(now.Add(-ttl)) {
-				del = append(del, id)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return st, fmt.Errorf("retention: scan outbox: %w", err)
-		}
-		if len(del) > 0 {
-			tag, err := conn.Exec(ctx, `DELETE FROM onceflow.outbox WHERE id = ANY($1) AND published_at IS NOT NULL`, del)
-			if err != nil {
-				return st, fmt.Errorf("retention: prune outbox: %w", err)
-			}
-			st.Outbox += tag.RowsAffected()
-		}
-		if n < o.BatchSize {
-			break
-		}
-		if err := pause(); err != nil {
-			return st, err
-		}
+			return out, err
+		},
+		func(ctx context.Context, ids []int64) error {
+			n, err := outbox.DeletePublished(ctx, conn, ids)
+			st.Outbox += n
+			return err
+		})
+	if err != nil {
+		return st, fmt.Errorf("retention: %w", err)
 	}
 	return st, nil
+}
+
+// pass is one pruning pass's settings.
+type pass struct {
+	policy *Policy
+	now    time.Time
+	minTTL time.Duration
+	batch  int
+	pause  time.Duration
+}
+
+// candidate is a row a keyset walk reads: its key, its event type (for its
+// class) and the time its TTL runs from.
+type candidate[K any] struct {
+	key       K
+	eventType string
+	at        time.Time
+}
+
+// keyset walks a table in (at, key) order, batch by batch, over the rows
+// older than the shortest TTL, and deletes those whose own class's TTL has
+// passed. scan returns at most p.batch rows after the cursor; del deletes
+// keys. It pauses p.pause between batches.
+func keyset[K any](ctx context.Context, p *pass,
+	scan func(ctx context.Context, before, afterAt time.Time, after K) ([]candidate[K], error),
+	del func(ctx context.Context, keys []K) error,
+) error {
+	var (
+		afterAt time.Time
+		after   K
+	)
+	for {
+		rows, err := scan(ctx, p.now.Add(-p.minTTL), afterAt, after)
+		if err != nil {
+			return err
+		}
+		var expired []K
+		for _, r := range rows {
+			afterAt, after = r.at, r.key
+			if ttl := p.policy.ttlOf(r.eventType); ttl > 0 && r.at.Before(p.now.Add(-ttl)) {
+				expired = append(expired, r.key)
+			}
+		}
+		if len(expired) > 0 {
+			if err := del(ctx, expired); err != nil {
+				return err
+			}
+		}
+		if len(rows) < p.batch {
+			return nil
+		}
+		t := time.NewTimer(p.pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package inbox
+package handlerfile
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
 func TestCompileSQL(t *testing.T) {
@@ -82,8 +84,8 @@ func TestSQLArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := &Event{EventID: "e1", Seq: 7, Headers: map[string]string{"tenant": "acme"},
-		Payload: []byte(`{"order":{"id":"o-1"},"total":12.50,"ok":true,"items":[1,2],"n":null}`)}
+	ev := &inbox.Event{Envelope: envelope.Envelope{EventID: "e1", Seq: 7, Headers: map[string]string{"tenant": "acme"},
+		Payload: []byte(`{"order":{"id":"o-1"},"total":12.50,"ok":true,"items":[1,2],"n":null}`)}}
 	args, err := st.args(ev)
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +94,7 @@ func TestSQLArgs(t *testing.T) {
 	if !reflect.DeepEqual(args, want) {
 		t.Fatalf("args %#v\nwant %#v", args, want)
 	}
-	if _, err := st.args(&Event{Payload: []byte("not json")}); err == nil {
+	if _, err := st.args(&inbox.Event{Envelope: envelope.Envelope{Payload: []byte("not json")}}); err == nil {
 		t.Fatal("a payload path on a non-JSON payload gave no error")
 	}
 }
@@ -109,11 +111,11 @@ func TestParseHandlerFile(t *testing.T) {
 		`{"handler": []}`: "unknown field",
 	}
 	for src, frag := range cases {
-		if _, err := ParseHandlerFile([]byte(src)); err == nil || !strings.Contains(err.Error(), frag) {
+		if _, err := Parse([]byte(src)); err == nil || !strings.Contains(err.Error(), frag) {
 			t.Errorf("%s: err = %v, want %q", src, err, frag)
 		}
 	}
-	h, err := ParseHandlerFile([]byte(`{"handlers": [{"event_type": "a", "kind": "sql", "sql": "SELECT :seq"}, {"event_type": "*", "kind": "log"}]}`))
+	h, err := Parse([]byte(`{"handlers": [{"event_type": "a", "kind": "sql", "sql": "SELECT :seq"}, {"event_type": "*", "kind": "log"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +139,7 @@ func TestSQLHandlerParamTypes(t *testing.T) {
 	    late_t text, late_b boolean, seq_t text, seq_n bigint, part_t text, part_n integer, off_n bigint, tenant text)`); err != nil {
 		t.Fatal(err)
 	}
-	h, err := ParseHandlerFile([]byte(`{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+	h, err := Parse([]byte(`{"handlers": [{"event_type": "*", "kind": "sql", "sql":
 	  "INSERT INTO public.p VALUES (:late, :late, :seq, :seq, :partition, :partition, :offset, :header.x-tenant) /* :nope */"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +149,8 @@ func TestSQLHandlerParamTypes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	ev := Event{EventID: "e", Source: "s", Seq: 9007199254740993, Partition: 3, Offset: 41, Late: true, Headers: map[string]string{"x-tenant": "acme"}}
-	if err := h.HandleBatch(ctx, tx, []Event{ev}); err != nil {
+	ev := inbox.Event{Envelope: envelope.Envelope{EventID: "e", Source: "s", Seq: 9007199254740993, Headers: map[string]string{"x-tenant": "acme"}}, Partition: 3, Offset: 41, Late: true}
+	if err := h.HandleBatch(ctx, tx, []inbox.Event{ev}); err != nil {
 		t.Fatal(err)
 	}
 	var got string

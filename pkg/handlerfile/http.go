@@ -1,4 +1,4 @@
-package inbox
+package handlerfile
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
 // HTTPSpec configures a handler of kind "http": the event's payload is sent
@@ -78,6 +79,8 @@ type httpHandler struct {
 	secrets []string
 	headers http.Header
 	client  *http.Client
+	// afterCall is the OnAfterHTTPCall hook (nil: none).
+	afterCall func()
 
 	mu   sync.Mutex
 	pool *pgxpool.Pool
@@ -280,7 +283,7 @@ func oneLineText(s string, limit int) string {
 	return s[:cut] + "…"
 }
 
-func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *Event) error {
+func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 	key, err := effects.EventKey(ev.EventID)
 	if err != nil {
 		return err
@@ -289,9 +292,13 @@ func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *Event) error {
 	if err != nil {
 		return err
 	}
-	scope := effects.ConsumerScope(consumerNameFrom(ctx), "http", h.entry)
+	scope := effects.ConsumerScope(inbox.ConsumerName(ctx), "http", h.entry)
 	_, err = effects.DoScoped(effects.WithEventID(ctx, ev.EventID), pool, scope, key, func(ctx context.Context, key string) (effects.Result, error) {
-		return h.send(ctx, key, ev)
+		res, err := h.send(ctx, key, ev)
+		if h.afterCall != nil {
+			h.afterCall()
+		}
+		return res, err
 	})
 	if err != nil {
 		// The call's own errors are clean; this also covers anything a
@@ -311,7 +318,7 @@ type scrubbedError struct {
 func (e *scrubbedError) Error() string { return e.msg }
 func (e *scrubbedError) Unwrap() error { return e.err }
 
-func (h *httpHandler) send(ctx context.Context, key string, ev *Event) (effects.Result, error) {
+func (h *httpHandler) send(ctx context.Context, key string, ev *inbox.Event) (effects.Result, error) {
 	req, err := http.NewRequestWithContext(ctx, h.method, h.url, bytes.NewReader(ev.Payload))
 	if err != nil {
 		return effects.Result{}, &httpCallError{Method: h.method, Where: h.where, Err: errors.New("bad request")}

@@ -1,15 +1,15 @@
-package inbox_test
+package handlerfile_test
 
 import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/handlerfile"
 )
 
 func TestHTTPHandlerConfig(t *testing.T) {
 	good := `{"handlers":[{"event_type":"*","kind":"http","http":{"url":"http://127.0.0.1:1/x","method":"put","headers":{"Authorization":"Bearer t"},"timeout":"2s"}}]}`
-	if _, err := inbox.ParseHandlerFile([]byte(good)); err != nil {
+	if _, err := handlerfile.Parse([]byte(good)); err != nil {
 		t.Fatalf("good config: %v", err)
 	}
 	bad := map[string]string{
@@ -23,7 +23,7 @@ func TestHTTPHandlerConfig(t *testing.T) {
 		`{"handlers":[{"event_type":"*","kind":"log","http":{"url":"http://h/x"}}]}`:                                    `kind log takes no http`,
 	}
 	for cfg, want := range bad {
-		_, err := inbox.ParseHandlerFile([]byte(cfg))
+		_, err := handlerfile.Parse([]byte(cfg))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want it to contain %q", cfg, err, want)
 		}

@@ -1,4 +1,4 @@
-package inbox
+package handlerfile
 
 import (
 	"context"
@@ -6,6 +6,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
 // TestHTTPHandlerRedacts: whatever fails — no connection, a 4xx whose body
@@ -53,7 +56,7 @@ func TestHTTPHandlerRedacts(t *testing.T) {
 	}
 	h := compile(t, "http://alice:"+pass+"@"+host+"/hook?api_key="+key)
 	for _, id := range []string{"echo", "binary", "redirect"} {
-		_, err := h.send(context.Background(), "event:"+id, &Event{EventID: id, Payload: []byte(`{}`)})
+		_, err := h.send(context.Background(), "event:"+id, &inbox.Event{Envelope: envelope.Envelope{EventID: id, Payload: []byte(`{}`)}})
 		if err == nil {
 			t.Fatalf("%s: no error", id)
 		}
@@ -74,7 +77,7 @@ func TestHTTPHandlerRedacts(t *testing.T) {
 		}
 	}
 	refused := compile(t, "http://alice:"+pass+"@127.0.0.1:1/hook?api_key="+key)
-	_, err := refused.send(context.Background(), "event:x", &Event{EventID: "x"})
+	_, err := refused.send(context.Background(), "event:x", &inbox.Event{Envelope: envelope.Envelope{EventID: "x"}})
 	if err == nil || !strings.Contains(err.Error(), "http POST http://127.0.0.1:1") {
 		t.Fatalf("connection refused: %v", err)
 	}

@@ -1,4 +1,8 @@
-package inbox
+// Package handlerfile is the language of the consumer binary's handler file:
+// built-in "sql", "log" and "http" handlers configured per event type in
+// JSON, compiled into an inbox.BatchHandler. The engine (package inbox) knows
+// nothing of it.
+package handlerfile
 
 import (
 	"bytes"
@@ -10,9 +14,11 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
-// HandlerFile is the configuration of the built-in handlers, read from a
+// File is the configuration of the built-in handlers, read from a
 // JSON file so that the consumer binary needs no Go code:
 //
 //	{
@@ -44,44 +50,62 @@ import (
 // type the statement gives the parameter. "::" is a cast, not a parameter;
 // quoted strings ('…', E'…' with backslash escapes), quoted identifiers and
 // comments (--, and nested /* */) are left alone.
-type HandlerFile struct {
-	Handlers []HandlerSpec `json:"handlers"`
+type File struct {
+	Handlers []Spec `json:"handlers"`
 }
 
-// HandlerSpec configures the handler of one event type.
-type HandlerSpec struct {
+// Spec configures the handler of one event type.
+type Spec struct {
 	EventType string    `json:"event_type"`
 	Kind      string    `json:"kind"`
 	SQL       string    `json:"sql,omitempty"`
 	HTTP      *HTTPSpec `json:"http,omitempty"`
 }
 
-// LoadHandlerFile reads a HandlerFile from path and compiles it.
-func LoadHandlerFile(path string) (BatchHandler, error) {
+// Opt is an option of the handler file's compilation.
+type Opt func(*fileOpts)
+
+type fileOpts struct {
+	afterHTTPCall func()
+}
+
+// OnAfterHTTPCall installs a hook the http handlers call after their
+// downstream call returned and before the effects ledger records its result
+// (the consumer binary installs the fault tests' failpoint through it).
+func OnAfterHTTPCall(fn func()) Opt {
+	return func(o *fileOpts) { o.afterHTTPCall = fn }
+}
+
+// Load reads a File from path and compiles it.
+func Load(path string, opts ...Opt) (inbox.BatchHandler, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read handler file: %w", err)
 	}
-	h, err := ParseHandlerFile(b)
+	h, err := Parse(b, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("handler file %s: %w", path, err)
 	}
 	return h, nil
 }
 
-// ParseHandlerFile compiles a JSON HandlerFile.
-func ParseHandlerFile(data []byte) (BatchHandler, error) {
+// Parse compiles a JSON File.
+func Parse(data []byte, opts ...Opt) (inbox.BatchHandler, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var f HandlerFile
+	var f File
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("parse: %w", err)
 	}
-	return f.Compile()
+	return f.Compile(opts...)
 }
 
 // Compile checks the file and builds its handler.
-func (f HandlerFile) Compile() (BatchHandler, error) {
+func (f File) Compile(opts ...Opt) (inbox.BatchHandler, error) {
+	var o fileOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if len(f.Handlers) == 0 {
 		return nil, fmt.Errorf("handlers: at least one is required")
 	}
@@ -117,6 +141,7 @@ func (f HandlerFile) Compile() (BatchHandler, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
+			hh.afterCall = o.afterHTTPCall
 			c.http = hh
 		default:
 			return nil, fmt.Errorf("%s.kind %q: want sql, log or http", where, s.Kind)
@@ -144,26 +169,26 @@ func (h *configured) lookup(eventType string) *compiled {
 }
 
 // HandleBatch pipelines the events' statements in one round trip.
-func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
+func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Event) error {
 	var b pgx.Batch
 	var queued []string
 	for i := range evs {
 		c := h.lookup(evs[i].EventType)
 		if c == nil {
-			return &HandlerError{EventID: evs[i].EventID, Err: fmt.Errorf("no handler configured for event type %q", evs[i].EventType)}
+			return &inbox.HandlerError{EventID: evs[i].EventID, Err: fmt.Errorf("no handler configured for event type %q", evs[i].EventType)}
 		}
 		if c.kind == "log" {
 			continue
 		}
 		if c.kind == "http" {
 			if err := c.http.handle(ctx, tx, &evs[i]); err != nil {
-				return &HandlerError{EventID: evs[i].EventID, Err: err}
+				return &inbox.HandlerError{EventID: evs[i].EventID, Err: err}
 			}
 			continue
 		}
 		args, err := c.stmt.args(&evs[i])
 		if err != nil {
-			return &HandlerError{EventID: evs[i].EventID, Err: err}
+			return &inbox.HandlerError{EventID: evs[i].EventID, Err: err}
 		}
 		b.Queue(c.stmt.sql, args...)
 		queued = append(queued, evs[i].EventID)
@@ -175,7 +200,7 @@ func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []Event) er
 	for _, id := range queued {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return &HandlerError{EventID: id, Err: err}
+			return &inbox.HandlerError{EventID: id, Err: err}
 		}
 	}
 	return br.Close()
@@ -328,7 +353,7 @@ func parseParam(name string) (param, error) {
 // args are the statement's parameter values, every one as text (a string,
 // or nil for NULL): Postgres converts text to the type the statement gives
 // the parameter, so :late goes into a boolean or a text column alike.
-func (s *sqlStatement) args(ev *Event) ([]any, error) {
+func (s *sqlStatement) args(ev *inbox.Event) ([]any, error) {
 	args := make([]any, len(s.params))
 	var doc any
 	parsed := false

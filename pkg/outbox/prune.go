@@ -1,0 +1,62 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Conn runs the prune statements: pgx.Tx, *pgx.Conn, *pgxpool.Conn and
+// *pgxpool.Pool all do.
+type Conn interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// PublishedRow is a published outbox row as retention (pkg/retention) sees
+// it.
+type PublishedRow struct {
+	ID          int64
+	EventType   string
+	PublishedAt time.Time
+}
+
+// Statements of pruning by event class. The relay's own pruning
+// (Config.Retention) deletes by age alone (pruneSQL).
+const (
+	// $1 published before, $2/$3 the cursor (published_at, id), $4 limit.
+	qScanPublished = `
+SELECT id, event_type, published_at FROM onceflow.outbox
+ WHERE published_at IS NOT NULL AND published_at < $1 AND (published_at, id) > ($2, $3)
+ ORDER BY published_at, id LIMIT $4`
+	qDeletePublishedIDs = `
+DELETE FROM onceflow.outbox WHERE id = ANY($1) AND published_at IS NOT NULL`
+)
+
+// ScanPublished returns up to limit published rows published before before
+// and after the cursor (afterAt, afterID), in (published_at, id) order.
+// Unpublished rows are never returned.
+func ScanPublished(ctx context.Context, db Conn, before, afterAt time.Time, afterID int64, limit int) ([]PublishedRow, error) {
+	rows, err := db.Query(ctx, qScanPublished, before, afterAt, afterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("scan outbox: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[PublishedRow])
+	if err != nil {
+		err = fmt.Errorf("scan outbox: %w", err)
+	}
+	return out, err
+}
+
+// DeletePublished deletes the rows of ids that are published and returns
+// how many it deleted; an unpublished row is never deleted.
+func DeletePublished(ctx context.Context, db Conn, ids []int64) (int64, error) {
+	tag, err := db.Exec(ctx, qDeletePublishedIDs, ids)
+	if err != nil {
+		return 0, fmt.Errorf("prune outbox: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
