@@ -59,6 +59,14 @@ demo: build ## Run onceflow end to end on embedded defaults, with chaos; KAFKA=l
 	@if [ "$(KAFKA)" = local ]; then set -a; eval "$$($(SERVICES) up kafka)"; set +a; fi; \
 	$(GO) run ./cmd/demo -bin-dir bin $(if $(filter local,$(KAFKA)),-kafka local,) $(DEMO_ARGS)
 
+DURATION ?= 10m
+SEED ?= 0
+SOAK_ARGS ?=
+.PHONY: soak
+soak: build ## Chaos soak: 3 Kafka brokers, own PostgreSQL, relays/consumers/brokers/database killed; report in soak-results/. DURATION=1h SEED=n SOAK_ARGS="-rate 300".
+	@$(REQUIRE) postgres kafka
+	$(GO) run ./cmd/soak -bin-dir bin -duration $(DURATION) -seed $(SEED) $(SOAK_ARGS)
+
 IMAGE ?= bin/onceflow-image.oci.tar
 .PHONY: image
 image: ## Build the container image (both binaries, from scratch, non-root) into $(IMAGE), an OCI archive; no Docker daemon or registry needed.

@@ -24,7 +24,7 @@ need() { # need GROUP… CHECK PACKAGE
 #   PACKAGE  the Debian package that provides it
 # The Makefile asks for: test → postgres kafka test; test-python → postgres
 # python; bench, services-up → postgres kafka; demo → postgres (and kafka
-# with KAFKA=local); image → image.
+# with KAFKA=local); image → image; soak → postgres kafka.
 
 need postgres   '/usr/lib/postgresql/*/bin/initdb'    postgresql
 need kafka      java                                  openjdk-17-jre-headless

@@ -3,32 +3,19 @@ package demo
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/procs"
 )
 
-type child struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
 // start launches the named child (relay-a, consumer-b, …) unless it runs.
-func (r *run) start(ctx context.Context, name string) error {
-	r.procMu.Lock()
-	defer r.procMu.Unlock()
-	if c := r.procs[name]; c != nil {
-		select {
-		case <-c.done:
-		default:
-			return nil // still running
-		}
+func (r *run) start(_ context.Context, name string) error {
+	if r.procs.Running(name) {
+		return nil
 	}
-	port, err := freePort()
+	port, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
@@ -53,58 +40,12 @@ func (r *run) start(ctx context.Context, name string) error {
 			args = append(args, "-gap-timeout", r.cfg.GapTimeout.String())
 		}
 	}
-	logf, err := os.OpenFile(filepath.Join(r.logDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(filepath.Join(r.cfg.BinDir, kind), args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start %s: %w", name, err)
-	}
-	c := &child{cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logf.Close(); close(c.done) }()
-	r.procs[name] = c
-	return nil
+	_, err = r.procs.Start(name, procs.Spec{Bin: filepath.Join(r.cfg.BinDir, kind), Args: args})
+	return err
 }
 
 // kill SIGKILLs a child and waits for it to be gone.
-func (r *run) kill(name string) {
-	r.procMu.Lock()
-	c := r.procs[name]
-	r.procMu.Unlock()
-	if c == nil {
-		return
-	}
-	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-	<-c.done
-}
+func (r *run) kill(name string) { r.procs.Kill(name) }
 
 // stopAll asks every child to drain (SIGTERM), then kills stragglers.
-func (r *run) stopAll() {
-	r.procMu.Lock()
-	defer r.procMu.Unlock()
-	for _, c := range r.procs {
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	deadline := time.After(15 * time.Second)
-	for _, c := range r.procs {
-		select {
-		case <-c.done:
-		case <-deadline:
-			_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-			<-c.done
-		}
-	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+func (r *run) stopAll() { r.procs.StopAll(15 * time.Second) }

@@ -33,6 +33,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/pgtemp"
+	"github.com/onceflow/onceflow/internal/procs"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
@@ -120,8 +121,7 @@ type run struct {
 	writtenIDs sync.Map // event id -> source
 	dupIDs     sync.Map // event id -> struct{}
 
-	procMu sync.Mutex
-	procs  map[string]*child
+	procs *procs.Set
 
 	tracing *demoTracing // nil unless OTEL_* turns tracing on (tracing.go)
 }
@@ -137,7 +137,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	r := &run{cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), procs: map[string]*child{}}
+	r := &run{cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	runID := fmt.Sprintf("%s-%04x", time.Now().UTC().Format("20060102-150405"), rand.Uint32()&0xffff)
 	r.topic = topicPrefix + "-" + runID
 	r.checkpointTopic = "onceflow-demo-" + runID + "-checkpoints"
@@ -155,7 +155,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		if r.logDir, err = os.MkdirTemp("", "onceflow-demo-"); err != nil {
 			return nil, err
 		}
-	} else if err := os.MkdirAll(r.logDir, 0o755); err != nil {
+	}
+	if r.procs, err = procs.NewSet(r.logDir); err != nil {
 		return nil, err
 	}
 	r.printf("onceflow demo: %s at %d events/s, chaos %v (seed %d)\n", cfg.Duration, cfg.Rate, cfg.Chaos, seed)

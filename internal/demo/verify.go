@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/onceflow/onceflow/internal/audit"
 )
 
 // verify checks the invariants against the database.
@@ -19,38 +21,38 @@ func (r *run) verify(ctx context.Context) (*Summary, error) {
 		return nil, fmt.Errorf("read totals: %w", err)
 	}
 
-	// Effects once: every written event applied exactly once, nothing else.
-	applied := map[string]int{}
-	rows, err := r.pool.Query(ctx, `SELECT event_id, count(*) FROM public.demo_effects GROUP BY event_id`)
+	// Effects once: every written event applied exactly once, nothing else;
+	// each source in seq order in the order of application (late events
+	// excepted).
+	applied := audit.NewSequence()
+	rows, err := r.pool.Query(ctx, `SELECT event_id, source, seq, late FROM public.demo_effects ORDER BY n`)
 	if err != nil {
 		return nil, err
 	}
 	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
+		var id, src string
+		var seq int64
+		var late bool
+		if err := rows.Scan(&id, &src, &seq, &late); err != nil {
 			return nil, err
 		}
-		applied[id] = n
+		if late {
+			applied.Count[id]++
+			continue
+		}
+		applied.Add(id, src, seq)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	var lost, doubled, unknown []string
+	written := map[string]bool{}
 	r.writtenIDs.Range(func(k, _ any) bool {
-		id := k.(string)
-		switch n := applied[id]; {
-		case n == 0:
-			lost = append(lost, id)
-		case n > 1:
-			doubled = append(doubled, fmt.Sprintf("%s×%d", id, n))
-		}
+		written[k.(string)] = true
 		return true
 	})
-	for id := range applied {
-		if _, ok := r.writtenIDs.Load(id); !ok {
-			unknown = append(unknown, id)
-		}
+	lost, doubled, unknown := applied.Diff(written)
+	for i, id := range doubled {
+		doubled[i] = fmt.Sprintf("%s×%d", id, applied.Count[id])
 	}
 	add := func(name string, ids []string) {
 		if len(ids) > 0 {
@@ -65,34 +67,12 @@ func (r *run) verify(ctx context.Context) (*Summary, error) {
 	// Duplicates suppressed: each injected copy's event still has one effect.
 	r.dupIDs.Range(func(k, _ any) bool {
 		s.DuplicateEvents++
-		if applied[k.(string)] == 1 {
+		if applied.Count[k.(string)] == 1 {
 			s.DuplicatesSuppressed++
 		}
 		return true
 	})
-
-	// Per-source order: in apply order, seqs increase (late events excepted).
-	rows, err = r.pool.Query(ctx, `SELECT source, seq FROM public.demo_effects WHERE NOT late ORDER BY n`)
-	if err != nil {
-		return nil, err
-	}
-	last := map[string]int64{}
-	var disorder []string
-	for rows.Next() {
-		var src string
-		var seq int64
-		if err := rows.Scan(&src, &seq); err != nil {
-			return nil, err
-		}
-		if prev, ok := last[src]; ok && seq <= prev {
-			disorder = append(disorder, fmt.Sprintf("%s: %d after %d", src, seq, prev))
-		}
-		last[src] = seq
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	add("C3 ordered per source: out of order", disorder)
+	add("C3 ordered per source: out of order", applied.OutOfOrder)
 
 	// The never-filled gap must have been given up, loudly.
 	gaps, err := r.pool.Query(ctx, `SELECT source, from_seq, to_seq FROM onceflow.seq_gaps WHERE state = 'given_up' ORDER BY id`)

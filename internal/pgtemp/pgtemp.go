@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -32,6 +33,7 @@ type Cluster struct {
 	bin  string
 	asPG bool
 	opts string // the server options given to pg_ctl start
+	dog  *exec.Cmd
 }
 
 // BinDir finds the directory holding initdb and pg_ctl: the newest
@@ -66,6 +68,10 @@ type Options struct {
 	// Settings are extra server settings, name to value (e.g.
 	// "max_connections": "300"); default none.
 	Settings map[string]string
+	// StopWithProcess starts a watchdog that stops the server and removes
+	// its files if this process dies without calling Stop (a crashed soak
+	// must not leave a server behind); default off.
+	StopWithProcess bool
 }
 
 // Start creates and starts a cluster. Stop removes it.
@@ -134,7 +140,31 @@ func StartWithOptions(ctx context.Context, o Options) (*Cluster, error) {
 	}
 	c.Port = port
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if o.StopWithProcess {
+		if err := c.startWatchdog(); err != nil {
+			_ = c.Stop()
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// startWatchdog runs a shell that waits for this process to die, then
+// stops the server and removes its directory. Stop kills the watchdog.
+func (c *Cluster) startWatchdog() error {
+	stop := fmt.Sprintf("%q -D %q -m immediate stop", filepath.Join(c.bin, "pg_ctl"), filepath.Join(c.dir, "data"))
+	if c.asPG {
+		stop = "runuser -u postgres -- " + stop
+	}
+	script := fmt.Sprintf("while kill -0 %d 2>/dev/null; do sleep 1; done; %s >/dev/null 2>&1; rm -rf %q", os.Getpid(), stop, c.dir)
+	cmd := exec.Command("sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("pgtemp watchdog: %w", err)
+	}
+	go func() { _ = cmd.Wait() }()
+	c.dog = cmd
+	return nil
 }
 
 // installTLS copies the server certificate and key into the cluster
@@ -184,6 +214,10 @@ func (c *Cluster) Dir() string { return c.dir }
 
 // Stop shuts the server down and removes its files.
 func (c *Cluster) Stop() error {
+	if c.dog != nil {
+		_ = syscall.Kill(-c.dog.Process.Pid, syscall.SIGKILL)
+		c.dog = nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "fast", "-w", "stop")

@@ -2,7 +2,6 @@ package testkit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -10,9 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/internal/audit"
 	"github.com/onceflow/onceflow/pkg/envelope"
 )
 
@@ -59,34 +58,46 @@ const MissingPatience = 15 * time.Second
 type Checker struct {
 	pool  *pgxpool.Pool
 	topic string
-	cl    *kgo.Client
-	adm   *kadm.Client
+	r     *audit.TopicReader
+	seq   *audit.Sequence
 
 	keep      func(envelope.Envelope) bool // nil: every envelope
 	committed string                       // query for the committed event ids ($1 = topic)
 	args      []any
 
-	count   map[string]int
-	lastSeq map[string]int64
-	last    map[int32]int64 // partition -> last offset read (control records included)
-	report  Report
+	report Report
 }
 
 // NewChecker starts reading topic from its beginning. opts are added to
 // the clients (e.g. kgo.SeedBrokers of a private broker).
 func NewChecker(t testing.TB, pool *pgxpool.Pool, topic string, opts ...kgo.Opt) *Checker {
 	t.Helper()
-	cl := Client(t, append([]kgo.Opt{
-		kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-	}, opts...)...)
-	return &Checker{
-		pool: pool, topic: topic, cl: cl, adm: kadm.NewClient(Client(t, opts...)),
+	c := &Checker{
+		pool: pool, topic: topic, seq: audit.NewSequence(),
 		committed: `SELECT event_id FROM onceflow.outbox WHERE topic = $1`,
-		count:     map[string]int{}, lastSeq: map[string]int64{}, last: map[int32]int64{},
 	}
+	r, err := audit.NewTopicReader(topic, c.add,
+		append([]kgo.Opt{kgo.SeedBrokers(strings.Split(KafkaBrokers(t), ",")...)}, opts...)...)
+	if err != nil {
+		t.Fatalf("checker: %v", err)
+	}
+	t.Cleanup(r.Close)
+	c.r = r
+	return c
+}
+
+// add takes one record the reader read: the envelopes Only keeps are
+// counted and their order judged.
+func (c *Checker) add(rec audit.Record) {
+	if rec.Err == nil && c.keep != nil && !c.keep(rec.Env) {
+		return
+	}
+	c.report.Seen++
+	if rec.Err != nil {
+		c.report.Unexpected = append(c.report.Unexpected, rec.Err.Error())
+		return
+	}
+	c.seq.Add(rec.Env.EventID, rec.Env.Source, rec.Env.Seq)
 }
 
 // Only makes the checker look only at the envelopes keep accepts (e.g. the
@@ -156,12 +167,12 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 	// are reported lost.
 	lastMissing, since := -1, time.Now()
 	for {
-		if err := c.readToStable(ctx); err != nil {
+		if err := c.r.ReadToStable(ctx); err != nil {
 			return c.report, err
 		}
 		missing := 0
 		for id := range committed {
-			if c.count[id] == 0 {
+			if c.seq.Count[id] == 0 {
 				missing++
 			}
 		}
@@ -178,85 +189,13 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 	}
 	r := c.report
 	r.Committed = len(committed)
-	r.Lost, r.Duplicated = nil, nil
-	r.Unexpected = append([]string(nil), c.report.Unexpected...)
-	for id := range committed {
-		if c.count[id] == 0 {
-			r.Lost = append(r.Lost, id)
-		}
-	}
-	for id, n := range c.count {
-		if n > 1 {
-			r.Duplicated = append(r.Duplicated, id)
-		}
-		if !committed[id] {
-			r.Unexpected = append(r.Unexpected, id)
-		}
-	}
-	sort.Strings(r.Lost)
-	sort.Strings(r.Duplicated)
+	var phantom []string
+	r.Lost, r.Duplicated, phantom = c.seq.Diff(committed)
+	r.OutOfOrder = append([]string(nil), c.seq.OutOfOrder...)
+	r.Unexpected = append(append([]string(nil), c.report.Unexpected...), phantom...)
 	sort.Strings(r.Unexpected)
 	return r, nil
 }
 
 // Count is how many times event id was read so far.
-func (c *Checker) Count(eventID string) int { return c.count[eventID] }
-
-func (c *Checker) readToStable(ctx context.Context) error {
-	lso, err := c.adm.ListCommittedOffsets(ctx, c.topic)
-	if err != nil {
-		return err
-	}
-	if err := lso.Error(); err != nil {
-		return err
-	}
-	done := func() bool {
-		ok := true
-		lso.Each(func(o kadm.ListedOffset) {
-			if o.Offset > 0 {
-				if last, seen := c.last[o.Partition]; !seen || last < o.Offset-1 {
-					ok = false
-				}
-			}
-		})
-		return ok
-	}
-	for !done() {
-		fs := c.cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("read %s to its last stable offset: %w", c.topic, err)
-		}
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return ferr
-		}
-		fs.EachRecord(func(rec *kgo.Record) {
-			c.last[rec.Partition] = rec.Offset
-			if rec.Attrs.IsControl() {
-				return
-			}
-			env, err := envelope.Decode(rec, 0)
-			if err == nil && c.keep != nil && !c.keep(env) {
-				return
-			}
-			c.report.Seen++
-			if err != nil {
-				c.report.Unexpected = append(c.report.Unexpected, err.Error())
-				return
-			}
-			c.count[env.EventID]++
-			if prev, ok := c.lastSeq[env.Source]; ok && env.Seq <= prev && c.count[env.EventID] == 1 {
-				c.report.OutOfOrder = append(c.report.OutOfOrder, fmt.Sprintf("%s: seq %d after seq %d", env.Source, env.Seq, prev))
-			}
-			if env.Seq > c.lastSeq[env.Source] {
-				c.lastSeq[env.Source] = env.Seq
-			}
-		})
-	}
-	return nil
-}
+func (c *Checker) Count(eventID string) int { return c.seq.Count[eventID] }

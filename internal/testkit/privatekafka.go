@@ -2,15 +2,13 @@ package testkit
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/kafkanode"
 )
 
 // PrivateKafka is a single-node PLAINTEXT Kafka (KRaft) owned by one test,
@@ -21,9 +19,7 @@ type PrivateKafka struct {
 	Brokers string
 	Dir     string
 
-	node *kafkaNode
-	cmd  *exec.Cmd
-	done chan struct{}
+	node *kafkanode.Node
 }
 
 // StartPrivateKafka formats and starts a broker and stops it on cleanup.
@@ -32,7 +28,7 @@ func StartPrivateKafka(t testing.TB) *PrivateKafka {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	ports, err := freePorts(2)
+	ports, err := kafkanode.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +41,7 @@ listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 	if k.node, err = prepareKafkaNode(ctx, dir, listeners, ports[1], "384m"); err != nil {
 		t.Fatalf("private kafka: %v", err)
 	}
-	t.Cleanup(k.kill)
+	t.Cleanup(k.node.Kill)
 	if err := k.start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -53,48 +49,25 @@ listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 }
 
 func (k *PrivateKafka) start(ctx context.Context) error {
-	var err error
-	if k.cmd, k.done, err = k.node.start(); err != nil {
+	if err := k.node.Start(); err != nil {
 		return fmt.Errorf("private kafka: %w", err)
 	}
-	done := k.done
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	for {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := cl.Ping(pctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-done:
-			return errors.New("private kafka exited during start: see " + filepath.Join(k.Dir, "stdout.log"))
-		case <-ctx.Done():
-			return fmt.Errorf("private kafka did not answer: %w", ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := k.node.WaitReady(ctx, cl.Ping); err != nil {
+		return fmt.Errorf("private kafka: %w", err)
 	}
+	return nil
 }
 
 // Restart stops the broker (SIGTERM, a controlled shutdown) and starts it
 // again on the same ports and data.
 func (k *PrivateKafka) Restart(ctx context.Context) error {
-	_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-k.done:
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := k.node.Terminate(ctx); err != nil {
+		return err
 	}
 	return k.start(ctx)
-}
-
-func (k *PrivateKafka) kill() {
-	if k.cmd != nil && k.cmd.Process != nil {
-		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
-		<-k.done
-	}
 }

@@ -14,15 +14,15 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/onceflow/onceflow/internal/kafkanode"
 )
 
 // TestCA is a certificate authority generated for one test run: ECDSA P-256,
@@ -135,7 +135,7 @@ type SecureKafka struct {
 	Dir   string
 	Users []KafkaUser
 
-	cmd  *exec.Cmd
+	node *kafkanode.Node
 	done chan struct{}
 }
 
@@ -222,11 +222,11 @@ ssl.client.auth=none
 	if err != nil {
 		return nil, fmt.Errorf("secure kafka: %w", err)
 	}
-	var done chan struct{}
-	if k.cmd, done, err = node.start(); err != nil {
+	if err = node.Start(); err != nil {
 		return nil, fmt.Errorf("secure kafka: %w", err)
 	}
-	go func() { <-done; close(k.done) }()
+	k.node = node
+	go func() { <-node.Done(); close(k.done) }()
 
 	if err := k.waitReady(ctx, *admin); err != nil {
 		return nil, err
@@ -277,9 +277,8 @@ func (k *SecureKafka) LogHint() string {
 
 // Stop kills the broker and removes its files. Safe to call more than once.
 func (k *SecureKafka) Stop() {
-	if k.cmd != nil && k.cmd.Process != nil {
-		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
-		<-k.done
+	if k.node != nil {
+		k.node.Kill()
 	}
 	if k.Dir != "" {
 		_ = os.RemoveAll(k.Dir)
@@ -292,18 +291,7 @@ func kafkaClasspath(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "services.sh"), "classpath")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("secure kafka: scripts/services.sh classpath: %v: %s", err, strings.TrimSpace(stderr.String()))
-	}
-	cp := strings.TrimSpace(string(out))
-	if cp == "" {
-		return "", errors.New("secure kafka: scripts/services.sh classpath printed nothing")
-	}
-	return cp, nil
+	return kafkanode.Classpath(ctx, filepath.Join(root, "scripts", "services.sh"))
 }
 
 // propertyValue writes a multi-line PEM as one .properties value.
@@ -311,36 +299,6 @@ func propertyValue(pemBytes []byte) string {
 	return strings.ReplaceAll(strings.TrimSpace(string(pemBytes)), "\n", `\n`)
 }
 
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+func freePorts(n int) ([]int, error) { return kafkanode.FreePorts(n) }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func lastLinesOf(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func lastLinesOf(s string, n int) string { return kafkanode.LastLines(s, n) }

@@ -1,0 +1,304 @@
+// Package kafkanode launches Apache Kafka (KRaft) processes from the jars
+// that scripts/services.sh resolves: one node acting as broker and
+// controller, prepared in a directory of its own. It is the launcher behind
+// the tests' private brokers (internal/testkit) and the soak's three-broker
+// cluster (internal/soak); scripts/services.sh starts the shared test broker
+// the same way, in shell.
+package kafkanode
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Config describes one node.
+type Config struct {
+	// Classpath of the Kafka jars (required; see Classpath).
+	Classpath string
+	// ClusterID is shared by every node of a cluster (default: a random one,
+	// right for a single node).
+	ClusterID string
+	// Dir holds server.properties, log4j2.properties, data/, server.log and
+	// stdout.log (required; must exist).
+	Dir string
+	// FormatArgs are added to the storage format command (e.g. --add-scram).
+	FormatArgs []string
+	// Listeners are the listener properties: listeners,
+	// advertised.listeners, inter.broker.listener.name,
+	// listener.security.protocol.map and any per-listener settings (required).
+	Listeners string
+	// MaxHeap is the JVM's -Xmx (default "384m").
+	MaxHeap string
+	// NodeID is node.id (default 1).
+	NodeID int
+	// QuorumVoters is controller.quorum.voters, e.g. "1@127.0.0.1:9093"
+	// (required).
+	QuorumVoters string
+	// ReplicationFactor of the internal topics (__consumer_offsets,
+	// __transaction_state) and the default of new topics; from 2 up,
+	// min.insync.replicas is 2 for them and the broker default (default 1).
+	ReplicationFactor int
+}
+
+// Node is a prepared (formatted) node that can be started, killed and
+// started again on the same ports and data.
+type Node struct {
+	Dir   string
+	java  string
+	props string
+	jvm   []string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// commonProps are the settings every node shares: broker and controller in
+// one process, no auto-created topics, no initial rebalance delay.
+func commonProps(c Config) string {
+	rf := max(c.ReplicationFactor, 1)
+	minISR := min(rf, 2)
+	return fmt.Sprintf(`process.roles=broker,controller
+node.id=%d
+controller.quorum.voters=%s
+controller.listener.names=CONTROLLER
+log.dirs=%s
+num.partitions=1
+auto.create.topics.enable=false
+default.replication.factor=%d
+min.insync.replicas=%d
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=%d
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=%d
+transaction.state.log.min.isr=%d
+transaction.state.log.num.partitions=4
+group.initial.rebalance.delay.ms=0
+share.coordinator.state.topic.replication.factor=%d
+share.coordinator.state.topic.min.isr=%d
+log.segment.bytes=67108864
+`, max(c.NodeID, 1), c.QuorumVoters, filepath.Join(c.Dir, "data"), rf, minISR, rf, rf, minISR, rf, minISR)
+}
+
+// NewClusterID returns a random KRaft cluster id.
+func NewClusterID() string {
+	id := make([]byte, 16)
+	_, _ = rand.Read(id)
+	return base64.RawURLEncoding.EncodeToString(id)
+}
+
+// Prepare writes the node's configuration into c.Dir and formats its
+// storage.
+func Prepare(ctx context.Context, c Config) (*Node, error) {
+	if c.Dir == "" || c.Listeners == "" || c.QuorumVoters == "" || c.Classpath == "" {
+		return nil, errors.New("kafkanode: Dir, Listeners, QuorumVoters and Classpath are required")
+	}
+	java, err := exec.LookPath(envOr("ONCEFLOW_JAVA", "java"))
+	if err != nil {
+		return nil, errors.New("kafka: java not found: install the Debian package 'openjdk-17-jre-headless' (apt-get install -y openjdk-17-jre-headless)")
+	}
+	if c.MaxHeap == "" {
+		c.MaxHeap = "384m"
+	}
+	if c.ClusterID == "" {
+		c.ClusterID = NewClusterID()
+	}
+	n := &Node{Dir: c.Dir, java: java, props: filepath.Join(c.Dir, "server.properties")}
+	props := strings.TrimRight(c.Listeners, "\n") + "\n" + commonProps(c)
+	if err := os.WriteFile(n.props, []byte(props), 0o600); err != nil {
+		return nil, err
+	}
+	log4j := fmt.Sprintf(`status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = %s
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%%d] %%p %%m (%%c)%%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = warn
+logger.kafkaorg.name = org.apache.kafka
+logger.kafkaorg.level = warn
+logger.state.name = state.change.logger
+logger.state.level = warn
+`, filepath.Join(c.Dir, "server.log"))
+	if err := os.WriteFile(filepath.Join(c.Dir, "log4j2.properties"), []byte(log4j), 0o644); err != nil {
+		return nil, err
+	}
+	n.jvm = []string{"-Xms128m", "-Xmx" + c.MaxHeap, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+		"-Dlog4j2.configurationFile=" + filepath.Join(c.Dir, "log4j2.properties"), "-cp", c.Classpath}
+	format := append(append([]string{}, n.jvm...), "kafka.tools.StorageTool", "format",
+		// "=" form: a base64url id may begin with "-", which the tool's
+		// argument parser would take for an option.
+		"--cluster-id="+c.ClusterID, "-c", n.props)
+	format = append(format, c.FormatArgs...)
+	if out, err := exec.CommandContext(ctx, java, format...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("kafka: storage format: %v: %s", err, LastLines(string(out), 5))
+	}
+	return n, nil
+}
+
+// Start launches the node (in its own process group, killed when the
+// starting thread's process dies) with stdout and stderr appended to
+// Dir/stdout.log. It fails if the node runs already.
+func (n *Node) Start() error {
+	if n.Running() {
+		return errors.New("kafka: node already running")
+	}
+	out, err := os.OpenFile(filepath.Join(n.Dir, "stdout.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd := exec.Command(n.java, append(append([]string{}, n.jvm...), "kafka.Kafka", n.props)...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("kafka: start: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	n.cmd, n.done = cmd, done
+	return nil
+}
+
+// Running reports whether the node's process is alive.
+func (n *Node) Running() bool {
+	if n.done == nil {
+		return false
+	}
+	select {
+	case <-n.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Done is closed when the current process exits (nil before Start).
+func (n *Node) Done() <-chan struct{} { return n.done }
+
+// PID of the current process (0 before Start).
+func (n *Node) PID() int {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return 0
+	}
+	return n.cmd.Process.Pid
+}
+
+// Kill sends SIGKILL to the node's process group (a hard crash) and waits
+// for the process to be gone.
+func (n *Node) Kill() {
+	n.signalWait(syscall.SIGKILL, nil)
+}
+
+// Terminate sends SIGTERM (a controlled shutdown) and waits for the exit or
+// for ctx to end.
+func (n *Node) Terminate(ctx context.Context) error {
+	return n.signalWait(syscall.SIGTERM, ctx.Done())
+}
+
+func (n *Node) signalWait(sig syscall.Signal, cancel <-chan struct{}) error {
+	if !n.Running() {
+		return nil
+	}
+	_ = syscall.Kill(-n.cmd.Process.Pid, sig)
+	select {
+	case <-n.done:
+		return nil
+	case <-cancel:
+		return errors.New("kafka: node did not stop in time")
+	}
+}
+
+// WaitReady calls ping (a metadata request by the caller's client) every
+// 200ms until it succeeds, the process exits or ctx ends.
+func (n *Node) WaitReady(ctx context.Context, ping func(context.Context) error) error {
+	done := n.done
+	var last error
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		last = ping(pctx)
+		cancel()
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("kafka exited during start: see %s", n.LogHint())
+		case <-ctx.Done():
+			return fmt.Errorf("kafka did not answer (%v): see %s", last, n.LogHint())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// LogHint names the node's log files and quotes the end of each.
+func (n *Node) LogHint() string {
+	b, _ := os.ReadFile(filepath.Join(n.Dir, "server.log"))
+	o, _ := os.ReadFile(filepath.Join(n.Dir, "stdout.log"))
+	return fmt.Sprintf("%s/server.log:\n%s\nstdout.log:\n%s", n.Dir, LastLines(string(b), 10), LastLines(string(o), 10))
+}
+
+// Classpath asks scripts/services.sh (at script) for the cached Kafka jars,
+// resolving them with mvn on the first run.
+func Classpath(ctx context.Context, script string) (string, error) {
+	cmd := exec.CommandContext(ctx, "bash", script, "classpath")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("kafka: %s classpath: %v: %s", script, err, strings.TrimSpace(stderr.String()))
+	}
+	cp := strings.TrimSpace(string(out))
+	if cp == "" {
+		return "", fmt.Errorf("kafka: %s classpath printed nothing", script)
+	}
+	return cp, nil
+}
+
+// FreePorts returns n distinct loopback ports that were free a moment ago.
+func FreePorts(n int) ([]int, error) {
+	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// LastLines is the last n lines of s.
+func LastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

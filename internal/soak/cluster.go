@@ -1,0 +1,378 @@
+package soak
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/onceflow/onceflow/internal/kafkanode"
+	"github.com/onceflow/onceflow/internal/tcpproxy"
+)
+
+// broker is one node of the soak's cluster. Clients of the binaries reach
+// it through proxy (its advertised EXTERNAL listener); the brokers among
+// themselves and the soak's own clients use the INTERNAL listener, which no
+// proxy fault touches.
+type broker struct {
+	id       int32
+	node     *kafkanode.Node
+	internal string // 127.0.0.1:port of the INTERNAL listener
+	proxy    *tcpproxy.Proxy
+}
+
+// cluster is a three-node KRaft cluster (each node broker and controller)
+// started for one soak, with replication factor 3 and min.insync.replicas 2
+// for the internal topics, as in production.
+type cluster struct {
+	brokers []*broker
+	mu      sync.Mutex // guards node start/kill
+}
+
+const clusterSize = 3
+
+func startCluster(ctx context.Context, script, dir string) (*cluster, error) {
+	cp, err := kafkanode.Classpath(ctx, script)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := kafkanode.FreePorts(3 * clusterSize)
+	if err != nil {
+		return nil, err
+	}
+	var voters []string
+	for i := range clusterSize {
+		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, ports[3*i+2]))
+	}
+	c := &cluster{}
+	clusterID := kafkanode.NewClusterID()
+	for i := range clusterSize {
+		external, internal, controller := ports[3*i], ports[3*i+1], ports[3*i+2]
+		px, err := tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", external))
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+		b := &broker{id: int32(i + 1), internal: fmt.Sprintf("127.0.0.1:%d", internal), proxy: px}
+		c.brokers = append(c.brokers, b)
+		bdir := filepath.Join(dir, fmt.Sprintf("broker-%d", i+1))
+		if err := os.MkdirAll(bdir, 0o755); err != nil {
+			c.stop()
+			return nil, err
+		}
+		listeners := fmt.Sprintf(`listeners=EXTERNAL://127.0.0.1:%d,INTERNAL://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d
+advertised.listeners=EXTERNAL://127.0.0.1:%d,INTERNAL://127.0.0.1:%d
+inter.broker.listener.name=INTERNAL
+listener.security.protocol.map=EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+`, external, internal, controller, px.Port(), internal)
+		b.node, err = kafkanode.Prepare(ctx, kafkanode.Config{
+			Classpath: cp, ClusterID: clusterID, Dir: bdir, Listeners: listeners, MaxHeap: "384m",
+			NodeID: i + 1, QuorumVoters: strings.Join(voters, ","), ReplicationFactor: clusterSize,
+		})
+		if err != nil {
+			c.stop()
+			return nil, fmt.Errorf("broker %d: %w", i+1, err)
+		}
+	}
+	for _, b := range c.brokers {
+		if err := b.node.Start(); err != nil {
+			c.stop()
+			return nil, fmt.Errorf("broker %d: %w", b.id, err)
+		}
+	}
+	for _, b := range c.brokers {
+		if err := c.waitBroker(ctx, b); err != nil {
+			c.stop()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// externalSeeds are the proxy addresses the binaries are given.
+func (c *cluster) externalSeeds() []string {
+	var s []string
+	for _, b := range c.brokers {
+		s = append(s, b.proxy.Addr())
+	}
+	return s
+}
+
+// internalOpts connect the soak's own clients past the proxies.
+func (c *cluster) internalOpts() []kgo.Opt {
+	var s []string
+	for _, b := range c.brokers {
+		s = append(s, b.internal)
+	}
+	return []kgo.Opt{kgo.SeedBrokers(s...), kgo.RetryTimeout(30 * time.Second)}
+}
+
+func (c *cluster) broker(id int32) *broker {
+	for _, b := range c.brokers {
+		if b.id == id {
+			return b
+		}
+	}
+	return nil
+}
+
+// waitBroker waits until b answers a metadata request on its own INTERNAL
+// listener and the cluster lists it.
+func (c *cluster) waitBroker(ctx context.Context, b *broker) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.internal))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if err := b.node.WaitReady(ctx, func(ctx context.Context) error {
+		m, err := adm.BrokerMetadata(ctx)
+		if err != nil {
+			return err
+		}
+		for _, bd := range m.Brokers {
+			if bd.NodeID == b.id {
+				return nil
+			}
+		}
+		return fmt.Errorf("broker %d not registered yet", b.id)
+	}); err != nil {
+		return fmt.Errorf("broker %d: %w", b.id, err)
+	}
+	return nil
+}
+
+// kill SIGKILLs broker id (a hard crash: no controlled shutdown).
+func (c *cluster) kill(id int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b := c.broker(id); b != nil {
+		b.node.Kill()
+	}
+}
+
+// restart starts broker id again and waits until it answers.
+func (c *cluster) restart(ctx context.Context, id int32) error {
+	b := c.broker(id)
+	c.mu.Lock()
+	err := b.node.Start()
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return c.waitBroker(ctx, b)
+}
+
+// ensureRunning starts any broker that is not running (e.g. one that
+// crashed by itself) and reports which.
+func (c *cluster) ensureRunning(ctx context.Context) ([]int32, error) {
+	var started []int32
+	for _, b := range c.brokers {
+		if b.node.Running() {
+			continue
+		}
+		if err := c.restart(ctx, b.id); err != nil {
+			return started, err
+		}
+		started = append(started, b.id)
+	}
+	return started, nil
+}
+
+// healthy reports whether every partition of every topic (internal ones
+// included) has all its replicas in sync; else a description of the first
+// that does not.
+func healthy(ctx context.Context, adm *kadm.Client) (bool, string, error) {
+	m, err := adm.Metadata(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	if len(m.Brokers) < clusterSize {
+		return false, fmt.Sprintf("%d of %d brokers registered", len(m.Brokers), clusterSize), nil
+	}
+	for _, t := range m.Topics.Sorted() {
+		if t.Err != nil {
+			return false, fmt.Sprintf("topic %s: %v", t.Topic, t.Err), nil
+		}
+		for _, p := range t.Partitions.Sorted() {
+			if p.Err != nil || p.Leader < 0 || len(p.ISR) < len(p.Replicas) {
+				return false, fmt.Sprintf("%s/%d: leader %d, isr %v of %v", t.Topic, p.Partition, p.Leader, p.ISR, p.Replicas), nil
+			}
+		}
+	}
+	return true, "", nil
+}
+
+// waitHealthy polls healthy until it holds or limit passes.
+func waitHealthy(ctx context.Context, adm *kadm.Client, limit time.Duration) (string, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ok, why, err := healthy(qctx, adm)
+		cancel()
+		if ok {
+			return "", nil
+		}
+		if err != nil {
+			why = err.Error()
+		}
+		if time.Now().After(deadline) {
+			return why, nil
+		}
+		select {
+		case <-ctx.Done():
+			return why, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// Broker roles a broker fault targets.
+const (
+	roleEventLeader      = "event-partition-leader"
+	roleCheckpointLeader = "checkpoint-leader"
+	roleTxnCoordinator   = "txn-coordinator"
+	roleGroupCoordinator = "group-coordinator"
+)
+
+var brokerRoles = []string{roleEventLeader, roleCheckpointLeader, roleTxnCoordinator, roleGroupCoordinator}
+
+// roleHolder finds the broker that currently plays role: the leader of
+// event partition pick (modulo the partition count), of the checkpoint
+// partition, the coordinator of the relay's transactional id, or of the
+// consumer group.
+func roleHolder(ctx context.Context, adm *kadm.Client, role string, pick int, eventTopic, ckptTopic, group string) (int32, string, error) {
+	switch role {
+	case roleEventLeader, roleCheckpointLeader:
+		topic := eventTopic
+		if role == roleCheckpointLeader {
+			topic = ckptTopic
+		}
+		m, err := adm.Metadata(ctx, topic)
+		if err != nil {
+			return -1, "", err
+		}
+		t, ok := m.Topics[topic]
+		if !ok || t.Err != nil || len(t.Partitions) == 0 {
+			return -1, "", fmt.Errorf("metadata of %s: %v", topic, t.Err)
+		}
+		ps := t.Partitions.Sorted()
+		p := ps[pick%len(ps)]
+		if p.Leader < 0 {
+			return -1, "", fmt.Errorf("%s/%d has no leader", topic, p.Partition)
+		}
+		return p.Leader, fmt.Sprintf("leader of %s/%d", topic, p.Partition), nil
+	case roleTxnCoordinator:
+		txns, err := adm.ListTransactions(ctx, nil, nil)
+		if err != nil && len(txns) == 0 {
+			return -1, "", fmt.Errorf("list transactions: %w", err)
+		}
+		ids := make([]string, 0, len(txns))
+		for id := range txns {
+			ids = append(ids, id)
+		}
+		if len(ids) == 0 {
+			return -1, "", errors.New("no transactional id on the cluster yet")
+		}
+		sort.Strings(ids)
+		id := ids[pick%len(ids)]
+		return txns[id].Coordinator, "coordinator of transactional id " + id, nil
+	case roleGroupCoordinator:
+		r := adm.FindGroupCoordinators(ctx, group)[group]
+		if r.Err != nil {
+			return -1, "", fmt.Errorf("find coordinator of group %s: %w", group, r.Err)
+		}
+		return r.NodeID, "coordinator of group " + group, nil
+	}
+	return -1, "", fmt.Errorf("unknown broker role %q", role)
+}
+
+// stop kills every broker and closes the proxies.
+func (c *cluster) stop() {
+	for _, b := range c.brokers {
+		if b.node != nil {
+			b.node.Kill()
+		}
+		if b.proxy != nil {
+			_ = b.proxy.Close()
+		}
+	}
+}
+
+// waitTopics waits until every broker's own metadata lists every topic
+// with a leader for each partition: a topic just created reaches the
+// brokers one after another, and a binary started meanwhile may ask one that
+// does not know it yet.
+func (c *cluster) waitTopics(ctx context.Context, topics ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cl, err := kgo.NewClient(c.internalOpts()...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for _, b := range c.brokers {
+		for {
+			why := knows(ctx, cl.Broker(int(b.id)), topics)
+			if why == "" {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("topics not visible on every broker: broker %d: %s", b.id, why)
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// knows asks one broker for the topics' metadata: "" when it lists them
+// all with a leader for every partition, else what is missing.
+func knows(ctx context.Context, b *kgo.Broker, topics []string) string {
+	req := kmsg.NewPtrMetadataRequest()
+	for _, name := range topics {
+		t := kmsg.NewMetadataRequestTopic()
+		t.Topic = kmsg.StringPtr(name)
+		req.Topics = append(req.Topics, t)
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(qctx, b)
+	if err != nil {
+		return err.Error()
+	}
+	if len(resp.Topics) != len(topics) {
+		return fmt.Sprintf("%d of %d topics listed", len(resp.Topics), len(topics))
+	}
+	for _, t := range resp.Topics {
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil || len(t.Partitions) == 0 {
+			return fmt.Sprintf("topic %s: %v", deref(t.Topic), err)
+		}
+		for _, p := range t.Partitions {
+			if p.Leader < 0 || p.ErrorCode != 0 {
+				return fmt.Sprintf("%s/%d has no leader yet", deref(t.Topic), p.Partition)
+			}
+		}
+	}
+	return ""
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

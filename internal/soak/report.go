@@ -1,0 +1,239 @@
+package soak
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Report is what a soak run found.
+type Report struct {
+	// OK is true when no anomaly was found.
+	OK bool `json:"ok"`
+	// Command is how the run was started (set by the caller).
+	Command          string    `json:"command,omitempty"`
+	Seed             uint64    `json:"seed"`
+	Rate             int       `json:"rate"`
+	DurationS        float64   `json:"duration_s"`
+	FaultIntervalS   float64   `json:"fault_interval_s"`
+	StartedAt        time.Time `json:"started_at"`
+	ProducingSeconds float64   `json:"producing_s"`
+	// LoadStart and LoadEnd are /proc/loadavg's three averages when
+	// producing began and when the report was made.
+	LoadStart    string  `json:"load_avg_start"`
+	LoadEnd      string  `json:"load_avg_end"`
+	DrainSeconds float64 `json:"drain_s"`
+
+	Events EventCounts `json:"events"`
+
+	Faults       []Fault          `json:"faults"`
+	FaultsByKind map[string]int   `json:"faults_by_kind"`
+	Restarts     int              `json:"broker_and_database_restarts"`
+	Recovery     Stats            `json:"recovery"`
+	RecoveryBy   map[string]Stats `json:"recovery_by_kind"`
+	Stalls       int              `json:"stalls"`
+	Latency      Stats            `json:"probe_latency"`
+	Anomalies    []Anomaly        `json:"anomalies"`
+	ByKind       map[string]int   `json:"anomalies_by_kind"`
+
+	UnexpectedExits   []string `json:"unexpected_exits"`
+	ProducerErrors    int64    `json:"producer_errors"`
+	LastProducerError string   `json:"last_producer_error,omitempty"`
+	TopicPollErrors   int64    `json:"topic_poll_errors"`
+	Notes             []string `json:"notes"`
+	Series            []sample `json:"series"`
+}
+
+// EventCounts are the totals of the run.
+type EventCounts struct {
+	Committed             int64 `json:"committed"`
+	RolledBack            int64 `json:"rolled_back"`
+	ViaSQL                int64 `json:"via_sql_function"`
+	Transactions          int64 `json:"transactions"`
+	LongTransactions      int64 `json:"long_transactions"`
+	UnknownCommitOutcomes int64 `json:"unknown_commit_outcomes"`
+	Retries               int64 `json:"transaction_retries"`
+	Sources               int   `json:"sources"`
+	OnTopic               int64 `json:"on_topic"`
+	OnTopicDistinct       int64 `json:"on_topic_distinct"`
+	Applied               int64 `json:"applied"`
+	AppliedDistinct       int64 `json:"applied_distinct"`
+	Late                  int64 `json:"late"`
+}
+
+// Stats summarise durations in seconds.
+type Stats struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50_s"`
+	P99 float64 `json:"p99_s"`
+	Max float64 `json:"max_s"`
+}
+
+func (s Stats) String() string {
+	if s.N == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("p50 %.1fs  p99 %.1fs  max %.1fs  (n=%d)", s.P50, s.P99, s.Max, s.N)
+}
+
+func stats(xs []float64) Stats {
+	if len(xs) == 0 {
+		return Stats{}
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	q := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return Stats{N: len(s), P50: q(0.50), P99: q(0.99), Max: s[len(s)-1]}
+}
+
+func durationStats(ds []time.Duration) Stats {
+	xs := make([]float64, len(ds))
+	for i, d := range ds {
+		xs[i] = d.Seconds()
+	}
+	return stats(xs)
+}
+
+func (rep *Report) summarizeFaults() {
+	rep.FaultsByKind = map[string]int{}
+	rep.RecoveryBy = map[string]Stats{}
+	by := map[string][]float64{}
+	var all []float64
+	for _, f := range rep.Faults {
+		rep.FaultsByKind[f.Kind]++
+		if f.Kind == KindBrokerKill || f.Kind == KindPGRestart {
+			rep.Restarts++
+		}
+		if f.RecoveryS < 0 {
+			rep.Stalls++
+			continue
+		}
+		all = append(all, f.RecoveryS)
+		by[f.Kind] = append(by[f.Kind], f.RecoveryS)
+	}
+	rep.Recovery = stats(all)
+	for k, xs := range by {
+		rep.RecoveryBy[k] = stats(xs)
+	}
+	rep.ByKind = map[string]int{}
+	for _, a := range rep.Anomalies {
+		rep.ByKind[a.Kind] += a.Count
+	}
+}
+
+// Text is the human-readable report.
+func (rep *Report) Text() string {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("onceflow soak report\n\n")
+	if rep.Command != "" {
+		p("command      %s\n", rep.Command)
+	}
+	p("seed         %d\n", rep.Seed)
+	p("started      %s\n", rep.StartedAt.Format(time.RFC3339))
+	p("producing    %s at %d events/s offered; drained in %s\n",
+		secs(rep.ProducingSeconds), rep.Rate, secs(rep.DrainSeconds))
+	if rep.LoadStart != "" {
+		p("load avg     %s at the start, %s at the end (1, 5, 15 min)\n", rep.LoadStart, rep.LoadEnd)
+	}
+	e := rep.Events
+	p("\nevents\n")
+	p("  committed          %d in %d transactions (%d through onceflow.enqueue in SQL, the rest through outbox.Enqueue in Go)\n",
+		e.Committed, e.Transactions, e.ViaSQL)
+	p("  rolled back        %d events of rolled-back transactions (planned, or failed and retried)\n", e.RolledBack)
+	p("  long transactions  %d committed (held open 2–20 s)\n", e.LongTransactions)
+	p("  commit outcome looked up %d times; transactions retried %d times\n", e.UnknownCommitOutcomes, e.Retries)
+	p("  published          %d records read with read_committed (%d distinct events)\n", e.OnTopic, e.OnTopicDistinct)
+	p("  applied            %d side effects (%d distinct events, %d late)\n", e.Applied, e.AppliedDistinct, e.Late)
+	p("  sources            %d\n", e.Sources)
+
+	p("\nfaults       %d in all, %d broker or database restarts\n", len(rep.Faults), rep.Restarts)
+	for _, k := range AllKinds {
+		if n := rep.FaultsByKind[k]; n > 0 {
+			p("  %-28s %4d   recovery %s\n", k, n, rep.RecoveryBy[k])
+		}
+	}
+	p("recovery     %s (fault to progress again on every partition)\n", rep.Recovery)
+	if rep.Stalls > 0 {
+		p("stalls       %d faults without progress within the recovery timeout\n", rep.Stalls)
+	}
+	p("latency      %s (probe commit to applied, whole run)\n", rep.Latency)
+
+	p("\nanomalies    ")
+	if len(rep.Anomalies) == 0 {
+		p("none: nothing lost, duplicated, reordered or phantom; no gap given up\n")
+	} else {
+		p("%d kinds\n", len(rep.Anomalies))
+		for _, a := range rep.Anomalies {
+			p("  %s on %s: %d\n", a.Kind, a.Where, a.Count)
+			for _, x := range a.Examples {
+				p("      e.g. %s\n", x)
+			}
+		}
+	}
+	if len(rep.UnexpectedExits) > 0 {
+		p("\nprocesses that exited by themselves (restarted): %d\n", len(rep.UnexpectedExits))
+		for _, x := range first(rep.UnexpectedExits, 10) {
+			p("  %s\n", x)
+		}
+	}
+	if rep.ProducerErrors > 0 {
+		p("\nproducer errors (retried) %d, last: %s\n", rep.ProducerErrors, rep.LastProducerError)
+	}
+	for _, n := range rep.Notes {
+		p("note: %s\n", n)
+	}
+	p("\nfault log\n")
+	for _, f := range rep.Faults {
+		rec := fmt.Sprintf("%.1fs", f.RecoveryS)
+		if f.RecoveryS < 0 {
+			rec = "no progress within the timeout"
+		}
+		p("  %4d %7.1fs %-28s %-60s outage %5.1fs  recovery %s", f.N, f.AtS, f.Kind, f.Target, f.OutageS, rec)
+		if f.Error != "" {
+			p("  (%s)", f.Error)
+		}
+		p("\n")
+	}
+	if rep.OK {
+		p("\nOK: zero anomalies.\n")
+	} else {
+		p("\nFAILED: %d anomalies.\n", len(rep.Anomalies))
+	}
+	return b.String()
+}
+
+func secs(s float64) string {
+	return (time.Duration(s * float64(time.Second))).Round(time.Second).String()
+}
+
+// writeReport writes report.txt, report.json and lag.png into OutDir.
+func (r *run) writeReport(rep *Report) error {
+	if err := os.WriteFile(filepath.Join(r.cfg.OutDir, "report.txt"), []byte(rep.Text()), 0o644); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(r.cfg.OutDir, "report.json"), js, 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(r.cfg.OutDir, "lag.png"))
+	if err != nil {
+		return err
+	}
+	if err := plotLag(f, rep.Series, rep.Faults); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,515 @@
+// Package soak is onceflow's chaos soak (`make soak`): the real relay (two
+// replicas) and consumer (two replicas) binaries against a three-broker
+// KRaft cluster and a PostgreSQL server of its own, producers writing
+// through both enqueue paths (outbox.Enqueue in Go and the SQL function
+// onceflow.enqueue) with rollbacks and long transactions, and a seeded
+// fault schedule: relays and consumers SIGKILLed and paused, brokers killed
+// hard (the leader of an event partition, of the checkpoint partition, the
+// transaction coordinator, the group coordinator) and restarted, PostgreSQL
+// stopped with -m immediate and started, connections cut or stalled
+// through loopback TCP proxies that the binaries connect through.
+//
+// The run ends with a report (text, JSON and a PNG plot of the lag) that
+// judges the database and a read_committed read of the topic: events lost,
+// duplicated, reordered, phantom (never committed), sequence gaps given up
+// though nothing was missing. Report.OK is true only with zero anomalies.
+package soak
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/pgtemp"
+	"github.com/onceflow/onceflow/internal/procs"
+	"github.com/onceflow/onceflow/internal/tcpproxy"
+	"github.com/onceflow/onceflow/internal/topics"
+)
+
+// Config of a soak run. The zero value of each field means its default.
+type Config struct {
+	// BinDir holds the relay and consumer binaries (required).
+	BinDir string
+	// Command replays the run; it is printed in the report (default none).
+	Command string
+	// DrainTimeout bounds the wait, after producing stops, for every
+	// committed event to be applied (default 10m).
+	DrainTimeout time.Duration
+	// Duration of the producing phase, faults included (default 10m).
+	Duration time.Duration
+	// FaultInterval is the mean pause between one fault's recovery and
+	// the next fault (default 4s).
+	FaultInterval time.Duration
+	// Kinds limits the fault kinds (default: all of AllKinds).
+	Kinds []string
+	// OutDir receives report.txt, report.json, lag.png and logs/
+	// (required).
+	OutDir string
+	// Out receives the progress lines (default os.Stdout).
+	Out io.Writer
+	// Rate is the offered load in events per second, probes included
+	// (default 320: above 1M events an hour after the outages).
+	Rate int
+	// RecoveryTimeout bounds the wait for progress after one fault
+	// (default 2m); a fault that exceeds it is reported as a stall.
+	RecoveryTimeout time.Duration
+	// Seed replays the fault schedule and the producers' choices
+	// (default: time-based).
+	Seed uint64
+	// ServicesScript is scripts/services.sh, asked for the Kafka jars
+	// (default "scripts/services.sh").
+	ServicesScript string
+	// Writers is the number of producer goroutines (default 6).
+	Writers int
+}
+
+// WithDefaults fills the zero fields.
+func (c Config) WithDefaults() Config {
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 10 * time.Minute
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Minute
+	}
+	if c.FaultInterval == 0 {
+		c.FaultInterval = 4 * time.Second
+	}
+	if len(c.Kinds) == 0 {
+		c.Kinds = AllKinds
+	}
+	if c.Out == nil {
+		c.Out = os.Stdout
+	}
+	if c.Rate == 0 {
+		c.Rate = 320
+	}
+	if c.RecoveryTimeout == 0 {
+		c.RecoveryTimeout = 2 * time.Minute
+	}
+	if c.Seed == 0 {
+		c.Seed = uint64(time.Now().UnixNano())
+	}
+	if c.ServicesScript == "" {
+		c.ServicesScript = "scripts/services.sh"
+	}
+	if c.Writers == 0 {
+		c.Writers = 6
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.BinDir == "" {
+		return errors.New("soak: BinDir is required")
+	}
+	if c.OutDir == "" {
+		return errors.New("soak: OutDir is required")
+	}
+	if c.Duration < 0 || c.Rate < 0 || c.FaultInterval < 0 || c.Writers < 0 {
+		return errors.New("soak: Duration, Rate, FaultInterval and Writers must not be negative")
+	}
+	for _, k := range c.Kinds {
+		if !validKind(k) {
+			return fmt.Errorf("soak: unknown fault kind %q (want one of %v)", k, AllKinds)
+		}
+	}
+	return nil
+}
+
+const (
+	eventTopic = "onceflow.events"
+	ckptTopic  = "onceflow.relay.checkpoints"
+	group      = "onceflow-soak"
+	consumerID = "soak"
+)
+
+var (
+	relays    = []string{"relay-a", "relay-b"}
+	consumers = []string{"consumer-a", "consumer-b"}
+)
+
+type run struct {
+	cfg   Config
+	start time.Time
+	logs  string
+	work  string // broker and database data, removed at the end
+
+	pg      *pgtemp.Cluster
+	pgProxy *tcpproxy.Proxy
+	pool    *pgxpool.Pool // direct, past the proxy
+	kc      *cluster
+	adm     *kadm.Client // past the proxies
+	admCl   *kgo.Client
+	procs   *procs.Set
+
+	led    *ledger
+	prod   *producer
+	probes *probes
+	topic  *topicWatch
+
+	faultsMu  sync.Mutex
+	faults    []Fault
+	held      sync.Map // child name -> struct{}: down or paused on purpose
+	exitsMu   sync.Mutex
+	exits     []string // children that ended without being told to
+	series    *series
+	current   atomic.Pointer[string] // the fault in progress, for the progress line
+	loadStart string
+}
+
+// Run executes the soak. The error is about the soak itself (a binary
+// missing, a broker that does not start); what the run found is in the
+// report.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	for _, b := range []string{"relay", "consumer"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("binary %s: %w (run `make build` first)", b, err)
+		}
+	}
+	r := &run{cfg: cfg, logs: filepath.Join(cfg.OutDir, "logs"), led: newLedger(), series: &series{}}
+	if err := os.MkdirAll(r.logs, 0o755); err != nil {
+		return nil, err
+	}
+	var err error
+	if r.work, err = os.MkdirTemp("", "onceflow-soak-"); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(r.work)
+	r.printf("onceflow soak: %s at %d events/s, a fault every ~%s after recovery (seed %d)\n",
+		cfg.Duration, cfg.Rate, cfg.FaultInterval, cfg.Seed)
+	defer r.teardown()
+	if err := r.setup(ctx); err != nil {
+		return nil, err
+	}
+	return r.execute(ctx)
+}
+
+func (r *run) printf(format string, a ...any) { fmt.Fprintf(r.cfg.Out, format, a...) }
+
+func (r *run) elapsed() time.Duration { return time.Since(r.start) }
+
+func (r *run) setup(ctx context.Context) error {
+	t0 := time.Now()
+	var err error
+	// PostgreSQL, and the proxy the binaries reach it through.
+	if r.pg, err = pgtemp.StartWithOptions(ctx, pgtemp.Options{Settings: map[string]string{
+		"max_connections": "300", "log_min_messages": "warning",
+	}, StopWithProcess: true}); err != nil {
+		return fmt.Errorf("start PostgreSQL: %w", err)
+	}
+	if r.pgProxy, err = tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", r.pg.Port)); err != nil {
+		return err
+	}
+	pc, err := pgxpool.ParseConfig(r.pg.URL)
+	if err != nil {
+		return err
+	}
+	pc.MaxConns = int32(r.cfg.Writers + 8)
+	// The writers deadlock on purpose now and then (events of several
+	// sources locked in random order); detect it quickly.
+	pc.ConnConfig.RuntimeParams["deadlock_timeout"] = "50ms"
+	if r.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		return err
+	}
+	r.printf("  postgres   %s (binaries through proxy %s)\n", redact(r.pg.URL), r.pgProxy.Addr())
+
+	// Kafka: three brokers, each behind a proxy.
+	if r.kc, err = startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka")); err != nil {
+		return fmt.Errorf("start Kafka cluster: %w", err)
+	}
+	if r.admCl, err = kgo.NewClient(r.kc.internalOpts()...); err != nil {
+		return err
+	}
+	r.adm = kadm.NewClient(r.admCl)
+	r.printf("  kafka      3 brokers (KRaft), binaries through proxies %v\n", r.kc.externalSeeds())
+
+	// Schema, topics as the contract ships them, the side-effect table.
+	out, err := r.binCmd(ctx, "relay", "migrate", "-database-url", r.pg.URL)
+	if err != nil {
+		return fmt.Errorf("relay migrate: %w: %s", err, out)
+	}
+	spec, err := topics.Default()
+	if err != nil {
+		return err
+	}
+	// Freshly created topics reach every broker's metadata a moment later:
+	// apply again until the verification after it passes.
+	for attempt := 1; ; attempt++ {
+		_, err := topics.Apply(ctx, r.adm, spec)
+		if err == nil {
+			break
+		}
+		if attempt == 20 || ctx.Err() != nil {
+			return fmt.Errorf("create topics: %w", err)
+		}
+		time.Sleep(time.Second)
+	}
+	if err := r.kc.waitTopics(ctx, eventTopic, ckptTopic); err != nil {
+		return err
+	}
+	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
+		return fmt.Errorf("create soak.effects: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(r.work, "handlers.json"), []byte(handlersJSON), 0o644); err != nil {
+		return err
+	}
+	parts, err := r.partitions(ctx)
+	if err != nil {
+		return err
+	}
+	r.probes = newProbes(eventTopic, parts)
+	r.prod = &producer{pool: r.pool, led: r.led, topic: eventTopic, seed: r.cfg.Seed, hard: ctx}
+	if r.topic, err = newTopicWatch(eventTopic, r.kc.internalOpts()); err != nil {
+		return err
+	}
+	if r.procs, err = procs.NewSet(r.logs); err != nil {
+		return err
+	}
+	r.printf("  topics     %s (%d partitions, RF 3, min ISR 2), %s; set up in %s\n",
+		eventTopic, parts, ckptTopic, time.Since(t0).Round(time.Second))
+	return nil
+}
+
+// effectsDDL is the side effect the consumers apply: one row per applied
+// event, no unique constraint, so a double apply shows as two rows.
+const effectsDDL = `
+CREATE SCHEMA soak;
+CREATE TABLE soak.effects (
+    n               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id        text        NOT NULL,
+    source          text        NOT NULL,
+    seq             bigint      NOT NULL,
+    late            boolean     NOT NULL,
+    kafka_partition integer     NOT NULL,
+    kafka_offset    bigint      NOT NULL,
+    applied_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX effects_source_seq ON soak.effects (source, seq);`
+
+const handlersJSON = `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+  "INSERT INTO soak.effects (event_id, source, seq, late, kafka_partition, kafka_offset) VALUES (:event_id, :source, :seq, :late, :partition, :offset)"}]}`
+
+func (r *run) partitions(ctx context.Context) (int, error) {
+	m, err := r.adm.Metadata(ctx, eventTopic)
+	if err != nil {
+		return 0, err
+	}
+	t, ok := m.Topics[eventTopic]
+	if !ok || t.Err != nil {
+		return 0, fmt.Errorf("metadata of %s: %v", eventTopic, t.Err)
+	}
+	return len(t.Partitions), nil
+}
+
+func (r *run) binCmd(ctx context.Context, bin string, args ...string) (string, error) {
+	out, err := commandOutput(ctx, filepath.Join(r.cfg.BinDir, bin), args...)
+	return out, err
+}
+
+// childSpec is how relay-a, consumer-b, … run: through the proxies.
+func (r *run) childSpec(name string) procs.Spec {
+	dbURL := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", r.pgProxy.Addr())
+	brokers := joinComma(r.kc.externalSeeds())
+	if strings.HasPrefix(name, "relay") {
+		return procs.Spec{Bin: filepath.Join(r.cfg.BinDir, "relay"), Args: []string{"run",
+			"-database-url", dbURL, "-kafka-brokers", brokers, "-http-addr", "127.0.0.1:0",
+			"-holder-id", name, "-topics-verify"}}
+	}
+	return procs.Spec{Bin: filepath.Join(r.cfg.BinDir, "consumer"), Args: []string{"run",
+		"-database-url", dbURL, "-kafka-brokers", brokers, "-http-addr", "127.0.0.1:0",
+		"-group", group, "-topics", eventTopic, "-consumer-name", consumerID,
+		"-instance-id", name, "-handlers-file", filepath.Join(r.work, "handlers.json")}}
+}
+
+// execute runs the producing phase with faults, drains, and judges.
+func (r *run) execute(ctx context.Context) (*Report, error) {
+	for _, name := range append(append([]string{}, relays...), consumers...) {
+		if _, err := r.procs.Start(name, r.childSpec(name)); err != nil {
+			return nil, err
+		}
+	}
+	r.start = time.Now()
+	r.loadStart = loadAvg()
+	bg, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	var bgWG sync.WaitGroup
+	goBG := func(f func(context.Context)) {
+		bgWG.Add(1)
+		go func() { defer bgWG.Done(); f(bg) }()
+	}
+	goBG(r.topic.run)
+	goBG(func(ctx context.Context) { r.probes.watch(ctx, r.pool) })
+	goBG(r.sample)
+	goBG(r.superviseChildren)
+
+	// The producing phase: writers, the long-transaction writer, probes,
+	// and the faults.
+	prodCtx, stopProducing := context.WithTimeout(ctx, r.cfg.Duration)
+	defer stopProducing()
+	var wg sync.WaitGroup
+	perWriter := max(float64(r.cfg.Rate)-float64(len(r.probes.sources))/probeInterval.Seconds(), 1) / float64(r.cfg.Writers)
+	for w := range r.cfg.Writers {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.prod.runWriter(prodCtx, w, perWriter) }()
+	}
+	wg.Add(3)
+	go func() { defer wg.Done(); r.prod.runLong(prodCtx) }()
+	go func() { defer wg.Done(); r.probes.run(prodCtx, r.prod, eventTopic) }()
+	go func() { defer wg.Done(); r.injectFaults(prodCtx) }()
+	<-prodCtx.Done()
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	produced := r.elapsed()
+	r.printf("producing stopped after %s (%d events committed); every process up again, draining…\n",
+		produced.Round(time.Second), r.led.n.Load())
+	r.healAll(ctx)
+	drained, drainTime := r.drain(ctx)
+	stopBG()
+	bgWG.Wait()
+	killed := r.procs.StopAll(30 * time.Second)
+	rep, err := r.judge(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep.ProducingSeconds = produced.Seconds()
+	rep.LoadStart, rep.LoadEnd = r.loadStart, loadAvg()
+	rep.DrainSeconds = drainTime.Seconds()
+	if !drained {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("not drained within %s: the anomalies below include what was still in flight", r.cfg.DrainTimeout))
+	}
+	for _, k := range killed {
+		rep.Notes = append(rep.Notes, k+" did not exit within 30s of SIGTERM and was killed")
+	}
+	if err := r.writeReport(rep); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// healAll ends every fault: processes running and resumed, brokers and
+// PostgreSQL up, proxies open.
+func (r *run) healAll(ctx context.Context) {
+	for _, name := range append(append([]string{}, relays...), consumers...) {
+		r.procs.Resume(name)
+		if _, err := r.procs.Restart(name); err != nil {
+			r.printf("  restart %s: %v\n", name, err)
+		}
+		r.held.Delete(name)
+	}
+	r.pgProxy.Heal()
+	for _, b := range r.kc.brokers {
+		b.proxy.Heal()
+	}
+	if started, err := r.kc.ensureRunning(ctx); err != nil || len(started) > 0 {
+		r.printf("  brokers started at the end: %v (%v)\n", started, err)
+	}
+}
+
+// drain waits until every committed event is on the topic and applied.
+func (r *run) drain(ctx context.Context) (bool, time.Duration) {
+	t0 := time.Now()
+	deadline := t0.Add(r.cfg.DrainTimeout)
+	committed := int(r.led.n.Load())
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		var unpublished, applied int
+		err := r.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL),
+			(SELECT count(DISTINCT event_id) FROM soak.effects)`).Scan(&unpublished, &applied)
+		if err == nil && unpublished == 0 && applied >= committed && r.topic.distinct() >= committed {
+			return true, time.Since(t0)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(3 * time.Second):
+		}
+	}
+	return false, time.Since(t0)
+}
+
+// teardown stops everything the soak started, keeping the logs.
+func (r *run) teardown() {
+	if r.procs != nil {
+		r.procs.StopAll(5 * time.Second)
+	}
+	if r.topic != nil {
+		r.topic.r.Close()
+	}
+	if r.admCl != nil {
+		r.admCl.Close()
+	}
+	if r.kc != nil {
+		for _, b := range r.kc.brokers {
+			copyFile(filepath.Join(b.node.Dir, "server.log"), filepath.Join(r.logs, fmt.Sprintf("broker-%d.log", b.id)))
+		}
+		r.kc.stop()
+	}
+	if r.pool != nil {
+		r.pool.Close()
+	}
+	if r.pgProxy != nil {
+		_ = r.pgProxy.Close()
+	}
+	if r.pg != nil {
+		copyFile(filepath.Join(r.pg.Dir(), "postgres.log"), filepath.Join(r.logs, "postgres.log"))
+		_ = r.pg.Stop()
+	}
+}
+
+// superviseChildren restarts a child that ended without being told to (as
+// Kubernetes would) and notes it.
+func (r *run) superviseChildren(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, name := range append(append([]string{}, relays...), consumers...) {
+			if _, held := r.held.Load(name); held || r.procs.Running(name) {
+				continue
+			}
+			if _, held := r.held.Load(name); held {
+				continue
+			}
+			r.exitsMu.Lock()
+			r.exits = append(r.exits, fmt.Sprintf("%s at %s: %v", name, r.elapsed().Round(time.Second), r.procs.Exit(name)))
+			r.exitsMu.Unlock()
+			r.printf("  %s exited by itself (%v): restarting\n", name, r.procs.Exit(name))
+			_, _ = r.procs.Restart(name)
+		}
+		for _, b := range r.kc.brokers {
+			name := fmt.Sprintf("broker-%d", b.id)
+			if _, held := r.held.Load(name); held || b.node.Running() {
+				continue
+			}
+			if _, held := r.held.Load(name); held {
+				continue
+			}
+			r.exitsMu.Lock()
+			r.exits = append(r.exits, fmt.Sprintf("%s at %s (see logs/%s.log)", name, r.elapsed().Round(time.Second), name))
+			r.exitsMu.Unlock()
+			r.printf("  %s exited by itself: restarting\n", name)
+			if err := r.kc.restart(ctx, b.id); err != nil {
+				r.printf("  restart %s: %v\n", name, err)
+			}
+		}
+	}
+}

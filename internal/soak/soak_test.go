@@ -1,0 +1,265 @@
+package soak
+
+import (
+	"bytes"
+	"image/png"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/audit"
+	"github.com/onceflow/onceflow/pkg/envelope"
+)
+
+// The schedule is a function of the seed, opens with the essential kinds
+// and then covers every kind once.
+func TestScheduler(t *testing.T) {
+	t.Parallel()
+	draw := func(seed uint64) []plan {
+		s := newScheduler(seed, AllKinds, 4*time.Second)
+		var ps []plan
+		for range 200 {
+			ps = append(ps, s.next())
+		}
+		return ps
+	}
+	a, b, c := draw(7), draw(7), draw(8)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("the same seed drew two schedules")
+	}
+	if reflect.DeepEqual(a, c) {
+		t.Fatal("two seeds drew the same schedule")
+	}
+	var opening []string
+	for _, p := range a[:len(AllKinds)] {
+		opening = append(opening, p.kind)
+	}
+	for _, k := range essential {
+		if i := slices.Index(opening, k); i < 0 || i >= len(essential) {
+			t.Errorf("essential kind %s at %d of the opening %v", k, i, opening)
+		}
+	}
+	for _, k := range AllKinds {
+		if !slices.Contains(opening, k) {
+			t.Errorf("kind %s missing from the opening %v", k, opening)
+		}
+	}
+	restarts := 0
+	for _, p := range a {
+		if p.outage < 0 || p.gap < 2*time.Second || p.gap > 6*time.Second {
+			t.Errorf("plan %+v: outage or gap out of range", p)
+		}
+		if p.kind == KindBrokerKill || p.kind == KindPGRestart {
+			restarts++
+			if p.kind == KindBrokerKill && !slices.Contains(brokerRoles, p.role) {
+				t.Errorf("broker kill with role %q", p.role)
+			}
+		}
+	}
+	if restarts < 30 { // a quarter of 200, give or take
+		t.Errorf("%d broker or database restarts in 200 faults", restarts)
+	}
+	only := newScheduler(1, []string{KindPGRestart}, time.Second)
+	for range 10 {
+		if k := only.next().kind; k != KindPGRestart {
+			t.Fatalf("kind %s outside the enabled ones", k)
+		}
+	}
+}
+
+// world is a small run fed to findAnomalies: a ledger, the topic and the
+// applied side effects, clean until a case breaks it.
+type world struct {
+	l     *ledger
+	tw    *topicWatch
+	aw    *appliedWatch
+	inbox []inboxRow
+	gaps  []gapRow
+	off   map[int32]int64
+	n     int64
+}
+
+func newWorld() *world {
+	return &world{l: newLedger(), tw: newTopicTally(), aw: newAppliedWatch(), off: map[int32]int64{}}
+}
+
+func (w *world) commit(evs ...enqueued) { w.l.commit(evs, 0) }
+
+func (w *world) publish(e enqueued) {
+	w.off[0]++
+	w.tw.add(audit.Record{Partition: 0, Offset: w.off[0], Env: envelope.Envelope{EventID: e.id, Source: e.source, Seq: e.seq}})
+}
+
+func (w *world) apply(e enqueued, late bool) {
+	w.n++
+	w.aw.add(appliedRow{n: w.n, id: e.id, source: e.source, seq: e.seq, late: late})
+}
+
+func (w *world) kinds() []string {
+	var out []string
+	for _, a := range findAnomalies(w.l, w.tw, w.aw, w.inbox, w.gaps) {
+		out = append(out, a.Kind+"@"+a.Where)
+	}
+	return out
+}
+
+// Each way a run can break is found, and a clean run is clean.
+func TestFindAnomalies(t *testing.T) {
+	t.Parallel()
+	a1, a2, a3 := enqueued{"a1", "a", 1}, enqueued{"a2", "a", 2}, enqueued{"a3", "a", 3}
+	b1 := enqueued{"b1", "b", 1}
+	clean := func() *world {
+		w := newWorld()
+		w.commit(a1, a2)
+		w.commit(b1)
+		w.commit(a3)
+		for _, e := range []enqueued{a1, a2, b1, a3} {
+			w.publish(e)
+			w.apply(e, false)
+		}
+		return w
+	}
+	cases := []struct {
+		name  string
+		build func() *world
+		want  []string
+	}{
+		{"clean", clean, nil},
+		{"lost by the relay", func() *world {
+			w := clean()
+			c1 := enqueued{"c1", "c", 1}
+			w.commit(c1)
+			return w
+		}, []string{"lost@topic", "lost@applied"}},
+		{"lost by the consumer", func() *world {
+			w := clean()
+			c1 := enqueued{"c1", "c", 1}
+			w.commit(c1)
+			w.publish(c1)
+			return w
+		}, []string{"lost@applied"}},
+		{"duplicate on the topic", func() *world {
+			w := clean()
+			w.publish(a2)
+			return w
+		}, []string{"duplicate@topic"}},
+		{"applied twice", func() *world {
+			w := clean()
+			w.apply(a2, false)
+			return w
+		}, []string{"duplicate@applied"}},
+		{"reordered", func() *world {
+			w := newWorld()
+			w.commit(a1, a2)
+			w.publish(a2)
+			w.publish(a1)
+			w.apply(a2, false)
+			w.apply(a1, false)
+			return w
+		}, []string{"reordered@topic", "reordered@applied"}},
+		{"rolled back, published anyway", func() *world {
+			w := clean()
+			x := enqueued{"x1", "x", 1}
+			w.l.rollback([]enqueued{x})
+			w.publish(x)
+			w.apply(x, false)
+			return w
+		}, []string{"phantom@topic", "phantom@applied"}},
+		{"late", func() *world {
+			w := newWorld()
+			w.commit(a1)
+			w.publish(a1)
+			w.apply(a1, true)
+			return w
+		}, []string{"late@applied"}},
+		{"gap given up though nothing was missing", func() *world {
+			w := clean()
+			w.gaps = []gapRow{{source: "a", state: "given_up", reason: "timeout", from: 2, to: 2}}
+			return w
+		}, []string{"gap-given-up@seq_gaps"}},
+		{"gap still open", func() *world {
+			w := clean()
+			w.gaps = []gapRow{{source: "a", state: "open", from: 4, to: 4}}
+			return w
+		}, []string{"stuck@seq_gaps"}},
+		{"dead-lettered and parked", func() *world {
+			w := clean()
+			w.inbox = []inboxRow{{id: "a2", source: "a", seq: 2, status: "dead", lastError: "boom"}, {id: "b1", source: "b", seq: 1, status: "parked"}}
+			return w
+		}, []string{"dead-lettered@inbox", "stuck@inbox"}},
+		{"a hole in a source's seqs", func() *world {
+			w := newWorld()
+			e := enqueued{"h3", "h", 3}
+			w.commit(enqueued{"h1", "h", 1}, e)
+			for _, x := range []enqueued{{"h1", "h", 1}, e} {
+				w.publish(x)
+				w.apply(x, false)
+			}
+			return w
+		}, []string{"seq-hole@producer"}},
+		{"partial commit", func() *world {
+			w := clean()
+			w.l.partial = append(w.l.partial, "1 of 2 rows")
+			return w
+		}, []string{"partial-commit@producer"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			got := c.build().kinds()
+			if !reflect.DeepEqual(got, c.want) {
+				t.Fatalf("anomalies %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+	var xs []float64
+	for i := 1; i <= 100; i++ {
+		xs = append(xs, float64(i))
+	}
+	s := stats(xs)
+	if s.N != 100 || s.P50 != 50 || s.P99 != 99 || s.Max != 100 {
+		t.Fatalf("%+v", s)
+	}
+	if (stats(nil) != Stats{}) {
+		t.Fatal("stats of nothing")
+	}
+}
+
+// The report renders: a PNG that decodes, and text with the verdict.
+func TestReportRenders(t *testing.T) {
+	t.Parallel()
+	var samples []sample
+	for i := range 300 {
+		samples = append(samples, sample{T: float64(i), RelayLag: int64(i % 50), ConsumerLag: int64((i * 7) % 90)})
+	}
+	samples[100].RelayLag, samples[100].ConsumerLag = -1, -1 // the database was away
+	faults := []Fault{{N: 1, Kind: KindBrokerKill, AtS: 20, RecoveryS: 9}, {N: 2, Kind: KindPGRestart, AtS: 90, RecoveryS: -1}}
+	var buf bytes.Buffer
+	if err := plotLag(&buf, samples, faults); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() < 800 || b.Dy() < 400 {
+		t.Fatalf("image %v", b)
+	}
+	rep := &Report{Seed: 3, Faults: faults, Anomalies: []Anomaly{{Kind: AnomalyLost, Where: whereTopic, Count: 1, Examples: []string{"e1"}}}}
+	rep.summarizeFaults()
+	txt := rep.Text()
+	for _, want := range []string{"seed         3", "broker-kill", "stalls       1", "lost on topic: 1", "e.g. e1", "FAILED"} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("report lacks %q:\n%s", want, txt)
+		}
+	}
+	if rep.Restarts != 2 || rep.ByKind[AnomalyLost] != 1 {
+		t.Errorf("restarts %d, by kind %v", rep.Restarts, rep.ByKind)
+	}
+}
