@@ -20,7 +20,8 @@ import (
 
 // TestEffectsHTTPStatuses: through the consumer engine with the http
 // handler, a 5xx is retried with the same key until it succeeds, a timeout
-// likewise, and a 4xx is retried to the limit and dead-lettered with the
+// likewise (3 s: long enough that a loaded machine never times out the
+// others), and a 4xx is retried to the limit and dead-lettered with the
 // response in the reason, its business logic never run.
 func TestEffectsHTTPStatuses(t *testing.T) {
 	t.Parallel()
@@ -41,7 +42,7 @@ func TestEffectsHTTPStatuses(t *testing.T) {
 		return 0
 	}
 	p := filepath.Join(t.TempDir(), "handlers.json")
-	cfg := fmt.Sprintf(`{"handlers":[{"event_type":"*","kind":"http","http":{"url":%q,"method":"PUT","timeout":"300ms"}}]}`, hs.URL)
+	cfg := fmt.Sprintf(`{"handlers":[{"event_type":"*","kind":"http","http":{"url":%q,"method":"PUT","timeout":"3s"}}]}`, hs.URL)
 	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -58,8 +59,18 @@ type Node struct {
 	props string
 	jvm   []string
 
+	// mu guards cmd and done: a supervisor may ask Running while another
+	// goroutine restarts the node.
+	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+}
+
+// current returns the running (or last) process and its exit channel.
+func (n *Node) current() (*exec.Cmd, chan struct{}) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cmd, n.done
 }
 
 // commonProps are the settings every node shares: broker and controller in
@@ -152,7 +163,9 @@ logger.state.level = warn
 // starting thread's process dies) with stdout and stderr appended to
 // Dir/stdout.log. It fails if the node runs already.
 func (n *Node) Start() error {
-	if n.Running() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if alive(n.done) {
 		return errors.New("kafka: node already running")
 	}
 	out, err := os.OpenFile(filepath.Join(n.Dir, "stdout.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -174,11 +187,17 @@ func (n *Node) Start() error {
 
 // Running reports whether the node's process is alive.
 func (n *Node) Running() bool {
-	if n.done == nil {
+	_, done := n.current()
+	return alive(done)
+}
+
+// alive reports whether done (a process's exit channel) is still open.
+func alive(done chan struct{}) bool {
+	if done == nil {
 		return false
 	}
 	select {
-	case <-n.done:
+	case <-done:
 		return false
 	default:
 		return true
@@ -186,14 +205,18 @@ func (n *Node) Running() bool {
 }
 
 // Done is closed when the current process exits (nil before Start).
-func (n *Node) Done() <-chan struct{} { return n.done }
+func (n *Node) Done() <-chan struct{} {
+	_, done := n.current()
+	return done
+}
 
 // PID of the current process (0 before Start).
 func (n *Node) PID() int {
-	if n.cmd == nil || n.cmd.Process == nil {
+	cmd, _ := n.current()
+	if cmd == nil || cmd.Process == nil {
 		return 0
 	}
-	return n.cmd.Process.Pid
+	return cmd.Process.Pid
 }
 
 // Kill sends SIGKILL to the node's process group (a hard crash) and waits
@@ -209,12 +232,13 @@ func (n *Node) Terminate(ctx context.Context) error {
 }
 
 func (n *Node) signalWait(sig syscall.Signal, cancel <-chan struct{}) error {
-	if !n.Running() {
+	cmd, done := n.current()
+	if !alive(done) {
 		return nil
 	}
-	_ = syscall.Kill(-n.cmd.Process.Pid, sig)
+	_ = syscall.Kill(-cmd.Process.Pid, sig)
 	select {
-	case <-n.done:
+	case <-done:
 		return nil
 	case <-cancel:
 		return errors.New("kafka: node did not stop in time")
@@ -224,7 +248,7 @@ func (n *Node) signalWait(sig syscall.Signal, cancel <-chan struct{}) error {
 // WaitReady calls ping (a metadata request by the caller's client) every
 // 200ms until it succeeds, the process exits or ctx ends.
 func (n *Node) WaitReady(ctx context.Context, ping func(context.Context) error) error {
-	done := n.done
+	_, done := n.current()
 	var last error
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)

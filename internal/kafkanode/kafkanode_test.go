@@ -1,7 +1,10 @@
 package kafkanode
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -31,4 +34,54 @@ func TestCommonProps(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A supervisor may ask Running, Done and PID while another goroutine kills
+// and restarts the node (the soak does both); under -race this fails if the
+// node's process fields are read without its lock.
+func TestNodeConcurrentRestartAndRunning(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "java")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nexec sleep 30\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := &Node{Dir: dir, java: fake, props: filepath.Join(dir, "server.properties")}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Kill()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = n.Running()
+			_ = n.PID()
+			_ = n.Done()
+		}
+	}()
+	for range 5 {
+		n.Kill()
+		if n.Running() {
+			t.Fatal("Running after Kill")
+		}
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if !n.Running() {
+			t.Fatal("not Running after Start")
+		}
+		if err := n.Start(); err == nil {
+			t.Fatal("a second Start of a running node succeeded")
+		}
+	}
+	close(stop)
+	wg.Wait()
 }

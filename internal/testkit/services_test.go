@@ -2,12 +2,15 @@ package testkit
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/onceflow/onceflow/internal/kafkanode"
 )
 
 // scriptEnv is the environment for a private run of scripts/services.sh: its
@@ -79,7 +82,13 @@ func TestServicesScriptUpTwiceThenDown(t *testing.T) {
 		t.Skip("starts a private PostgreSQL and Kafka")
 	}
 	t.Parallel()
-	env := scriptEnv(t, "ONCEFLOW_PG_PORT=56432", "ONCEFLOW_KAFKA_PORT=60092")
+	// Ports free now, not fixed ones: two suites running side by side
+	// would otherwise race for the same numbers.
+	ports, err := kafkanode.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := scriptEnv(t, fmt.Sprintf("ONCEFLOW_PG_PORT=%d", ports[0]), fmt.Sprintf("ONCEFLOW_KAFKA_PORT=%d", ports[1]))
 	runDir := strings.TrimPrefix(env[len(env)-3], "ONCEFLOW_RUN_DIR=")
 	t.Cleanup(func() { _, _, _ = runScript(t, env, "down") })
 
