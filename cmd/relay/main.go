@@ -304,6 +304,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		DB:                    pool,
 		DeleteOnPublish:       c.deleteOnPublish,
 		HolderID:              c.holderID,
+		Hooks:                 relayHooks(),
 		KafkaOpts:             c.kafka.Opts(log),
 		LeaseRenewInterval:    c.leaseRenew,
 		LeaseTTL:              c.leaseTTL,

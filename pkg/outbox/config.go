@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -47,6 +48,10 @@ type Config struct {
 	// back at once; two live processes must never share one. Default
 	// hostname-pid-random.
 	HolderID string
+	// Hooks are called at the points of the publish path where a crash
+	// matters (default: none). Fault tests install them to kill or freeze
+	// the process there; see Hooks.
+	Hooks Hooks
 	// KafkaOpts are the client options for brokers, TLS, SASL and logging
 	// (required: at least kgo.SeedBrokers). The relay adds the transactional
 	// settings itself.
@@ -117,6 +122,51 @@ type Config struct {
 	// cluster: two databases' relays sharing one fence each other.
 	// Default "onceflow-relay-<database identity>-", unique by construction.
 	TransactionalIDPrefix string
+}
+
+// Hooks are functions the relay calls at the points of its publish path
+// where a crash matters. A nil hook is skipped. They run on the leader's
+// publish goroutine, so a hook that blocks stalls publishing (and the lease
+// runs out meanwhile); the library itself never needs them. The relay binary
+// installs the fault tests' failpoints through them.
+type Hooks struct {
+	// CheckpointReaderOpts returns client options appended to KafkaOpts for
+	// the client that reads the last checkpoint back during recovery (each
+	// time one is made). The fault tests slow the checkpoint partition's
+	// answers with a dialer here.
+	CheckpointReaderOpts func() []kgo.Opt
+
+	// OnAfterKafkaCommit runs after a batch's Kafka transaction committed
+	// and before the batch is marked published in PostgreSQL: the rows are
+	// on Kafka, only the checkpoint says so.
+	OnAfterKafkaCommit func()
+
+	// OnBeforeKafkaCommit runs after a batch's records and its checkpoint
+	// were produced and the lease was checked for the last time, right
+	// before the Kafka commit (EndTransaction). A hook that blocks here
+	// makes a zombie: a leader that believes it still leads, which the
+	// Kafka fence of its transactional.id must stop.
+	OnBeforeKafkaCommit func()
+}
+
+func (h Hooks) beforeKafkaCommit() {
+	if h.OnBeforeKafkaCommit != nil {
+		h.OnBeforeKafkaCommit()
+	}
+}
+
+func (h Hooks) afterKafkaCommit() {
+	if h.OnAfterKafkaCommit != nil {
+		h.OnAfterKafkaCommit()
+	}
+}
+
+// checkpointReaderOpts are the options of a checkpoint reader's client.
+func (h Hooks) checkpointReaderOpts(opts []kgo.Opt) []kgo.Opt {
+	if h.CheckpointReaderOpts == nil {
+		return opts
+	}
+	return append(slices.Clone(opts), h.CheckpointReaderOpts()...)
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.

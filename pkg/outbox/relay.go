@@ -19,18 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/pkg/envelope"
-)
-
-// Failpoints (see internal/failpoint) the fault tests arm to kill the relay
-// at the two moments that matter for R3. FailpointBeforeKafkaCommit is hit
-// after the last lease check, right before EndTransaction: armed with
-// ":stop", it freezes a leader that believes it still leads, the zombie a
-// Kafka fence must stop.
-const (
-	FailpointBeforeKafkaCommit = "relay-before-kafka-commit"
-	FailpointAfterKafkaCommit  = "relay-after-kafka-commit"
 )
 
 // maxSetAsideRetry caps the automatic retry interval of set-aside rows.
@@ -401,7 +390,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 			}
 			continue
 		}
-		failpoint.Hit(FailpointAfterKafkaCommit)
+		r.cfg.Hooks.afterKafkaCommit()
 		tMark := time.Now()
 		if err := waitMark(); err != nil {
 			// Both batches are on Kafka; this batch's checkpoint names both.
@@ -603,7 +592,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	if err != nil {
 		return nil, err
 	}
-	rec, err := lastCheckpoint(ictx, r.cfg.KafkaOpts, r.cfg.CheckpointTopic, r.ckptKey)
+	rec, err := lastCheckpoint(ictx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, r.ckptKey)
 	if err != nil {
 		cl.Close()
 		return nil, err
@@ -782,7 +771,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 		r.legacySettled = true
 		return nil
 	}
-	rec, err := lastCheckpoint(ctx, r.cfg.KafkaOpts, r.cfg.CheckpointTopic, r.cfg.Shard)
+	rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, r.cfg.Shard)
 	if err != nil {
 		return fmt.Errorf("read legacy checkpoint: %w", err)
 	}
@@ -1011,7 +1000,7 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 		}
 		return produceErr
 	}
-	failpoint.Hit(FailpointBeforeKafkaCommit)
+	r.cfg.Hooks.beforeKafkaCommit()
 	if err := cl.EndTransaction(pctx, kgo.TryCommit); err != nil {
 		if errors.Is(err, kerr.OperationNotAttempted) {
 			// Not committed: abort, and say so.
