@@ -175,246 +175,323 @@ func (r *Relay) leaseValid() bool { return time.Since(r.start) < time.Duration(r
 
 // lead publishes until ctx is cancelled (graceful stop) or the lease is lost.
 func (r *Relay) lead(ctx context.Context, epoch int64) error {
-	log := r.log.With(slog.Int64("epoch", epoch))
+	s := &leaderSession{
+		r:        r,
+		epoch:    epoch,
+		log:      r.log.With(slog.Int64("epoch", epoch)),
+		suspects: map[int64]refused{},
+	}
+	return s.run(ctx)
+}
+
+// leaderSession is one tenure as leader, from the lease's acquisition to a
+// graceful stop or the lease's loss. Three contexts govern it:
+//   - the Run context (ctx in run and round) ends it gracefully;
+//   - lease is cancelled, with ErrLeadershipLost as its cause, when the lease
+//     is lost; it governs the background loops (renewal, LISTEN, stats,
+//     pruning), which end with the session;
+//   - stop ends waits (polls, backoff, recovery, reads): either of the two
+//     above.
+//
+// In-flight work runs under opCtx, which a graceful stop does not cancel: a
+// batch whose Kafka transaction began is committed (or aborted) and marked
+// before Run returns.
+type leaderSession struct {
+	r     *Relay
+	epoch int64
+	log   *slog.Logger
+
+	lease context.Context
+	stop  context.Context
+	opCtx context.Context
+
+	wake chan struct{} // LISTEN's wake-ups of the poll loop
+	bo   *backoff.ExponentialBackOff
+	cl   *kgo.Client // the transactional producer; nil: the next round recovers
+
+	// suspects are rows a refused transaction named: each is published
+	// alone next, and set aside if Kafka refuses it alone too.
+	suspects map[int64]refused
+	// inflight is the mark of the last published batch. The mark of batch
+	// N runs while batch N+1 is fetched and published. Batch N+1's
+	// checkpoint names both batches, and batch N+2 starts only after N's
+	// mark finished, so the last committed checkpoint always covers every
+	// row that may be on Kafka but unmarked.
+	inflight *markJob
+}
+
+// markJob is a batch's mark, running concurrently with the next batch.
+type markJob struct {
+	ids  []int64
+	ckpt map[int64]uint32 // id -> event id fingerprint
+	done chan error
+}
+
+// run starts the session's background loops, publishes round after round,
+// and on the way out waits for the last mark, closes the producer, stops the
+// loops and releases the lease.
+func (s *leaderSession) run(ctx context.Context) error {
+	r, log := s.r, s.log
 	log.InfoContext(ctx, "leadership acquired")
 	r.leader.Store(true)
 	r.m.isLeader.Set(1)
 
-	leaseCtx, lose := context.WithCancelCause(context.Background())
+	lease, lose := context.WithCancelCause(context.Background())
 	var wg sync.WaitGroup
 	defer func() {
 		r.leader.Store(false)
 		r.m.isLeader.Set(0)
 		lose(nil)
 		wg.Wait()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		if _, err := r.cfg.DB.Exec(rctx, releaseLeaseSQL, r.cfg.Shard, r.cfg.HolderID, epoch); err != nil {
-			log.WarnContext(ctx, "release lease", slog.Any("error", err))
-		} else {
-			log.InfoContext(ctx, "lease released")
-		}
+		s.releaseLease(ctx)
 	}()
-	wake := make(chan struct{}, 1)
+	s.wake = make(chan struct{}, 1)
 	if r.cfg.Listen {
 		wg.Add(1)
-		go func() { defer wg.Done(); r.listen(leaseCtx, wake, log) }()
+		go func() { defer wg.Done(); r.listen(lease, s.wake, log) }()
 	}
 	wg.Add(3)
-	go func() { defer wg.Done(); r.renewLoop(leaseCtx, lose, epoch, log) }()
-	go func() { defer wg.Done(); r.every(leaseCtx, r.cfg.StatsInterval, r.stats) }()
-	go func() { defer wg.Done(); r.every(leaseCtx, r.cfg.PruneInterval, r.prune) }()
+	go func() { defer wg.Done(); r.renewLoop(lease, lose, s.epoch, log) }()
+	go func() { defer wg.Done(); r.every(lease, r.cfg.StatsInterval, r.stats) }()
+	go func() { defer wg.Done(); r.every(lease, r.cfg.PruneInterval, r.prune) }()
 
-	// stop ends waits: a graceful stop or a lost lease.
 	stop, stopCancel := context.WithCancel(ctx)
 	defer stopCancel()
-	go func() {
-		select {
-		case <-leaseCtx.Done():
-			stopCancel()
-		case <-stop.Done():
-		}
-	}()
-
-	// In-flight work runs under opCtx, which a graceful stop does not
-	// cancel: a batch whose Kafka transaction began is committed (or
-	// aborted) and marked before Run returns.
-	opCtx := context.WithoutCancel(ctx)
-	var cl *kgo.Client
+	defer context.AfterFunc(lease, stopCancel)()
+	s.lease, s.stop, s.opCtx = lease, stop, context.WithoutCancel(ctx)
+	s.bo = r.newBackoff()
 	defer func() {
-		if cl != nil {
-			cl.Close()
+		if s.cl != nil {
+			s.cl.Close()
 		}
 	}()
-	bo := r.newBackoff()
-	// failAt logs with lctx: a failed transaction's log line carries its
-	// span's trace_id.
-	failAt := func(lctx context.Context, kind, what string, err error) {
-		r.m.errors.WithLabelValues(kind).Inc()
-		log.ErrorContext(lctx, what, slog.String("kind", kind), slog.Any("error", err))
-		_ = sleep(stop, bo.NextBackOff())
+	defer func() { _ = s.waitMark() }()
+	for {
+		if done, err := s.round(ctx); done {
+			return err
+		}
 	}
-	fail := func(kind, what string, err error) { failAt(ctx, kind, what, err) }
+}
 
-	// The mark of batch N runs while batch N+1 is fetched and published.
-	// Batch N+1's checkpoint names both batches, and batch N+2 starts only
-	// after N's mark finished, so the last committed checkpoint always
-	// covers every row that may be on Kafka but unmarked.
-	type markJob struct {
-		ids  []int64
-		ckpt map[int64]uint32 // id -> event id fingerprint
-		done chan error
+// releaseLease lets a standby take over at once.
+func (s *leaderSession) releaseLease(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if _, err := s.r.cfg.DB.Exec(rctx, releaseLeaseSQL, s.r.cfg.Shard, s.r.cfg.HolderID, s.epoch); err != nil {
+		s.log.WarnContext(ctx, "release lease", slog.Any("error", err))
+	} else {
+		s.log.InfoContext(ctx, "lease released")
 	}
-	// suspects are rows a refused transaction named: each is published
-	// alone next, and set aside if Kafka refuses it alone too.
-	suspects := map[int64]refused{}
-	var inflight *markJob
-	waitMark := func() error {
-		if inflight == nil {
+}
+
+// round is one turn of the publish loop: recover when there is no
+// producer, read a batch, screen it, publish it and start its mark. It
+// returns done with the error that ends the session (nil: a graceful stop);
+// every other failure is counted, logged and backed off here, and the next
+// round tries again.
+func (s *leaderSession) round(ctx context.Context) (done bool, err error) {
+	r := s.r
+	if ctx.Err() != nil {
+		return true, nil
+	}
+	if err := context.Cause(s.lease); err != nil || !r.leaseValid() {
+		return true, ErrLeadershipLost
+	}
+	if s.cl == nil {
+		c, err := r.recover(s.stop, s.log)
+		var ie *IdentityError
+		if errors.As(err, &ie) {
+			return true, err
+		}
+		if err != nil {
+			if s.stop.Err() == nil {
+				s.fail(ctx, errKindCheckpoint, "recover from checkpoint", err)
+			}
+			return false, nil
+		}
+		s.cl = c
+	}
+	var unmarked []int64
+	var unmarkedCkpt map[int64]uint32
+	if s.inflight != nil {
+		unmarked, unmarkedCkpt = s.inflight.ids, s.inflight.ckpt
+	}
+	tFetch := time.Now()
+	rows, err := r.fetch(s.stop, unmarked)
+	if err != nil {
+		if s.stop.Err() == nil {
+			s.fail(ctx, errKindPostgres, "read outbox", err)
+		}
+		return false, nil
+	}
+	if len(rows) == 0 {
+		s.idle(ctx)
+		return false, nil
+	}
+	if rows = s.screen(ctx, rows); len(rows) == 0 {
+		return false, nil
+	}
+	return s.publish(ctx, rows, unmarkedCkpt, tFetch)
+}
+
+// idle finishes the running mark, or else waits for the next poll (or a
+// wake-up).
+func (s *leaderSession) idle(ctx context.Context) {
+	if s.inflight != nil {
+		if err := s.waitMark(); err != nil {
+			s.reset()
+			s.fail(ctx, errKindPostgres, "mark batch published", err)
+		}
+		return
+	}
+	s.bo.Reset()
+	t := time.NewTimer(s.r.cfg.PollInterval)
+	select {
+	case <-s.stop.Done():
+	case <-t.C:
+	case <-s.wake:
+	}
+	t.Stop()
+}
+
+// screen returns the part of rows to publish now (none: the round is
+// over). A row that Kafka refused (or will: an illegal topic name) goes
+// alone; refused alone, it is set aside and only its source waits. Topics
+// are checked against Config.TopicCheck before their first publish.
+func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
+	r := s.r
+	if len(s.suspects) > 4*r.cfg.BatchMaxRows {
+		clear(s.suspects) // bounded; a suspect forgotten is found again
+	}
+	rows = isolate(rows, s.suspects)
+	if len(rows) == 1 {
+		if err := CheckTopic(rows[0].topic); err != nil {
+			s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
 			return nil
 		}
-		err := <-inflight.done
-		inflight = nil
-		if err != nil {
-			return fmt.Errorf("mark batch published: %w", err)
+	}
+	if k, err := r.checkTopics(s.stop, rows); err != nil {
+		switch {
+		case s.stop.Err() != nil:
+			return nil
+		case k > 0:
+			return rows[:k] // publish what is before the refused topic
+		case errors.Is(err, ErrTopicRefused):
+			r.m.errors.WithLabelValues(errKindTopic).Inc()
+			s.setAside(ctx, rows[0], ReasonTopicContract, err)
+			return nil
+		default:
+			s.fail(ctx, errKindTopic, "check topic against its contract (retrying; the batch waits)", err)
+			return nil
 		}
+	}
+	return rows
+}
+
+// publish commits rows in one Kafka transaction, then starts their mark
+// once the previous batch's mark finished.
+func (s *leaderSession) publish(ctx context.Context, rows []row, unmarkedCkpt map[int64]uint32, tFetch time.Time) (done bool, err error) {
+	r, log := s.r, s.log
+	tPublish := time.Now()
+	txn := r.startTxn(s.opCtx, rows, len(unmarkedCkpt))
+	err = r.publish(txn.ctx, s.cl, rows, unmarkedCkpt)
+	txn.end(err)
+	if err != nil {
+		// Whatever happened, the producer is thrown away and the next
+		// round recovers through the checkpoint: a new producer with the
+		// same transactional.id completes or aborts whatever this one
+		// left, and the checkpoint says what committed.
+		s.reset()
+		var re *refusedError
+		switch {
+		case errors.Is(err, ErrLeadershipLost):
+			return true, err
+		case errors.As(err, &re):
+			if len(rows) > 1 {
+				// Refused in company: each suspect goes alone next, the
+				// others go on in batches.
+				for id, rf := range re.refused {
+					s.suspects[id] = rf
+				}
+				log.WarnContext(txn.ctx, "publish batch: Kafka refused records; trying them one by one", slog.Any("error", err))
+				return false, nil
+			}
+			rf := re.refused[rows[0].id]
+			if isTopicReason(rf.reason) {
+				r.m.errors.WithLabelValues(errKindTopic).Inc()
+			}
+			s.setAside(ctx, rows[0], rf.reason, rf.err)
+			delete(s.suspects, rows[0].id)
+		case errors.Is(err, errUnknownOutcome):
+			s.fail(txn.ctx, errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
+		default:
+			s.fail(txn.ctx, errKindKafka, "publish batch", err)
+		}
+		return false, nil
+	}
+	r.cfg.Hooks.afterKafkaCommit()
+	tMark := time.Now()
+	if err := s.waitMark(); err != nil {
+		// Both batches are on Kafka; this batch's checkpoint names both.
+		s.reset()
+		s.fail(ctx, errKindPostgres, "mark batch published", err)
+		return false, nil
+	}
+	ids := make([]int64, len(rows))
+	ckpt := make(map[int64]uint32, len(rows))
+	for i, w := range rows {
+		ids[i] = w.id
+		ckpt[w.id] = w.fp
+		delete(s.suspects, w.id)
+	}
+	job := &markJob{ids: ids, ckpt: ckpt, done: make(chan error, 1)}
+	go func() { job.done <- r.mark(s.opCtx, job.ids) }()
+	s.inflight = job
+	if log.Enabled(ctx, slog.LevelDebug) {
+		log.DebugContext(txn.ctx, "batch published", slog.Int("rows", len(rows)),
+			slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)),
+			slog.Duration("previous_mark_wait", time.Since(tMark)))
+	}
+	s.bo.Reset()
+	return false, nil
+}
+
+// setAside sets a row aside (Relay.setAside), counting and backing off a
+// failure to record it.
+func (s *leaderSession) setAside(ctx context.Context, w row, reason string, cause error) {
+	if err := s.r.setAside(s.stop, w, reason, cause, s.log); err != nil && s.stop.Err() == nil {
+		s.fail(ctx, errKindPostgres, "set row aside", err)
+	}
+}
+
+// waitMark waits for the running mark, if any.
+func (s *leaderSession) waitMark() error {
+	if s.inflight == nil {
 		return nil
 	}
-	defer func() { _ = waitMark() }()
-	reset := func() { // throw the producer away: the next round recovers
-		_ = waitMark()
-		if cl != nil {
-			cl.Close()
-			cl = nil
-		}
+	err := <-s.inflight.done
+	s.inflight = nil
+	if err != nil {
+		return fmt.Errorf("mark batch published: %w", err)
 	}
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err := context.Cause(leaseCtx); err != nil || !r.leaseValid() {
-			return ErrLeadershipLost
-		}
-		if cl == nil {
-			c, err := r.recover(stop, log)
-			var ie *IdentityError
-			if errors.As(err, &ie) {
-				return err
-			}
-			if err != nil {
-				if stop.Err() == nil {
-					fail(errKindCheckpoint, "recover from checkpoint", err)
-				}
-				continue
-			}
-			cl = c
-		}
-		var unmarked []int64
-		var unmarkedCkpt map[int64]uint32
-		if inflight != nil {
-			unmarked, unmarkedCkpt = inflight.ids, inflight.ckpt
-		}
-		tFetch := time.Now()
-		rows, err := r.fetch(stop, unmarked)
-		if err != nil {
-			if stop.Err() == nil {
-				fail(errKindPostgres, "read outbox", err)
-			}
-			continue
-		}
-		if len(rows) == 0 {
-			if inflight != nil {
-				if err := waitMark(); err != nil {
-					reset()
-					fail(errKindPostgres, "mark batch published", err)
-				}
-				continue
-			}
-			bo.Reset()
-			t := time.NewTimer(r.cfg.PollInterval)
-			select {
-			case <-stop.Done():
-			case <-t.C:
-			case <-wake:
-			}
-			t.Stop()
-			continue
-		}
-		// A row that Kafka refused (or will: an illegal topic name) goes
-		// alone; refused alone, it is set aside and only its source waits.
-		if len(suspects) > 4*r.cfg.BatchMaxRows {
-			clear(suspects) // bounded; a suspect forgotten is found again
-		}
-		rows = isolate(rows, suspects)
-		if len(rows) == 1 {
-			if err := CheckTopic(rows[0].topic); err != nil {
-				if err := r.setAside(stop, rows[0], ReasonInvalidTopic, err, log); err != nil && stop.Err() == nil {
-					fail(errKindPostgres, "set row aside", err)
-				}
-				continue
-			}
-		}
-		if k, err := r.checkTopics(stop, rows); err != nil {
-			switch {
-			case stop.Err() != nil:
-				continue
-			case k > 0:
-				rows = rows[:k] // publish what is before the refused topic
-			case errors.Is(err, ErrTopicRefused):
-				r.m.errors.WithLabelValues(errKindTopic).Inc()
-				if err := r.setAside(stop, rows[0], ReasonTopicContract, err, log); err != nil && stop.Err() == nil {
-					fail(errKindPostgres, "set row aside", err)
-				}
-				continue
-			default:
-				fail(errKindTopic, "check topic against its contract (retrying; the batch waits)", err)
-				continue
-			}
-		}
-		tPublish := time.Now()
-		txn := r.startTxn(opCtx, rows, len(unmarkedCkpt))
-		err = r.publish(txn.ctx, cl, rows, unmarkedCkpt)
-		txn.end(err)
-		if err != nil {
-			// Whatever happened, the producer is thrown away and the next
-			// round recovers through the checkpoint: a new producer with
-			// the same transactional.id completes or aborts whatever this
-			// one left, and the checkpoint says what committed.
-			reset()
-			var re *refusedError
-			switch {
-			case errors.Is(err, ErrLeadershipLost):
-				return err
-			case errors.As(err, &re):
-				if len(rows) > 1 {
-					// Refused in company: each suspect goes alone next,
-					// the others go on in batches.
-					for id, rf := range re.refused {
-						suspects[id] = rf
-					}
-					log.WarnContext(txn.ctx, "publish batch: Kafka refused records; trying them one by one", slog.Any("error", err))
-					continue
-				}
-				rf := re.refused[rows[0].id]
-				if isTopicReason(rf.reason) {
-					r.m.errors.WithLabelValues(errKindTopic).Inc()
-				}
-				if err := r.setAside(stop, rows[0], rf.reason, rf.err, log); err != nil && stop.Err() == nil {
-					fail(errKindPostgres, "set row aside", err)
-				}
-				delete(suspects, rows[0].id)
-			case errors.Is(err, errUnknownOutcome):
-				failAt(txn.ctx, errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
-			default:
-				failAt(txn.ctx, errKindKafka, "publish batch", err)
-			}
-			continue
-		}
-		r.cfg.Hooks.afterKafkaCommit()
-		tMark := time.Now()
-		if err := waitMark(); err != nil {
-			// Both batches are on Kafka; this batch's checkpoint names both.
-			reset()
-			fail(errKindPostgres, "mark batch published", err)
-			continue
-		}
-		ids := make([]int64, len(rows))
-		ckpt := make(map[int64]uint32, len(rows))
-		for i, w := range rows {
-			ids[i] = w.id
-			ckpt[w.id] = w.fp
-			delete(suspects, w.id)
-		}
-		job := &markJob{ids: ids, ckpt: ckpt, done: make(chan error, 1)}
-		go func() { job.done <- r.mark(opCtx, job.ids) }()
-		inflight = job
-		if log.Enabled(ctx, slog.LevelDebug) {
-			log.DebugContext(txn.ctx, "batch published", slog.Int("rows", len(rows)),
-				slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)),
-				slog.Duration("previous_mark_wait", time.Since(tMark)))
-		}
-		bo.Reset()
+	return nil
+}
+
+// reset throws the producer away: the next round recovers.
+func (s *leaderSession) reset() {
+	_ = s.waitMark()
+	if s.cl != nil {
+		s.cl.Close()
+		s.cl = nil
 	}
+}
+
+// fail counts and logs a failure, then backs off (until stop). The log
+// line carries ctx's span: a failed transaction's carries its trace_id.
+func (s *leaderSession) fail(ctx context.Context, kind, what string, err error) {
+	s.r.m.errors.WithLabelValues(kind).Inc()
+	s.log.ErrorContext(ctx, what, slog.String("kind", kind), slog.Any("error", err))
+	_ = sleep(s.stop, s.bo.NextBackOff())
 }
 
 // listen turns notifications on notifyChannel into wake-ups of the poll
