@@ -145,7 +145,7 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 		t0 := time.Since(r.start)
 		var epoch int64
 		qctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
-		err := r.cfg.DB.QueryRow(qctx, acquireLeaseSQL, r.cfg.Shard, r.cfg.HolderID, r.cfg.LeaseTTL.Seconds()).Scan(&epoch)
+		err := r.cfg.DB.QueryRow(qctx, qAcquireLease, r.cfg.Shard, r.cfg.HolderID, r.cfg.LeaseTTL.Seconds()).Scan(&epoch)
 		cancel()
 		switch {
 		case err == nil:
@@ -277,7 +277,7 @@ func (s *leaderSession) run(ctx context.Context) error {
 func (s *leaderSession) releaseLease(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	if _, err := s.r.cfg.DB.Exec(rctx, releaseLeaseSQL, s.r.cfg.Shard, s.r.cfg.HolderID, s.epoch); err != nil {
+	if _, err := s.r.cfg.DB.Exec(rctx, qReleaseLease, s.r.cfg.Shard, s.r.cfg.HolderID, s.epoch); err != nil {
 		s.log.WarnContext(ctx, "release lease", slog.Any("error", err))
 	} else {
 		s.log.InfoContext(ctx, "lease released")
@@ -561,7 +561,7 @@ func (r *Relay) renewLoop(leaseCtx context.Context, lose context.CancelCauseFunc
 		}
 		t0 := time.Since(r.start)
 		qctx, cancel := context.WithTimeout(leaseCtx, max(remaining, time.Millisecond))
-		tag, err := r.cfg.DB.Exec(qctx, renewLeaseSQL, r.cfg.Shard, r.cfg.HolderID, epoch, r.cfg.LeaseTTL.Seconds())
+		tag, err := r.cfg.DB.Exec(qctx, qRenewLease, r.cfg.Shard, r.cfg.HolderID, epoch, r.cfg.LeaseTTL.Seconds())
 		cancel()
 		switch {
 		case leaseCtx.Err() != nil:
@@ -601,7 +601,7 @@ func (r *Relay) every(ctx context.Context, d time.Duration, f func(context.Conte
 func (r *Relay) stats(ctx context.Context) error {
 	var n, held, open int64
 	var age float64
-	if err := r.cfg.DB.QueryRow(ctx, statsSQL).Scan(&n, &held, &age, &open); err != nil {
+	if err := r.cfg.DB.QueryRow(ctx, qStats).Scan(&n, &held, &age, &open); err != nil {
 		return fmt.Errorf("count pending rows: %w", err)
 	}
 	r.m.pending.Set(float64(n))
@@ -618,7 +618,7 @@ func (r *Relay) stats(ctx context.Context) error {
 func (r *Relay) prune(ctx context.Context) error {
 	retention := max(r.cfg.Retention, 0).Seconds()
 	for range 100 {
-		tag, err := r.cfg.DB.Exec(ctx, pruneSQL, retention, r.cfg.PruneBatchRows)
+		tag, err := r.cfg.DB.Exec(ctx, qPrune, retention, r.cfg.PruneBatchRows)
 		if err != nil {
 			return fmt.Errorf("prune outbox: %w", err)
 		}
@@ -739,7 +739,7 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 		return 0, nil
 	}
 	var last *int64
-	if err := r.cfg.DB.QueryRow(ctx, outboxLastIDSQL).Scan(&last); err != nil {
+	if err := r.cfg.DB.QueryRow(ctx, qOutboxLastID).Scan(&last); err != nil {
 		return 0, fmt.Errorf("read the outbox id sequence: %w", err)
 	}
 	if top := c.ids[len(c.ids)-1]; last == nil || top > *last {
@@ -755,7 +755,7 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 				"(docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
-	rows, err := r.cfg.DB.Query(ctx, checkpointRowsSQL, c.ids)
+	rows, err := r.cfg.DB.Query(ctx, qCheckpointRows, c.ids)
 	if err != nil {
 		return 0, fmt.Errorf("read checkpointed rows: %w", err)
 	}
@@ -798,7 +798,7 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 		return 0, nil
 	}
 	var marked, resolved int64
-	if err := r.cfg.DB.QueryRow(ctx, r.markSQL(), mark).Scan(&marked, &resolved); err != nil {
+	if err := r.cfg.DB.QueryRow(ctx, r.markQuery(), mark).Scan(&marked, &resolved); err != nil {
 		return 0, fmt.Errorf("mark checkpointed rows: %w", err)
 	}
 	return marked, nil
@@ -820,7 +820,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 		return nil
 	}
 	var decision *string
-	err := r.cfg.DB.QueryRow(ctx, legacyPendingSQL, r.cfg.Shard).Scan(&decision)
+	err := r.cfg.DB.QueryRow(ctx, qLegacyPending, r.cfg.Shard).Scan(&decision)
 	if errors.Is(err, pgx.ErrNoRows) {
 		r.legacySettled = true
 		return nil
@@ -841,7 +841,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	}
 	cl.Close()
 	settle := func(outcome string) error {
-		if _, err := r.cfg.DB.Exec(ctx, legacySettleSQL, r.cfg.Shard, outcome); err != nil {
+		if _, err := r.cfg.DB.Exec(ctx, qLegacySettle, r.cfg.Shard, outcome); err != nil {
 			return fmt.Errorf("settle legacy checkpoint: %w", err)
 		}
 		log.InfoContext(ctx, "legacy checkpoint settled", slog.String("outcome", outcome))
@@ -863,7 +863,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 		}
 	}
 	var unpublished int64
-	if err := r.cfg.DB.QueryRow(ctx, unpublishedAmongSQL, c.ids).Scan(&unpublished); err != nil {
+	if err := r.cfg.DB.QueryRow(ctx, qUnpublishedAmong, c.ids).Scan(&unpublished); err != nil {
 		return fmt.Errorf("read legacy checkpoint rows: %w", err)
 	}
 	desc := fmt.Sprintf("legacy checkpoint %s[%d]@%d %q", rec.Topic, rec.Partition, rec.Offset, truncate(string(rec.Value), 60))
@@ -909,7 +909,7 @@ func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}
-	rs, err := r.cfg.DB.Query(ctx, selectBatchSQL, r.cfg.BatchMaxRows, exclude)
+	rs, err := r.cfg.DB.Query(ctx, qSelectBatch, r.cfg.BatchMaxRows, exclude)
 	if err != nil {
 		return nil, err
 	}
@@ -978,7 +978,7 @@ func (r *Relay) setAside(ctx context.Context, w row, reason string, cause error,
 	msg := truncate(cause.Error(), 2000)
 	var inserted bool
 	var attempts int
-	err := r.cfg.DB.QueryRow(ctx, setAsideSQL, w.id, reason, msg, retry, maxSetAsideRetry.Seconds()).Scan(&inserted, &attempts)
+	err := r.cfg.DB.QueryRow(ctx, qSetAside, w.id, reason, msg, retry, maxSetAsideRetry.Seconds()).Scan(&inserted, &attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // published or deleted meanwhile
 	}
@@ -1099,7 +1099,7 @@ func (r *Relay) mark(ctx context.Context, ids []int64) error {
 	bo := r.newBackoff()
 	return backoff.Retry(func() error {
 		var marked, resolved int64
-		err := r.cfg.DB.QueryRow(mctx, r.markSQL(), ids).Scan(&marked, &resolved)
+		err := r.cfg.DB.QueryRow(mctx, r.markQuery(), ids).Scan(&marked, &resolved)
 		if err != nil && mctx.Err() != nil {
 			return backoff.Permanent(err)
 		}
@@ -1107,11 +1107,11 @@ func (r *Relay) mark(ctx context.Context, ids []int64) error {
 	}, backoff.WithContext(bo, mctx))
 }
 
-func (r *Relay) markSQL() string {
+func (r *Relay) markQuery() string {
 	if r.cfg.DeleteOnPublish {
-		return deletePublishedSQL
+		return qDeletePublished
 	}
-	return markPublishedSQL
+	return qMarkPublished
 }
 
 func (r *Relay) newBackoff() *backoff.ExponentialBackOff {
