@@ -91,11 +91,19 @@ type Config struct {
 	// DeleteOnPublish); 0 uses the default, a negative value prunes them at
 	// the next prune. Default 1h.
 	Retention time.Duration
-	// Shard names this relay's lease row, transactional.id suffix and
-	// checkpoint key suffix. Every relay polls the whole outbox, so all
-	// relays of one database must use the same Shard (sharding sources over
-	// several leaders is not implemented yet). Default "default".
+	// Shard names this relay's shard: its lease row, transactional.id
+	// suffix and checkpoint key suffix. With Shards 1 (the default) the
+	// shard publishes every source, and all relays of one database must use
+	// the same Shard (default "default"). With Shards N > 1 it is this
+	// relay's shard index K in decimal, 0 <= K < N (no default): the relay
+	// publishes only the sources whose SourceShard is K, and the relays of
+	// each K elect their own leader.
 	Shard string
+	// Shards is how many shards split the database's sources (see Shard
+	// and SourceShard); every relay of one database must use the same
+	// count. A relay takes no lease while a relay with another count holds
+	// one (docs/relay.md, "Shards"). Default 1.
+	Shards int
 	// StandbyInterval is how often a standby tries to take the lease.
 	// Default 500ms.
 	StandbyInterval time.Duration
@@ -211,7 +219,10 @@ func (c Config) WithDefaults() Config {
 	if c.Retention == 0 {
 		c.Retention = time.Hour
 	}
-	if c.Shard == "" {
+	if c.Shards == 0 {
+		c.Shards = 1
+	}
+	if c.Shard == "" && c.Shards == 1 {
 		c.Shard = "default"
 	}
 	if c.StandbyInterval == 0 {
@@ -257,6 +268,12 @@ func (c Config) validate() error {
 		return bad("TransactionTimeout", "must be at least 1s, got %s", c.TransactionTimeout)
 	case c.CheckpointTopic == "":
 		return bad("CheckpointTopic", "is required")
+	case c.Shards < 1:
+		return bad("Shards", "must be at least 1, got %d", c.Shards)
+	case c.Shards > 1 && !isShardIndex(c.Shard, c.Shards):
+		return bad("Shard", "must be this relay's shard index 0 <= K < Shards (%d) in decimal when Shards > 1, got %q", c.Shards, c.Shard)
+	case c.Shard == "":
+		return bad("Shard", "is required")
 	case len(c.TransactionalIDPrefix+c.Shard) > 200, c.TransactionalIDPrefix == "" && len(DefaultTransactionalID(zeroUUID, c.Shard)) > 200:
 		return bad("Shard", "with TransactionalIDPrefix is over 200 bytes")
 	}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,9 +32,15 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{"PollInterval", func(c *Config) { c.PollInterval = -1 }},
 		{"TransactionTimeout", func(c *Config) { c.TransactionTimeout = 10 * time.Millisecond }},
 		{"PruneBatchRows", func(c *Config) { c.PruneBatchRows = -5 }},
+		{"Shards", func(c *Config) { c.Shards = -1 }},
+		{"Shard", func(c *Config) { c.Shards, c.Shard = 2, "default" }},
+		{"Shard", func(c *Config) { c.Shards, c.Shard = 2, "2" }},
+		{"Shard", func(c *Config) { c.Shards, c.Shard = 2, "-1" }},
+		{"Shard", func(c *Config) { c.Shards, c.Shard = 4, "01" }},
+		{"Shard", func(c *Config) { c.Shards, c.Shard = 4, "" }},
 	}
-	for _, tt := range tests {
-		t.Run(tt.field, func(t *testing.T) {
+	for i, tt := range tests {
+		t.Run(fmt.Sprintf("%s/%d", tt.field, i), func(t *testing.T) {
 			t.Parallel()
 			c := validConfig()
 			tt.mutate(&c)
@@ -58,6 +65,20 @@ func TestConfigDefaults(t *testing.T) {
 	if c.LeaseTTL != 3*time.Second || c.LeaseRenewInterval != time.Second || c.StandbyInterval != 500*time.Millisecond ||
 		c.Retention != time.Hour || c.BatchMaxRows != 1000 || c.Shard != "default" || c.HolderID == "" {
 		t.Fatalf("unexpected defaults: %+v", c)
+	}
+	if c.Shards != 1 {
+		t.Fatalf("default Shards = %d, want 1", c.Shards)
+	}
+	// With several shards, the shard index has no default.
+	if c := (Config{Shards: 2}).WithDefaults(); c.Shard != "" {
+		t.Fatalf("Shards 2: default Shard %q, want none", c.Shard)
+	}
+	for _, ok := range []Config{{Shards: 2, Shard: "0"}, {Shards: 2, Shard: "1"}, {Shards: 16, Shard: "15"}, {Shard: "blue"}} {
+		c := validConfig()
+		c.Shards, c.Shard = ok.Shards, ok.Shard
+		if err := c.WithDefaults().validate(); err != nil {
+			t.Errorf("Shard %q of %d: %v", ok.Shard, ok.Shards, err)
+		}
 	}
 }
 

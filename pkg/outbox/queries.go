@@ -56,15 +56,25 @@ SELECT source, last_seq FROM c`
 // Rows of a source with a set-aside row are held back until it is resolved
 // or its retry time comes (R2, I3); retrying tells the relay to try such a
 // row alone.
-const qSelectBatch = `
+const qSelectBatch = qSelectBatchFrom + `
+ ORDER BY o.id
+ LIMIT $1`
+
+// qSelectBatchShard is qSelectBatch for shard $4 of $3 (Config.Shards > 1):
+// it reads the unpublished rows in id order and keeps those of its own
+// sources.
+const qSelectBatchShard = qSelectBatchFrom + `
+   AND onceflow.source_shard(o.source, $3) = $4
+ ORDER BY o.id
+ LIMIT $1`
+
+const qSelectBatchFrom = `
 SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type, o.record_key, o.headers, o.payload,
        EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a WHERE a.outbox_id = o.id AND a.resolved_at IS NULL) AS retrying
   FROM onceflow.outbox o
  WHERE o.published_at IS NULL
    AND o.id NOT IN (SELECT unnest($2::bigint[]))
-   AND o.source NOT IN (` + qHeldSources + `)
- ORDER BY o.id
- LIMIT $1`
+   AND o.source NOT IN (` + qHeldSources + `)`
 
 // qHeldSources are the sources the relay publishes nothing of: their
 // set-aside row waits for an operator or for its retry time.
@@ -106,6 +116,15 @@ DELETE FROM onceflow.outbox
                ORDER BY published_at
                LIMIT $2)`
 
+// qPruneShard is qPrune for the rows of shard $4 of $3.
+const qPruneShard = `
+DELETE FROM onceflow.outbox
+ WHERE id IN (SELECT id FROM onceflow.outbox
+               WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1)
+                 AND onceflow.source_shard(source, $3) = $4
+               ORDER BY published_at
+               LIMIT $2)`
+
 // qStats counts unpublished rows: all of them, those held behind a
 // set-aside row, the age of the oldest one not held, and the open set-aside
 // entries.
@@ -119,16 +138,46 @@ SELECT count(*),
        (SELECT count(*) FROM onceflow.outbox_set_aside WHERE resolved_at IS NULL)
   FROM p`
 
+// qStatsShard is qStats for the rows of shard $2 of $1.
+const qStatsShard = `
+WITH held AS (SELECT DISTINCT source FROM onceflow.outbox_set_aside
+               WHERE resolved_at IS NULL AND onceflow.source_shard(source, $1) = $2),
+     p AS (SELECT created_at, source IN (SELECT source FROM held) AS held
+             FROM onceflow.outbox WHERE published_at IS NULL AND onceflow.source_shard(source, $1) = $2)
+SELECT count(*),
+       count(*) FILTER (WHERE held),
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT held)), 0)::float8,
+       (SELECT count(*) FROM onceflow.outbox_set_aside
+         WHERE resolved_at IS NULL AND onceflow.source_shard(source, $1) = $2)
+  FROM p`
+
+// qLeaseLock serializes lease acquisitions (a transaction-level advisory
+// lock under a key of its own, "ofrlease" in ASCII; migrate's is
+// "onceflow"):
+// a relay checks the other shard counts' leases and takes its own in one
+// step, so that relays with two different counts cannot both lead.
+const qLeaseLock = `SELECT pg_advisory_xact_lock(8027229195717407589)`
+
+// qOtherLayoutLeases lists the leases taken by relays with another shard
+// count than $1, and whether each is still live.
+const qOtherLayoutLeases = `
+SELECT shard, shards, holder, expires_at > now() FROM onceflow.relay_lease WHERE shards <> $1 ORDER BY shard`
+
+// qDropLayoutLease deletes an expired lease of another shard count once its
+// last checkpoint is settled.
+const qDropLayoutLease = `DELETE FROM onceflow.relay_lease WHERE shard = $1 AND shards = $2 AND expires_at <= now()`
+
 // qAcquireLease takes the shard's lease when it is free, expired, or held
 // under our own holder id (a restarted process with a stable holder id, such
 // as a Kubernetes pod name, does not wait for its own lease to expire). Every
 // acquisition bumps the epoch. Times are the database's clock.
+// The lease records the relay's shard count ($4).
 const qAcquireLease = `
-INSERT INTO onceflow.relay_lease AS l (shard, holder, epoch, acquired_at, renewed_at, expires_at)
-VALUES ($1, $2, 1, now(), now(), now() + make_interval(secs => $3))
+INSERT INTO onceflow.relay_lease AS l (shard, holder, epoch, acquired_at, renewed_at, expires_at, shards)
+VALUES ($1, $2, 1, now(), now(), now() + make_interval(secs => $3), $4)
 ON CONFLICT (shard) DO UPDATE
    SET holder = excluded.holder, epoch = l.epoch + 1, acquired_at = now(), renewed_at = now(),
-       expires_at = excluded.expires_at
+       expires_at = excluded.expires_at, shards = excluded.shards
  WHERE l.expires_at <= now() OR l.holder = excluded.holder
 RETURNING epoch`
 
@@ -182,7 +231,7 @@ const qPlaceCluster = `SELECT system_identifier::text FROM pg_control_system()`
 const qOutboxLastID = `SELECT pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass)`
 
 // qCheckpointRows reads what recovery checks a checkpoint against.
-const qCheckpointRows = `SELECT id, event_id, published_at IS NULL FROM onceflow.outbox WHERE id = ANY($1::bigint[])`
+const qCheckpointRows = `SELECT id, event_id, source, published_at IS NULL FROM onceflow.outbox WHERE id = ANY($1::bigint[])`
 
 // Legacy checkpoints (settleLegacy, identity.go).
 const qLegacyList = `

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,12 @@ type Relay struct {
 	log   *slog.Logger
 	m     *metrics
 	start time.Time
+
+	// shardIndex is Shard's index with Shards > 1; ownSource reports
+	// whether a source belongs to it (nil with one shard: every source
+	// does).
+	shardIndex int
+	ownSource  func(source string) bool
 
 	// Bound by recover (leader loop only): the database identity, the
 	// transactional.id and checkpoint key derived from it, and whether the
@@ -70,6 +77,11 @@ func New(cfg Config) (*Relay, error) {
 		m:      m,
 		start:  time.Now(),
 		tracer: tracer(cfg.TracerProvider),
+	}
+	if cfg.Shards > 1 {
+		r.shardIndex, _ = strconv.Atoi(cfg.Shard) // validated
+		r.log = r.log.With(slog.Int("shards", cfg.Shards))
+		r.ownSource = func(source string) bool { return SourceShard(source, cfg.Shards) == r.shardIndex }
 	}
 	return r, nil
 }
@@ -140,18 +152,43 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // acquire waits until this relay holds the lease and returns its epoch.
 func (r *Relay) acquire(ctx context.Context) (int64, error) {
-	logged := false
+	logged, layoutLogged := false, ""
 	for {
 		t0 := time.Since(r.start)
-		var epoch int64
 		qctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
-		err := r.cfg.DB.QueryRow(qctx, qAcquireLease, r.cfg.Shard, r.cfg.HolderID, r.cfg.LeaseTTL.Seconds()).Scan(&epoch)
+		epoch, others, err := r.tryAcquire(qctx)
 		cancel()
 		switch {
-		case err == nil:
+		case err == nil && len(others) == 0:
 			r.setReady(nil)
 			r.validUntil.Store(int64(t0 + r.cfg.LeaseTTL))
 			return epoch, nil
+		case err == nil && others.live():
+			// Another shard count leads: this relay waits, ready (a
+			// rolling update replacing those relays must go on).
+			r.setReady(nil)
+			if desc := others.String(); desc != layoutLogged {
+				r.m.errors.WithLabelValues(errKindLease).Inc()
+				r.log.ErrorContext(ctx, "standing by: relays with another shard count hold leases; "+
+					"this relay takes none until they stop (every relay of a database must run with the same -shards)",
+					slog.Int("shards", r.cfg.Shards), slog.String("leases", desc))
+				layoutLogged = desc
+			}
+		case err == nil:
+			// Only expired leases of another count: settle their last
+			// checkpoints, then try again at once.
+			err = r.settleLayout(ctx)
+			var ie *IdentityError
+			switch {
+			case err == nil:
+				continue
+			case errors.As(err, &ie):
+				return 0, err
+			case ctx.Err() != nil:
+				return 0, ctx.Err()
+			}
+			r.m.errors.WithLabelValues(errKindCheckpoint).Inc()
+			r.log.WarnContext(ctx, "settle the leases of another shard count", slog.Any("error", err))
 		case errors.Is(err, pgx.ErrNoRows):
 			r.setReady(nil)
 			if !logged {
@@ -169,6 +206,126 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 	}
+}
+
+// tryAcquire takes the shard's lease unless another relay holds it
+// (pgx.ErrNoRows) or leases of another shard count exist (returned, no lease
+// taken). The advisory lock makes the check and the take one step among
+// relays.
+func (r *Relay) tryAcquire(ctx context.Context) (epoch int64, others otherLeases, err error) {
+	err = pgx.BeginFunc(ctx, r.cfg.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qLeaseLock); err != nil {
+			return err
+		}
+		if others, err = readOtherLeases(ctx, tx, r.cfg.Shards); err != nil || len(others) > 0 {
+			return err
+		}
+		return tx.QueryRow(ctx, qAcquireLease, r.cfg.Shard, r.cfg.HolderID, r.cfg.LeaseTTL.Seconds(), r.cfg.Shards).Scan(&epoch)
+	})
+	return epoch, others, err
+}
+
+// otherLease is a lease taken by a relay with another shard count.
+type otherLease struct {
+	shard  string
+	shards int
+	holder string
+	live   bool
+}
+
+type otherLeases []otherLease
+
+func (ls otherLeases) live() bool {
+	return slices.ContainsFunc(ls, func(l otherLease) bool { return l.live })
+}
+
+func (ls otherLeases) String() string {
+	var b strings.Builder
+	for i, l := range ls {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		state := "expired"
+		if l.live {
+			state = "held by " + l.holder
+		}
+		fmt.Fprintf(&b, "shard %q of %d (%s)", l.shard, l.shards, state)
+	}
+	return b.String()
+}
+
+func readOtherLeases(ctx context.Context, tx pgx.Tx, shards int) (otherLeases, error) {
+	rows, err := tx.Query(ctx, qOtherLayoutLeases, shards)
+	if err != nil {
+		return nil, fmt.Errorf("read leases: %w", err)
+	}
+	ls, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (otherLease, error) {
+		var l otherLease
+		err := row.Scan(&l.shard, &l.shards, &l.holder, &l.live)
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read leases: %w", err)
+	}
+	return ls, nil
+}
+
+// settleLayout finishes what relays with another shard count left, once
+// all their leases have expired and before any relay with this count
+// takes a lease: for each of their shards it fences the shard's
+// transactional.id (which completes or aborts its open transaction), marks
+// the rows its last checkpoint names (all of them: they are on Kafka,
+// whichever shard owns their source now) and deletes the lease. Without
+// it, a row published but not yet marked under the old count would be
+// published again by the shard that owns its source under the new one. It
+// holds the lease lock throughout, so no relay takes a lease meanwhile.
+func (r *Relay) settleLayout(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*r.cfg.TransactionTimeout+10*time.Second)
+	defer cancel()
+	id, err := r.bindIdentity(ctx)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, r.cfg.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qLeaseLock); err != nil {
+			return err
+		}
+		others, err := readOtherLeases(ctx, tx, r.cfg.Shards)
+		if err != nil || others.live() {
+			return err // a live one: acquire waits for it
+		}
+		for _, o := range others {
+			cl, err := r.initProducer(ctx, r.txnIDOf(id, o.shard))
+			if err != nil {
+				return fmt.Errorf("fence shard %q of %d: %w", o.shard, o.shards, err)
+			}
+			cl.Close()
+			key := checkpointKey(id, o.shard)
+			rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, key)
+			if err != nil {
+				return err
+			}
+			var marked int64
+			if rec != nil {
+				c, err := decodeCheckpoint(rec.Value)
+				if err != nil {
+					return &IdentityError{
+						Problem: fmt.Sprintf("checkpoint record %s[%d]@%d under key %q cannot be read: %v", rec.Topic, rec.Partition, rec.Offset, key, err),
+						Fix:     "inspect the record; if no relay of this database wrote it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
+					}
+				}
+				if marked, err = r.applyCheckpoint(ctx, c, rec, "checkpoint", nil); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.Exec(ctx, qDropLayoutLease, o.shard, o.shards); err != nil {
+				return fmt.Errorf("delete lease of shard %q of %d: %w", o.shard, o.shards, err)
+			}
+			r.log.InfoContext(ctx, "settled a shard of another shard count: its transactional.id fenced, its checkpoint's rows marked, its lease deleted",
+				slog.String("old_shard", o.shard), slog.Int("old_shards", o.shards), slog.Int64("marked", marked))
+		}
+		return nil
+	})
 }
 
 func (r *Relay) leaseValid() bool { return time.Since(r.start) < time.Duration(r.validUntil.Load()) }
@@ -601,7 +758,8 @@ func (r *Relay) every(ctx context.Context, d time.Duration, f func(context.Conte
 func (r *Relay) stats(ctx context.Context) error {
 	var n, held, open int64
 	var age float64
-	if err := r.cfg.DB.QueryRow(ctx, qStats).Scan(&n, &held, &age, &open); err != nil {
+	q, args := r.sharded(qStats, qStatsShard)
+	if err := r.cfg.DB.QueryRow(ctx, q, args...).Scan(&n, &held, &age, &open); err != nil {
 		return fmt.Errorf("count pending rows: %w", err)
 	}
 	r.m.pending.Set(float64(n))
@@ -617,8 +775,9 @@ func (r *Relay) stats(ctx context.Context) error {
 // more than PruneInterval's worth of published rows.
 func (r *Relay) prune(ctx context.Context) error {
 	retention := max(r.cfg.Retention, 0).Seconds()
+	q, args := r.sharded(qPrune, qPruneShard, retention, r.cfg.PruneBatchRows)
 	for range 100 {
-		tag, err := r.cfg.DB.Exec(ctx, qPrune, retention, r.cfg.PruneBatchRows)
+		tag, err := r.cfg.DB.Exec(ctx, q, args...)
 		if err != nil {
 			return fmt.Errorf("prune outbox: %w", err)
 		}
@@ -639,26 +798,12 @@ func (r *Relay) prune(ctx context.Context) error {
 // unmarked (batch N's mark finishes before batch N+2 begins), and the last
 // checkpoint names both.
 func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, error) {
-	id, reminted, err := bindIdentity(ctx, r.cfg.DB)
+	id, err := r.bindIdentity(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("database identity: %w", err)
+		return nil, err
 	}
-	if reminted {
-		log.InfoContext(ctx, "new database identity: this database is a copy of one whose relay never ran",
-			slog.String("identity", id.ID), slog.String("place", id.Place.String()))
-	}
-	if r.identity != "" && r.identity != id.ID {
-		return nil, &IdentityError{
-			Problem: fmt.Sprintf("the database identity changed from %s to %s while this relay ran (relay identity reset)", r.identity, id.ID),
-			Fix:     "restart the relay so that it publishes under the new identity",
-		}
-	}
-	r.identity = id.ID
-	r.txnID = r.cfg.TransactionalIDPrefix + r.cfg.Shard
-	if r.cfg.TransactionalIDPrefix == "" {
-		r.txnID = DefaultTransactionalID(id.ID, r.cfg.Shard)
-	}
-	r.ckptKey = checkpointKey(id.ID, r.cfg.Shard)
+	r.txnID = r.txnIDOf(id, r.cfg.Shard)
+	r.ckptKey = checkpointKey(id, r.cfg.Shard)
 
 	ictx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout+5*time.Second)
 	defer cancel()
@@ -688,7 +833,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 			Fix:     "inspect the record; if this relay did not write it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
-	marked, err := r.applyCheckpoint(ictx, c, rec, "checkpoint")
+	marked, err := r.applyCheckpoint(ictx, c, rec, "checkpoint", r.ownSource)
 	if err != nil {
 		cl.Close()
 		return nil, err
@@ -697,6 +842,36 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs,
 		slog.Int64("checkpoint_offset", rec.Offset), slog.Int("checkpoint_ids", len(c.ids)), slog.Int64("marked", marked))...)
 	return cl, nil
+}
+
+// bindIdentity binds the relay to this database's identity (see the
+// package function) and returns it; the identity may not change while the
+// relay runs.
+func (r *Relay) bindIdentity(ctx context.Context) (string, error) {
+	id, reminted, err := bindIdentity(ctx, r.cfg.DB)
+	if err != nil {
+		return "", fmt.Errorf("database identity: %w", err)
+	}
+	if reminted {
+		r.log.InfoContext(ctx, "new database identity: this database is a copy of one whose relay never ran",
+			slog.String("identity", id.ID), slog.String("place", id.Place.String()))
+	}
+	if r.identity != "" && r.identity != id.ID {
+		return "", &IdentityError{
+			Problem: fmt.Sprintf("the database identity changed from %s to %s while this relay ran (relay identity reset)", r.identity, id.ID),
+			Fix:     "restart the relay so that it publishes under the new identity",
+		}
+	}
+	r.identity = id.ID
+	return id.ID, nil
+}
+
+// txnIDOf is the transactional.id of shard under identity.
+func (r *Relay) txnIDOf(identity, shard string) string {
+	if r.cfg.TransactionalIDPrefix == "" {
+		return DefaultTransactionalID(identity, shard)
+	}
+	return r.cfg.TransactionalIDPrefix + shard
 }
 
 // initProducer creates a transactional producer and initialises its id.
@@ -726,8 +901,10 @@ func (r *Relay) initProducer(ctx context.Context, txnID string) (*kgo.Client, er
 // out (else the database was restored to an earlier point after those rows
 // were published); and every named row still in the table holds the event
 // the checkpoint recorded for it. Anything else is an *IdentityError: the
-// relay stops rather than mark a row on a guess.
-func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Record, what string) (int64, error) {
+// relay stops rather than mark a row on a guess. With own set, a row whose
+// source own rejects is checked but left unmarked: recovery touches only
+// its own shard's rows.
+func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Record, what string, own func(source string) bool) (int64, error) {
 	where := fmt.Sprintf("%s record %s[%d]@%d (key %q)", what, rec.Topic, rec.Partition, rec.Offset, string(rec.Key))
 	if c.fps != nil && c.db != r.identity {
 		return 0, &IdentityError{
@@ -763,9 +940,9 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 	var mismatch error
 	for rows.Next() {
 		var id int64
-		var eventID string
+		var eventID, source string
 		var unpublished bool
-		if err := rows.Scan(&id, &eventID, &unpublished); err != nil {
+		if err := rows.Scan(&id, &eventID, &source, &unpublished); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("read checkpointed rows: %w", err)
 		}
@@ -783,7 +960,11 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 				continue
 			}
 		}
-		if unpublished {
+		switch {
+		case unpublished && own != nil && !own(source):
+			r.log.WarnContext(ctx, "checkpoint names an unpublished row of another shard: left to that shard",
+				slog.Int64("outbox_id", id), slog.String("source", source), slog.String("where", where))
+		case unpublished:
 			mark = append(mark, id)
 		}
 	}
@@ -873,7 +1054,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	case deref(decision) == "discard":
 		return settle(fmt.Sprintf("%s: discarded; %d rows it names are published again", desc, unpublished))
 	case deref(decision) == "adopt":
-		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint")
+		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint", nil)
 		if err != nil {
 			return err
 		}
@@ -909,7 +1090,8 @@ func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}
-	rs, err := r.cfg.DB.Query(ctx, qSelectBatch, r.cfg.BatchMaxRows, exclude)
+	q, args := r.sharded(qSelectBatch, qSelectBatchShard, r.cfg.BatchMaxRows, exclude)
+	rs, err := r.cfg.DB.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -936,6 +1118,16 @@ func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
 		out = append(out, w)
 	}
 	return out, rs.Err()
+}
+
+// sharded returns the statement for this relay's rows: whole when Shards is
+// 1, else shard with the shard count and this shard's index appended to
+// args.
+func (r *Relay) sharded(whole, shard string, args ...any) (string, []any) {
+	if r.cfg.Shards <= 1 {
+		return whole, args
+	}
+	return shard, append(args, r.cfg.Shards, r.shardIndex)
 }
 
 // isolate shortens a batch so that a suspect row (refused in an earlier
