@@ -132,12 +132,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		return nil // ctx cancelled
 	}
 	for {
+		var ie *IdentityError
 		epoch, err := r.acquire(ctx)
-		if err != nil {
+		switch {
+		case err == nil:
+			err = r.lead(ctx, epoch)
+		case !errors.As(err, &ie):
 			return nil // ctx cancelled
 		}
-		err = r.lead(ctx, epoch)
-		var ie *IdentityError
 		if errors.As(err, &ie) {
 			r.log.ErrorContext(ctx, "relay stopped: "+ie.Problem, slog.String("fix", ie.Fix))
 			return err
@@ -150,7 +152,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// acquire waits until this relay holds the lease and returns its epoch.
+// acquire waits until this relay holds the lease and returns its epoch. It
+// fails when ctx ends, or with an *IdentityError from settling another
+// shard count's leases.
 func (r *Relay) acquire(ctx context.Context) (int64, error) {
 	logged, layoutLogged := false, ""
 	for {
@@ -280,8 +284,6 @@ func readOtherLeases(ctx context.Context, tx pgx.Tx, shards int) (otherLeases, e
 // published again by the shard that owns its source under the new one. It
 // holds the lease lock throughout, so no relay takes a lease meanwhile.
 func (r *Relay) settleLayout(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*r.cfg.TransactionTimeout+10*time.Second)
-	defer cancel()
 	id, err := r.bindIdentity(ctx)
 	if err != nil {
 		return err
@@ -295,28 +297,9 @@ func (r *Relay) settleLayout(ctx context.Context) error {
 			return err // a live one: acquire waits for it
 		}
 		for _, o := range others {
-			cl, err := r.initProducer(ctx, r.txnIDOf(id, o.shard))
+			marked, err := r.settleShard(ctx, id, o)
 			if err != nil {
-				return fmt.Errorf("fence shard %q of %d: %w", o.shard, o.shards, err)
-			}
-			cl.Close()
-			key := checkpointKey(id, o.shard)
-			rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, key)
-			if err != nil {
-				return err
-			}
-			var marked int64
-			if rec != nil {
-				c, err := decodeCheckpoint(rec.Value)
-				if err != nil {
-					return &IdentityError{
-						Problem: fmt.Sprintf("checkpoint record %s[%d]@%d under key %q cannot be read: %v", rec.Topic, rec.Partition, rec.Offset, key, err),
-						Fix:     "inspect the record; if no relay of this database wrote it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
-					}
-				}
-				if marked, err = r.applyCheckpoint(ctx, c, rec, "checkpoint", nil); err != nil {
-					return err
-				}
+				return fmt.Errorf("settle shard %q of %d: %w", o.shard, o.shards, err)
 			}
 			if _, err := tx.Exec(ctx, qDropLayoutLease, o.shard, o.shards); err != nil {
 				return fmt.Errorf("delete lease of shard %q of %d: %w", o.shard, o.shards, err)
@@ -326,6 +309,31 @@ func (r *Relay) settleLayout(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// settleShard fences the transactional.id of another shard count's shard
+// o and marks the rows its last checkpoint names, returning how many.
+func (r *Relay) settleShard(ctx context.Context, identity string, o otherLease) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout+5*time.Second)
+	defer cancel()
+	cl, err := r.initProducer(ctx, r.txnIDOf(identity, o.shard))
+	if err != nil {
+		return 0, err
+	}
+	cl.Close()
+	key := checkpointKey(identity, o.shard)
+	rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, key)
+	if err != nil || rec == nil {
+		return 0, err
+	}
+	c, err := decodeCheckpoint(rec.Value)
+	if err != nil {
+		return 0, &IdentityError{
+			Problem: fmt.Sprintf("checkpoint record %s[%d]@%d under key %q cannot be read: %v", rec.Topic, rec.Partition, rec.Offset, key, err),
+			Fix:     "inspect the record; if no relay of this database wrote it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
+		}
+	}
+	return r.applyCheckpoint(ctx, c, rec, "checkpoint", nil)
 }
 
 func (r *Relay) leaseValid() bool { return time.Since(r.start) < time.Duration(r.validUntil.Load()) }
