@@ -108,3 +108,33 @@ func TestMetricsLint(t *testing.T) {
 		t.Fatalf("%d metric series, want at least 7", n)
 	}
 }
+
+// The names a shard publishes and checkpoints under. -shards 1 keeps the
+// names relays used before shards existed, so that an upgraded relay finds
+// its checkpoint.
+func TestShardNames(t *testing.T) {
+	t.Parallel()
+	const id = "5f0c2a4e-0000-4000-8000-000000009b10"
+	tests := []struct {
+		shard     string
+		shards    int
+		prefix    string
+		txn, ckpt string
+	}{
+		{"", 0, "", "onceflow-relay-" + id + "-default", id + "/default"},
+		{"blue", 1, "", "onceflow-relay-" + id + "-blue", id + "/blue"},
+		{"1", 2, "", "onceflow-relay-" + id + "-1", id + "/1"},
+		{"3", 4, "app-", "app-3", id + "/3"},
+	}
+	for _, tt := range tests {
+		c := validConfig()
+		c.Shard, c.Shards, c.TransactionalIDPrefix = tt.shard, tt.shards, tt.prefix
+		r, err := New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if txn, ckpt := r.txnIDOf(id, r.cfg.Shard), checkpointKey(id, r.cfg.Shard); txn != tt.txn || ckpt != tt.ckpt {
+			t.Errorf("Shard %q of %d, prefix %q: transactional.id %q, checkpoint key %q; want %q, %q", tt.shard, tt.shards, tt.prefix, txn, ckpt, tt.txn, tt.ckpt)
+		}
+	}
+}
