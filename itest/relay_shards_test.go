@@ -118,6 +118,21 @@ func assertShardsOwnTheirRows(t *testing.T, ctx context.Context, e *relayEnv, n 
 	}
 }
 
+// waitMetric waits until the relay at base reports want for metric.
+func waitMetric(t *testing.T, ctx context.Context, base, metric string, want float64) {
+	t.Helper()
+	for {
+		got, ok := metricsOf(t, ctx, base)[metric]
+		if ok && got == want {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s: %s is %v (reported: %v), want %v", base, metric, got, ok, want)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a condition
+	}
+}
+
 func keysOf(m map[string][]int64) []string {
 	var ks []string
 	for k := range m {
@@ -146,6 +161,13 @@ func TestRelayShardsCrash(t *testing.T) {
 	if _, err := s0.WaitFor(ctx, reReady); err != nil {
 		t.Fatal(err)
 	}
+	line, err := s0.WaitFor(ctx, reHTTPAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0URL := "http://" + reHTTPAddr.FindStringSubmatch(line)[1]
+	// No relay of shard 1 yet: shard 0's leader says so.
+	waitMetric(t, ctx, s0URL, "onceflow_relay_shards_without_leader", 1)
 	kills := 0
 	for _, fp := range []string{failpoint.RelayAfterKafkaCommit, failpoint.RelayBeforeKafkaCommit} {
 		p := e.startShard("shard-1-"+fp, []string{"ONCEFLOW_FAILPOINTS=" + fp + "=4"}, 1, 2, append([]string{"-holder-id", "s1"}, fastLease...)...)
@@ -159,6 +181,7 @@ func TestRelayShardsCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPublished(t, ctx, e, publishedCount(t, ctx, e)+300)
+	waitMetric(t, ctx, s0URL, "onceflow_relay_shards_without_leader", 0)
 	if err := w.stop(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}

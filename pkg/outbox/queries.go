@@ -151,6 +151,13 @@ SELECT count(*),
          WHERE resolved_at IS NULL AND onceflow.source_shard(source, $1) = $2)
   FROM p`
 
+// qLeaderlessShards counts the shards 0…$1-1 of shard count $1 that have no
+// live lease of that count.
+const qLeaderlessShards = `
+SELECT count(*) FROM generate_series(0, $1 - 1) AS k
+ WHERE NOT EXISTS (SELECT 1 FROM onceflow.relay_lease l
+                    WHERE l.shard = k::text AND l.shards = $1 AND l.expires_at > now())`
+
 // qLeaseLock serializes lease acquisitions (a transaction-level advisory
 // lock under a key of its own, "ofrlease" in ASCII; migrate's is
 // "onceflow"):

@@ -774,6 +774,15 @@ func (r *Relay) stats(ctx context.Context) error {
 	r.m.held.Set(float64(held))
 	r.m.oldestAge.Set(age)
 	r.m.setAside.Set(float64(open))
+	if r.cfg.Shards > 1 {
+		// A shard nobody runs publishes nothing and its lag shows nowhere
+		// else: every leader reports it.
+		var leaderless int64
+		if err := r.cfg.DB.QueryRow(ctx, qLeaderlessShards, r.cfg.Shards).Scan(&leaderless); err != nil {
+			return fmt.Errorf("count shards without leader: %w", err)
+		}
+		r.m.leaderless.Set(float64(leaderless))
+	}
 	return nil
 }
 
