@@ -165,6 +165,11 @@ SELECT count(*) FROM generate_series(0, $1 - 1) AS k
 // step, so that relays with two different counts cannot both lead.
 const qLeaseLock = `SELECT pg_advisory_xact_lock(8027229195717407589)`
 
+// qLeaseTryLock is qLeaseLock without waiting: a relay that finds the lock
+// taken (another relay settling another shard count's leases, which takes
+// seconds) stands by and tries again.
+const qLeaseTryLock = `SELECT pg_try_advisory_xact_lock(8027229195717407589)`
+
 // qOtherLayoutLeases lists the leases taken by relays with another shard
 // count than $1, and whether each is still live.
 const qOtherLayoutLeases = `

@@ -212,14 +212,18 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 	}
 }
 
-// tryAcquire takes the shard's lease unless another relay holds it
-// (pgx.ErrNoRows) or leases of another shard count exist (returned, no lease
-// taken). The advisory lock makes the check and the take one step among
-// relays.
+// tryAcquire takes the shard's lease unless another relay holds it or the
+// lease lock is taken (pgx.ErrNoRows), or leases of another shard count
+// exist (returned, no lease taken). The advisory lock makes the check and
+// the take one step among relays.
 func (r *Relay) tryAcquire(ctx context.Context) (epoch int64, others otherLeases, err error) {
 	err = pgx.BeginFunc(ctx, r.cfg.DB, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, qLeaseLock); err != nil {
+		var locked bool
+		if err := tx.QueryRow(ctx, qLeaseTryLock).Scan(&locked); err != nil {
 			return err
+		}
+		if !locked {
+			return pgx.ErrNoRows // stand by: the lock's holder may be settling
 		}
 		if others, err = readOtherLeases(ctx, tx, r.cfg.Shards); err != nil || len(others) > 0 {
 			return err
