@@ -23,6 +23,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -122,7 +123,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 // Help texts of the flags `relay run` shares with the operator commands:
 // one environment name, one meaning, one text.
 const (
-	shardHelp       = "relay shard: lease row, transactional.id suffix, checkpoint key suffix (all relays of one database use the same shard today)"
+	shardHelp       = "relay shard: lease row, transactional.id suffix, checkpoint key suffix; with -shards N over 1, the shard's index 0..N-1"
 	txnIDPrefixHelp = "Kafka transactional.id prefix, the shard is appended; must be unique to this database on the Kafka cluster (empty: onceflow-relay-<database identity>-, unique by construction)"
 )
 
@@ -151,6 +152,7 @@ type config struct {
 	retention       time.Duration
 	retrySetAside   time.Duration
 	shard           string
+	shards          int
 	standbyInterval time.Duration
 	txnIDPrefix     string
 	txnTimeout      time.Duration
@@ -183,6 +185,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.retention, "retention", time.Hour, "how long published rows are kept (negative: delete at the next prune)")
 	fs.DurationVar(&c.retrySetAside, "retry-set-aside-after", 30*time.Second, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
 	fs.StringVar(&c.shard, "shard", "default", shardHelp)
+	fs.IntVar(&c.shards, "shards", 1, "how many shards split the database's sources, each with its own leader; with more than 1, -shard is this relay's index 0..shards-1 (docs/relay.md, \"Shards\")")
 	fs.DurationVar(&c.standbyInterval, "standby-interval", 500*time.Millisecond, "how often a standby tries to take the lease")
 	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
 	fs.DurationVar(&c.txnTimeout, "transaction-timeout", 10*time.Second, "Kafka transaction timeout")
@@ -230,6 +233,12 @@ func (c *config) validate() error {
 	}
 	if c.shard == "" {
 		return fmt.Errorf("-shard (%s) must not be empty", cli.EnvName("shard"))
+	}
+	if c.shards < 1 {
+		return fmt.Errorf("-shards (%s) must be at least 1, got %d", cli.EnvName("shards"), c.shards)
+	}
+	if k, err := strconv.Atoi(c.shard); c.shards > 1 && (err != nil || k < 0 || k >= c.shards || strconv.Itoa(k) != c.shard) {
+		return fmt.Errorf("-shard (%s) must be this relay's shard index, 0 <= K < -shards (%d), when -shards is over 1; got %q", cli.EnvName("shard"), c.shards, c.shard)
 	}
 	return nil
 }
@@ -304,6 +313,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		DB:                    pool,
 		DeleteOnPublish:       c.deleteOnPublish,
 		HolderID:              c.holderID,
+		Hooks:                 relayHooks(),
 		KafkaOpts:             c.kafka.Opts(log),
 		LeaseRenewInterval:    c.leaseRenew,
 		LeaseTTL:              c.leaseTTL,
@@ -316,6 +326,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		Retention:             c.retention,
 		RetrySetAsideAfter:    c.retrySetAside,
 		Shard:                 c.shard,
+		Shards:                c.shards,
 		StandbyInterval:       c.standbyInterval,
 		TopicCheck:            topicCheck,
 		TracerProvider:        tracing.Provider,
@@ -325,7 +336,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
-	log.InfoContext(ctx, "relay starting", slog.String("shard", c.shard), slog.String("http_addr", c.httpAddr))
+	log.InfoContext(ctx, "relay starting", slog.String("shard", c.shard), slog.Int("shards", c.shards), slog.String("http_addr", c.httpAddr))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
