@@ -50,12 +50,12 @@ func (c *adminConfig) RegisterFlags(fs *flag.FlagSet, cmd string) {
 	c.db.RegisterFlags(fs)
 	switch cmd {
 	case "identity show":
-		fs.StringVar(&c.shard, "shard", "default", shardHelp)
+		fs.StringVar(&c.shard, "shard", outbox.DefaultShard, shardHelp)
 		fs.StringVar(&c.txnPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
 	case "identity adopt", "identity reset":
 		fs.StringVar(&c.note, "note", "", "why (required; kept in onceflow.database_identity)")
 	case "identity legacy":
-		fs.StringVar(&c.shard, "shard", "default", shardHelp)
+		fs.StringVar(&c.shard, "shard", outbox.DefaultShard, shardHelp)
 		fs.StringVar(&c.note, "note", "", "why (required; logged with the decision)")
 	case "outbox failed list":
 		fs.BoolVar(&c.all, "all", false, "also list resolved entries (published after a retry, or skipped)")

@@ -24,7 +24,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -126,7 +125,9 @@ const (
 	txnIDPrefixHelp = "Kafka transactional.id prefix, the shard is appended; must be unique to this database on the Kafka cluster (empty: onceflow-relay-<database identity>-, unique by construction)"
 )
 
-// config is everything `relay run` is configured with.
+// config is everything `relay run` is configured with. The relay's own
+// settings are flags bound straight onto outbox.Config, with the library's
+// defaults; the library's Validate is their only check.
 type config struct {
 	admin     admin.Flags
 	db        pgconn.Config
@@ -136,27 +137,43 @@ type config struct {
 	logFormat string
 	logLevel  string
 
-	backoffMax      time.Duration
-	batchMaxBytes   int
-	batchMaxRows    int
-	checkpointTopic string
-	deleteOnPublish bool
-	holderID        string
-	leaseRenew      time.Duration
-	listen          bool
-	leaseTTL        time.Duration
-	pollInterval    time.Duration
-	pruneBatchRows  int
-	pruneInterval   time.Duration
-	retention       time.Duration
-	retrySetAside   time.Duration
-	shard           string
-	standbyInterval time.Duration
-	txnIDPrefix     string
-	txnTimeout      time.Duration
+	outbox outbox.Config
 
 	topicsVerify bool
 	topics       topics.Config
+}
+
+// outboxFlags is the flag of each outbox.Config field `relay run` sets: an
+// invalid value is reported by its flag and environment variable.
+var outboxFlags = cli.Fields{
+	"BackoffMax":            "backoff-max",
+	"BatchMaxBytes":         "batch-max-bytes",
+	"BatchMaxRows":          "batch-max-rows",
+	"CheckpointTopic":       "checkpoint-topic",
+	"DeleteOnPublish":       "delete-on-publish",
+	"HolderID":              "holder-id",
+	"LeaseRenewInterval":    "lease-renew-interval",
+	"LeaseTTL":              "lease-ttl",
+	"Listen":                "listen",
+	"PollInterval":          "poll-interval",
+	"PruneBatchRows":        "prune-batch-rows",
+	"PruneInterval":         "prune-interval",
+	"Retention":             "retention",
+	"RetrySetAsideAfter":    "retry-set-aside-after",
+	"Shard":                 "shard",
+	"StandbyInterval":       "standby-interval",
+	"StatsInterval":         "stats-interval",
+	"TransactionTimeout":    "transaction-timeout",
+	"TransactionalIDPrefix": "transactional-id-prefix",
+}
+
+// outboxError reports an outbox.Config error by flag.
+func outboxError(err error) error {
+	var ce *outbox.ConfigError
+	if errors.As(err, &ce) {
+		return outboxFlags.Error("outbox config", ce.Field, ce.Reason)
+	}
+	return err
 }
 
 // RegisterFlags registers the flags of `relay run`.
@@ -168,24 +185,26 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.pprofAddr, "pprof-addr", "", "address of Go's /debug/pprof profiles, e.g. 127.0.0.1:6060 (empty, the default, disables)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.DurationVar(&c.backoffMax, "backoff-max", 5*time.Second, "longest wait between retries of Kafka and PostgreSQL errors")
-	fs.IntVar(&c.batchMaxBytes, "batch-max-bytes", 4<<20, "maximum payload bytes per Kafka transaction")
-	fs.IntVar(&c.batchMaxRows, "batch-max-rows", 1000, "maximum rows per Kafka transaction")
-	fs.StringVar(&c.checkpointTopic, "checkpoint-topic", "onceflow.relay.checkpoints", "compacted topic for the relay's checkpoints (created if missing)")
-	fs.BoolVar(&c.deleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them for -retention (about 2x drain throughput)")
-	fs.StringVar(&c.holderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
-	fs.DurationVar(&c.leaseRenew, "lease-renew-interval", time.Second, "how often the leader renews its lease")
-	fs.DurationVar(&c.leaseTTL, "lease-ttl", 3*time.Second, "lease lifetime without renewal (takeover time after a leader dies)")
-	fs.BoolVar(&c.listen, "listen", false, "also wake on NOTIFY onceflow_outbox (enable the trigger onceflow.outbox_notify for producers to notify)")
-	fs.DurationVar(&c.pollInterval, "poll-interval", 20*time.Millisecond, "wait between polls of an empty outbox")
-	fs.IntVar(&c.pruneBatchRows, "prune-batch-rows", 1000, "published rows deleted per prune statement")
-	fs.DurationVar(&c.pruneInterval, "prune-interval", time.Second, "how often published rows are pruned")
-	fs.DurationVar(&c.retention, "retention", time.Hour, "how long published rows are kept (negative: delete at the next prune)")
-	fs.DurationVar(&c.retrySetAside, "retry-set-aside-after", 30*time.Second, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
-	fs.StringVar(&c.shard, "shard", "default", shardHelp)
-	fs.DurationVar(&c.standbyInterval, "standby-interval", 500*time.Millisecond, "how often a standby tries to take the lease")
-	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
-	fs.DurationVar(&c.txnTimeout, "transaction-timeout", 10*time.Second, "Kafka transaction timeout")
+	o := &c.outbox
+	fs.DurationVar(&o.BackoffMax, "backoff-max", outbox.DefaultBackoffMax, "longest wait between retries of Kafka and PostgreSQL errors")
+	fs.IntVar(&o.BatchMaxBytes, "batch-max-bytes", outbox.DefaultBatchMaxBytes, "maximum payload bytes per Kafka transaction")
+	fs.IntVar(&o.BatchMaxRows, "batch-max-rows", outbox.DefaultBatchMaxRows, "maximum rows per Kafka transaction")
+	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", outbox.DefaultCheckpointTopic, "compacted topic for the relay's checkpoints (created if missing)")
+	fs.BoolVar(&o.DeleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them for -retention (about 2x drain throughput)")
+	fs.StringVar(&o.HolderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
+	fs.DurationVar(&o.LeaseRenewInterval, "lease-renew-interval", outbox.DefaultLeaseRenewInterval, "how often the leader renews its lease")
+	fs.DurationVar(&o.LeaseTTL, "lease-ttl", outbox.DefaultLeaseTTL, "lease lifetime without renewal (takeover time after a leader dies)")
+	fs.BoolVar(&o.Listen, "listen", false, "also wake on NOTIFY onceflow_outbox (enable the trigger onceflow.outbox_notify for producers to notify)")
+	fs.DurationVar(&o.PollInterval, "poll-interval", outbox.DefaultPollInterval, "wait between polls of an empty outbox")
+	fs.IntVar(&o.PruneBatchRows, "prune-batch-rows", outbox.DefaultPruneBatchRows, "published rows deleted per prune statement")
+	fs.DurationVar(&o.PruneInterval, "prune-interval", outbox.DefaultPruneInterval, "how often published rows are pruned")
+	fs.DurationVar(&o.Retention, "retention", outbox.DefaultRetention, "how long published rows are kept (negative: delete at the next prune)")
+	fs.DurationVar(&o.RetrySetAsideAfter, "retry-set-aside-after", outbox.DefaultRetrySetAsideAfter, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
+	fs.StringVar(&o.Shard, "shard", outbox.DefaultShard, shardHelp)
+	fs.DurationVar(&o.StandbyInterval, "standby-interval", outbox.DefaultStandbyInterval, "how often a standby tries to take the lease")
+	fs.DurationVar(&o.StatsInterval, "stats-interval", outbox.DefaultStatsInterval, "how often the leader refreshes the pending-rows and oldest-age gauges")
+	fs.StringVar(&o.TransactionalIDPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
+	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", outbox.DefaultTransactionTimeout, "Kafka transaction timeout")
 	fs.BoolVar(&c.topicsVerify, "topics-verify", false, "verify the checkpoint topic at start and each event topic before its first publish against the topic spec; refuse to publish to a topic that breaks it (create topics with `relay topics apply` first)")
 	c.topics.RegisterFlags(fs)
 }
@@ -200,38 +219,7 @@ func (c *config) validate() error {
 	if err := c.kafka.Validate(); err != nil {
 		return err
 	}
-	for name, d := range map[string]time.Duration{
-		"backoff-max": c.backoffMax, "lease-renew-interval": c.leaseRenew, "lease-ttl": c.leaseTTL, "poll-interval": c.pollInterval,
-		"prune-interval": c.pruneInterval, "standby-interval": c.standbyInterval, "transaction-timeout": c.txnTimeout,
-		"retry-set-aside-after": c.retrySetAside,
-	} {
-		if err := cli.PositiveDuration(name, d); err != nil {
-			return err
-		}
-	}
-	positive := func(name string, v int) error {
-		if v < 1 {
-			return fmt.Errorf("-%s (%s) must be at least 1, got %d", name, cli.EnvName(name), v)
-		}
-		return nil
-	}
-	if err := errors.Join(positive("batch-max-rows", c.batchMaxRows), positive("batch-max-bytes", c.batchMaxBytes),
-		positive("prune-batch-rows", c.pruneBatchRows)); err != nil {
-		return err
-	}
-	if c.leaseRenew*2 > c.leaseTTL {
-		return fmt.Errorf("-lease-renew-interval (%s) must be at most half of -lease-ttl (%s)", c.leaseRenew, c.leaseTTL)
-	}
-	if c.txnTimeout < time.Second {
-		return fmt.Errorf("-transaction-timeout (%s) must be at least 1s, got %s", cli.EnvName("transaction-timeout"), c.txnTimeout)
-	}
-	if c.checkpointTopic == "" {
-		return fmt.Errorf("-checkpoint-topic (%s) must not be empty", cli.EnvName("checkpoint-topic"))
-	}
-	if c.shard == "" {
-		return fmt.Errorf("-shard (%s) must not be empty", cli.EnvName("shard"))
-	}
-	return nil
+	return outboxError(c.outbox.Validate())
 }
 
 func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
@@ -275,7 +263,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		if _, err := c.topics.Load(); err != nil {
 			return usageError{err}
 		}
-		if err := c.topics.CheckTopics(ctx, adm, c.checkpointTopic); err != nil {
+		if err := c.topics.CheckTopics(ctx, adm, c.outbox.CheckpointTopic); err != nil {
 			return fmt.Errorf("checkpoint topic breaks the topic spec (run `relay topics apply`): %w", err)
 		}
 		topicCheck = func(ctx context.Context, topic string) error {
@@ -296,36 +284,18 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	relay, err := outbox.New(outbox.Config{
-		BackoffMax:            c.backoffMax,
-		BatchMaxBytes:         c.batchMaxBytes,
-		BatchMaxRows:          c.batchMaxRows,
-		CheckpointTopic:       c.checkpointTopic,
-		DB:                    pool,
-		DeleteOnPublish:       c.deleteOnPublish,
-		HolderID:              c.holderID,
-		KafkaOpts:             c.kafka.Opts(log),
-		LeaseRenewInterval:    c.leaseRenew,
-		LeaseTTL:              c.leaseTTL,
-		Listen:                c.listen,
-		Logger:                log,
-		PollInterval:          c.pollInterval,
-		PruneBatchRows:        c.pruneBatchRows,
-		PruneInterval:         c.pruneInterval,
-		Registerer:            reg,
-		Retention:             c.retention,
-		RetrySetAsideAfter:    c.retrySetAside,
-		Shard:                 c.shard,
-		StandbyInterval:       c.standbyInterval,
-		TopicCheck:            topicCheck,
-		TracerProvider:        tracing.Provider,
-		TransactionTimeout:    c.txnTimeout,
-		TransactionalIDPrefix: c.txnIDPrefix,
-	})
+	oc := c.outbox
+	oc.DB = pool
+	oc.KafkaOpts = c.kafka.Opts(log)
+	oc.Logger = log
+	oc.Registerer = reg
+	oc.TopicCheck = topicCheck
+	oc.TracerProvider = tracing.Provider
+	relay, err := outbox.New(oc)
 	if err != nil {
-		return usageError{err}
+		return usageError{outboxError(err)}
 	}
-	log.InfoContext(ctx, "relay starting", slog.String("shard", c.shard), slog.String("http_addr", c.httpAddr))
+	log.InfoContext(ctx, "relay starting", slog.String("shard", c.outbox.Shard), slog.String("http_addr", c.httpAddr))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {

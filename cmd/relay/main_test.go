@@ -7,11 +7,14 @@ import (
 	"flag"
 	"io"
 	"net/http"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 func TestInvalidConfigNamesTheSetting(t *testing.T) {
@@ -120,5 +123,34 @@ func TestPprofAddr(t *testing.T) {
 	c.RegisterFlags(fs)
 	if f := fs.Lookup("pprof-addr"); f == nil || f.DefValue != "" {
 		t.Fatalf("-pprof-addr default %v, want empty (off)", f)
+	}
+}
+
+// Every setting of outbox.Config is a flag of `relay run`, the table names
+// only real flags, and a flag left alone is the library's default.
+func TestOutboxFlags(t *testing.T) {
+	var c config
+	fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := outboxFlags.Check(fs); err != nil {
+		t.Fatal(err)
+	}
+	typ := reflect.TypeOf(outbox.Config{})
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		switch f.Type.Kind() {
+		case reflect.Bool, reflect.Int, reflect.Int32, reflect.Int64, reflect.String:
+			if _, ok := outboxFlags[f.Name]; !ok {
+				t.Errorf("outbox.Config.%s has no flag in outboxFlags", f.Name)
+			}
+		}
+	}
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	got, want := c.outbox, outbox.Config{}.WithDefaults()
+	want.HolderID, want.Logger = "", nil // generated / not a flag
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("flag defaults %+v\nlibrary defaults %+v", got, want)
 	}
 }
