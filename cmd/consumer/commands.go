@@ -91,42 +91,20 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	icfg := inbox.Config{
-		BatchHandler:     handler,
-		BatchMaxRecords:  cfg.BatchMaxRecords,
-		ConsumerName:     cfg.ConsumerName,
-		DLQTopic:         cfg.DLQTopic,
-		FirstSeen:        cfg.firstSeen,
-		GapCheckInterval: cfg.GapCheckInterval,
-		GapTimeout:       cfg.GapTimeout,
-		GapTimeouts:      cfg.gapTimeouts,
-		Group:            cfg.Group,
-		Hooks: inbox.Hooks{
-			OnAfterHandler:  failpoint.Func(failpoint.ConsumerAfterHandler),
-			OnAfterPGCommit: failpoint.Func(failpoint.ConsumerAfterPGCommit),
-		},
-		InstanceID:           cfg.InstanceID,
-		KafkaOpts:            cfg.Kafka.Opts(log),
-		LatePolicy:           cfg.latePolicy,
-		Logger:               log,
-		MaxParked:            cfg.MaxParked,
-		MaxPayloadBytes:      cfg.MaxPayloadBytes,
-		Ordering:             cfg.ordering,
-		Pool:                 pool,
-		Registerer:           reg,
-		RetryInitialInterval: cfg.RetryInitialInterval,
-		RetryMaxAttempts:     cfg.RetryMaxAttempts,
-		RetryMaxElapsed:      cfg.RetryMaxElapsed,
-		RetryMaxInterval:     cfg.RetryMaxInterval,
-		SessionTimeout:       cfg.SessionTimeout,
-		Topics:               cfg.Topics,
-		TracerProvider:       tracing.Provider,
+	icfg := cfg.Inbox
+	icfg.BatchHandler = handler
+	icfg.Hooks = inbox.Hooks{
+		OnAfterHandler:  failpoint.Func(failpoint.ConsumerAfterHandler),
+		OnAfterPGCommit: failpoint.Func(failpoint.ConsumerAfterPGCommit),
 	}
-	icfg.FetchMaxBytes, icfg.FetchMaxPartitionBytes = int32(cfg.FetchMaxBytes), int32(cfg.FetchMaxPartitionBytes)
-	icfg.FetchMaxWait = cfg.FetchMaxWait
+	icfg.KafkaOpts = cfg.Kafka.Opts(log)
+	icfg.Logger = log
+	icfg.Pool = pool
+	icfg.Registerer = reg
+	icfg.TracerProvider = tracing.Provider
 	c, err := inbox.New(icfg)
 	if err != nil {
-		return &usageError{Err: err}
+		return &usageError{Err: inboxError(err)}
 	}
 	var pm *retention.Metrics
 	if cfg.RetentionInterval > 0 {
@@ -151,7 +129,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if cfg.RetentionInterval > 0 {
 		g.Go(func() error {
-			return retention.Run(gctx, pool, policy, cfg.RetentionInterval, retention.Options{Consumer: cfg.ConsumerName}, pm, log)
+			return retention.Run(gctx, pool, policy, cfg.RetentionInterval, retention.Options{Consumer: cfg.Inbox.ConsumerName}, pm, log)
 		})
 	}
 	g.Go(func() error {
@@ -193,15 +171,15 @@ func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log
 		return nil, nil, fmt.Errorf("admin kafka client: %w", err)
 	}
 	svc, err := admin.NewService(admin.Config{
-		Consumer: cfg.ConsumerName,
-		Group:    cfg.Group,
-		Topics:   cfg.Topics,
+		Consumer: cfg.Inbox.ConsumerName,
+		Group:    cfg.Inbox.Group,
+		Topics:   cfg.Inbox.Topics,
 		Kafka:    kadm.NewClient(kcl),
 		Logger:   log,
 		Pool:     pool,
 		Replay: replayer(inbox.ReplayConfig{
-			ConsumerName: cfg.ConsumerName, FirstSeen: cfg.firstSeen, GapTimeout: cfg.GapTimeout,
-			GapTimeouts: cfg.gapTimeouts, Handler: h, MaxParked: cfg.MaxParked, Pool: pool,
+			ConsumerName: cfg.Inbox.ConsumerName, FirstSeen: cfg.Inbox.FirstSeen, GapTimeout: cfg.Inbox.GapTimeout,
+			GapTimeouts: cfg.Inbox.GapTimeouts, Handler: h, MaxParked: cfg.Inbox.MaxParked, Pool: pool,
 		}),
 	})
 	if err != nil {

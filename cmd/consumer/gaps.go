@@ -34,7 +34,7 @@ type gapsConfig struct {
 func (c *gapsConfig) RegisterFlags(fs *flag.FlagSet, resolve bool) {
 	c.DB.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs)
-	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
+	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
 	if resolve {
 		fs.StringVar(&c.Note, "note", "", "what was done about the missing events (required)")
 		fs.StringVar(&c.Actor, "actor", "", "who resolves, for the audit (default: the OS user)")

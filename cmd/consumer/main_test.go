@@ -9,11 +9,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
 // Invalid configuration fails at start with one line naming the setting and
@@ -160,5 +164,45 @@ func TestPprofAddr(t *testing.T) {
 	c.RegisterFlags(fs)
 	if f := fs.Lookup("pprof-addr"); f == nil || f.DefValue != "" {
 		t.Fatalf("-pprof-addr default %v, want empty (off)", f)
+	}
+}
+
+// Every setting of inbox.Config is a flag of `consumer run` or left at the
+// library's default on purpose, the table names only real flags, and a flag
+// left alone is the library's default.
+func TestInboxFlags(t *testing.T) {
+	var c runConfig
+	fs := flag.NewFlagSet("consumer run", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := inboxFlags.Check(fs); err != nil {
+		t.Fatal(err)
+	}
+	typ := reflect.TypeOf(inbox.Config{})
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		switch k := f.Type.Kind(); {
+		case k == reflect.Slice && f.Type.Elem().Kind() == reflect.Interface: // KafkaOpts: built from the -kafka-* flags
+		case k == reflect.Bool, k == reflect.Int, k == reflect.Int32, k == reflect.Int64, k == reflect.String, k == reflect.Slice:
+			if _, ok := inboxFlags[f.Name]; !ok && !slices.Contains(inboxUnflagged, f.Name) {
+				t.Errorf("inbox.Config.%s has no flag in inboxFlags", f.Name)
+			}
+		}
+	}
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	got, want := c.Inbox, inbox.Config{}.WithDefaults()
+	want.Clock, want.Logger = nil, nil // not flags
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("flag defaults %+v\nlibrary defaults %+v", got, want)
+	}
+	var d dlqConfig
+	fs = flag.NewFlagSet("consumer dlq replay", flag.ContinueOnError)
+	d.RegisterFlags(fs, true)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := d.replayConfig(); err != nil || rc.GapTimeout != want.GapTimeout || rc.MaxParked != want.MaxParked || rc.FirstSeen != want.FirstSeen {
+		t.Fatalf("replay defaults %+v, %v", rc, err)
 	}
 }
