@@ -67,7 +67,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	handler, err := handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall)))
 	if err != nil {
-		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
+		return usage("%s: %v", cli.Named("handlers-file"), err)
 	}
 	tracing, err := obs.NewTracing(ctx, "onceflow-consumer", log, os.Getenv)
 	if err != nil {
@@ -77,11 +77,11 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	var policy *retention.Policy
 	if cfg.RetentionFile != "" {
 		if policy, err = loadRetention(cfg.RetentionFile); err != nil {
-			return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
+			return usage("%s: %v", cli.Named("retention-file"), err)
 		}
 	}
 	if cfg.RetentionInterval < 0 || (cfg.RetentionInterval > 0 && policy == nil) {
-		return usage("-retention-interval (ONCEFLOW_RETENTION_INTERVAL) must be positive and needs -retention-file, got %s", cfg.RetentionInterval)
+		return usage("%s must be positive and needs -retention-file, got %s", cli.Named("retention-interval"), cfg.RetentionInterval)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer")
 	if err != nil {
@@ -157,7 +157,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log *slog.Logger) (http.Handler, func(), error) {
 	tokens, err := admin.LoadTokens(cfg.Admin.TokenFile)
 	if err != nil {
-		return nil, nil, usage("-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE): %v", err)
+		return nil, nil, usage("%s: %v", cli.Named("admin-token-file"), err)
 	}
 	db := cfg.DB
 	db.MaxConns = 6
@@ -218,10 +218,10 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return &usageError{Err: err}
 	}
 	if cfg.Limit < 1 {
-		return usage("-limit (ONCEFLOW_LIMIT) must be at least 1, got %d", cfg.Limit)
+		return usage("%s must be at least 1, got %d", cli.Named("limit"), cfg.Limit)
 	}
 	if cfg.GroupBy != "" && cfg.GroupBy != "error" {
-		return usage("-group-by (ONCEFLOW_GROUP_BY) %q: want error", cfg.GroupBy)
+		return usage("%s %q: want error", cli.Named("group-by"), cfg.GroupBy)
 	}
 	if _, err := cfg.Filter.Filter(time.Now()); err != nil {
 		return usage("consumer dlq list: %v", err)
@@ -305,7 +305,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	var replay admin.ReplayFunc
 	if cfg.HandlersFile == "" && !cfg.DryRun {
-		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE) is required")
+		return usage("%s is required", cli.Named("handlers-file"))
 	}
 	rc, err := cfg.replayConfig()
 	if err != nil {
@@ -313,7 +313,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if cfg.HandlersFile != "" {
 		if rc.Handler, err = handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall))); err != nil {
-			return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
+			return usage("%s: %v", cli.Named("handlers-file"), err)
 		}
 	}
 	if req.RequestID == "" {

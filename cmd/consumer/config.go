@@ -32,7 +32,7 @@ func (c *logConfig) RegisterFlags(fs *flag.FlagSet) {
 func (c *logConfig) logger(w io.Writer) (*slog.Logger, error) {
 	l, err := obs.NewLogger(w, c.Format, c.Level)
 	if err != nil {
-		return nil, fmt.Errorf("-log-format/-log-level (ONCEFLOW_LOG_FORMAT/ONCEFLOW_LOG_LEVEL): %v", err)
+		return nil, fmt.Errorf("%s / %s: %v", cli.Named("log-format"), cli.Named("log-level"), err)
 	}
 	return l, nil
 }
@@ -169,7 +169,7 @@ func (c *runConfig) validate() error {
 		}
 	}
 	if c.HandlersFile == "" {
-		return errors.New("-handlers-file (ONCEFLOW_HANDLERS_FILE) is required")
+		return fmt.Errorf("%s is required", cli.Named("handlers-file"))
 	}
 	return nil
 }

@@ -128,7 +128,7 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		return usage("consumer gaps resolve: range %q: %v", pos[1], err)
 	}
 	if strings.TrimSpace(cfg.Note) == "" {
-		return usage("-note (ONCEFLOW_NOTE) is required: say what was done about the missing events")
+		return usage("%s is required: say what was done about the missing events", cli.Named("note"))
 	}
 	if err := cfg.DB.Validate(); err != nil {
 		return &usageError{Err: err}

@@ -56,11 +56,11 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return &usageError{Err: err}
 	}
 	if file == "" {
-		return usage("-retention-file (ONCEFLOW_RETENTION_FILE) is required")
+		return usage("%s is required", cli.Named("retention-file"))
 	}
 	r, err := loadRetention(file)
 	if err != nil {
-		return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
+		return usage("%s: %v", cli.Named("retention-file"), err)
 	}
 	pool, err := db.Pool(ctx, "onceflow-consumer-prune")
 	if err != nil {

@@ -65,8 +65,12 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	return errors.Join(errs...)
 }
 
-// Flag names flag name of fs for an error message: "-name (ONCEFLOW_NAME)",
-// or "-name" alone for a flag that reads no environment variable.
+// Named names a flag and its environment variable for an error message:
+// "-name (ONCEFLOW_NAME)".
+func Named(flagName string) string { return "-" + flagName + " (" + EnvName(flagName) + ")" }
+
+// Flag is Named for flag name of fs, or "-name" alone for a flag that reads
+// no environment variable.
 func Flag(fs *flag.FlagSet, name string) string {
 	if f := fs.Lookup(name); f != nil {
 		switch f.Value.(type) {
@@ -74,7 +78,7 @@ func Flag(fs *flag.FlagSet, name string) string {
 			return "-" + name
 		}
 	}
-	return "-" + name + " (" + EnvName(name) + ")"
+	return Named(name)
 }
 
 // named records the first value a command-line flag refuses, so that Parse
@@ -183,7 +187,7 @@ func (l *List) Set(s string) error {
 // PositiveDuration returns an error naming flag when d <= 0.
 func PositiveDuration(flagName string, d time.Duration) error {
 	if d <= 0 {
-		return fmt.Errorf("-%s (%s) must be positive, got %s", flagName, EnvName(flagName), d)
+		return fmt.Errorf("%s must be positive, got %s", Named(flagName), d)
 	}
 	return nil
 }

@@ -33,7 +33,7 @@ func (m Fields) Error(lib, field, reason string) error {
 		}
 		return w
 	})
-	return Usagef("-%s (%s) %s", name, EnvName(name), reason)
+	return Usagef("%s %s", Named(name), reason)
 }
 
 // Check reports a flag of the table that fs does not define.
