@@ -69,13 +69,13 @@ func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usage("consumer gaps list: unexpected argument %q", fs.Arg(0))
+		return cli.Usagef("consumer gaps list: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	if err := cli.PositiveDuration("since", cfg.Since); err != nil && !cfg.All {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
 	if err != nil {
@@ -121,17 +121,17 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	if len(pos) != 2 {
-		return usage("consumer gaps resolve: want SOURCE FROM-TO (e.g. orders:42 7-9) and -note")
+		return cli.Usagef("consumer gaps resolve: want SOURCE FROM-TO (e.g. orders:42 7-9) and -note")
 	}
 	from, to, err := parseRange(pos[1])
 	if err != nil {
-		return usage("consumer gaps resolve: range %q: %v", pos[1], err)
+		return cli.Usagef("consumer gaps resolve: range %q: %v", pos[1], err)
 	}
 	if strings.TrimSpace(cfg.Note) == "" {
-		return usage("%s is required: say what was done about the missing events", cli.Named("note"))
+		return cli.Usagef("%s is required: say what was done about the missing events", cli.Named("note"))
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
 	if err != nil {

@@ -40,11 +40,6 @@ func main() {
 	os.Exit(cli.ExitCode(err))
 }
 
-// usageError is invalid configuration or usage: exit status 2.
-type usageError = cli.UsageError
-
-func usage(format string, a ...any) error { return cli.Usagef(format, a...) }
-
 const help = `usage: consumer <command> [flags]
 
 commands:
@@ -71,7 +66,7 @@ OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tra
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, help)
-		return usage("a command is required")
+		return cli.Usagef("a command is required")
 	}
 	switch args[0] {
 	case "run":
@@ -82,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runPrune(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		if len(args) < 2 {
-			return usage("dlq: want list or replay")
+			return cli.Usagef("dlq: want list or replay")
 		}
 		switch args[1] {
 		case "list":
@@ -90,10 +85,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		case "replay":
 			return runDLQReplay(ctx, args[2:], stdout, stderr)
 		}
-		return usage("dlq: unknown command %q (want list or replay)", args[1])
+		return cli.Usagef("dlq: unknown command %q (want list or replay)", args[1])
 	case "gaps":
 		if len(args) < 2 {
-			return usage("gaps: want list or resolve")
+			return cli.Usagef("gaps: want list or resolve")
 		}
 		switch args[1] {
 		case "list":
@@ -101,11 +96,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		case "resolve":
 			return runGapsResolve(ctx, args[2:], stdout, stderr)
 		}
-		return usage("gaps: unknown command %q (want list or resolve)", args[1])
+		return cli.Usagef("gaps: unknown command %q (want list or resolve)", args[1])
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, help)
 		return nil
 	}
 	fmt.Fprint(stderr, help)
-	return usage("unknown command %q", args[0])
+	return cli.Usagef("unknown command %q", args[0])
 }

@@ -3,9 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -72,8 +73,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			err := run(context.Background(), tc.args, &out, &errOut)
-			var ue *usageError
-			if !errors.As(err, &ue) {
+			if cli.ExitCode(err) != 2 {
 				t.Fatalf("err = %v (%T), want a usage error", err, err)
 			}
 			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
@@ -204,5 +204,64 @@ func TestInboxFlags(t *testing.T) {
 	}
 	if rc, err := d.replayConfig(); err != nil || rc.GapTimeout != want.GapTimeout || rc.MaxParked != want.MaxParked || rc.FirstSeen != want.FirstSeen {
 		t.Fatalf("replay defaults %+v, %v", rc, err)
+	}
+}
+
+// TestExitCodes: one exit-status rule for every subcommand (cli.ExitCode):
+// 0 for -help, 2 for invalid usage or configuration, 1 for a failure at run
+// time (here an unreachable database or a taken port).
+func TestExitCodes(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
+	dir := t.TempDir()
+	handlers := filepath.Join(dir, "handlers.json")
+	retention := filepath.Join(dir, "retention.json")
+	if err := os.WriteFile(handlers, []byte(`{"handlers": [{"event_type": "*", "kind": "log"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(retention, []byte(`{"classes":[{"match":"*","keep":"1h"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db := []string{"-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
+	cat := func(a ...[]string) []string { return slices.Concat(a...) }
+	subs := []struct {
+		sub     []string
+		runtime []string // flags and arguments that pass the checks and then fail at run time
+	}{
+		{[]string{"run"}, cat(db, []string{"-kafka-brokers", "127.0.0.1:1", "-group", "g", "-topics", "t", "-handlers-file", handlers,
+			"-http-addr", busy.Addr().String()})},
+		{[]string{"migrate"}, db},
+		{[]string{"prune"}, cat(db, []string{"-retention-file", retention})},
+		{[]string{"dlq", "list"}, db},
+		{[]string{"dlq", "replay"}, cat(db, []string{"-handlers-file", handlers, "e1"})},
+		{[]string{"gaps", "list"}, db},
+		{[]string{"gaps", "resolve"}, cat(db, []string{"src", "7-9", "-note", "n"})},
+	}
+	for _, s := range subs {
+		name := strings.Join(s.sub, " ")
+		for _, c := range []struct {
+			kind string
+			args []string
+			want int
+		}{
+			{"help", []string{"-help"}, 0},
+			{"unknown flag", []string{"-no-such-flag"}, 2},
+			{"bad database url", cat(s.runtime, []string{"-database-url", "postgres://x/y?sslmode=nonsense"}), 2},
+			{"run time", s.runtime, 1},
+		} {
+			t.Run(name+"/"+c.kind, func(t *testing.T) {
+				t.Parallel()
+				err := run(context.Background(), cat(s.sub, c.args), io.Discard, io.Discard)
+				if got := cli.ExitCode(err); got != c.want {
+					t.Fatalf("consumer %s %q: exit %d (%v), want %d", name, c.args, got, err, c.want)
+				}
+			})
+		}
+	}
+	if err := run(context.Background(), []string{"nope"}, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
+		t.Fatalf("unknown command: %v", err)
 	}
 }

@@ -43,24 +43,24 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usage("consumer prune: unexpected argument %q", fs.Arg(0))
+		return cli.Usagef("consumer prune: unexpected argument %q", fs.Arg(0))
 	}
 	if err := db.Validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	if err := o.Validate(); err != nil {
 		var ce *retention.ConfigError
 		if errors.As(err, &ce) {
 			return pruneFlags.Error("retention options", ce.Field, ce.Reason)
 		}
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	if file == "" {
-		return usage("%s is required", cli.Named("retention-file"))
+		return cli.Usagef("%s is required", cli.Named("retention-file"))
 	}
 	r, err := loadRetention(file)
 	if err != nil {
-		return usage("%s: %v", cli.Named("retention-file"), err)
+		return cli.Usagef("%s: %v", cli.Named("retention-file"), err)
 	}
 	pool, err := db.Pool(ctx, "onceflow-consumer-prune")
 	if err != nil {

@@ -43,26 +43,16 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
-// exitUsage is the exit code of invalid configuration.
-const exitUsage = 2
-
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
+// main exits with cli.ExitCode, the rule of every subcommand of both
+// binaries: 2 for invalid usage or configuration (a *cli.UsageError), 1 for
+// a failure at run time.
 func main() {
 	err := run(os.Args[1:], os.Stdout, os.Stderr)
-	switch {
-	case err == nil:
-	case errors.Is(err, flag.ErrHelp):
-	case errors.As(err, new(usageError)):
-		fmt.Fprintln(os.Stderr, "relay:", err)
-		os.Exit(exitUsage)
-	default:
-		fmt.Fprintln(os.Stderr, "relay:", err)
-		os.Exit(1)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return
 	}
+	fmt.Fprintln(os.Stderr, "relay:", err)
+	os.Exit(cli.ExitCode(err))
 }
 
 const usage = `usage: relay run [flags] | relay migrate [flags] | relay topics verify|apply [flags] | relay help
@@ -75,7 +65,7 @@ OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tra
 func run(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return usageError{errors.New("a subcommand is required")}
+		return cli.Usagef("a subcommand is required")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -85,23 +75,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 	case "migrate":
 		log, err := obs.NewLogger(stderr, os.Getenv(cli.EnvName("log-format")), os.Getenv(cli.EnvName("log-level")))
 		if err != nil {
-			return usageError{err}
+			return &cli.UsageError{Err: err}
 		}
-		if err := migrate.Command(ctx, "relay", args[1:], stdout, log); err != nil {
-			return usageError{err}
-		}
-		return nil
+		return migrate.Command(ctx, "relay", args[1:], stdout, log)
 	case "topics":
 		log, err := obs.NewLogger(stderr, os.Getenv(cli.EnvName("log-format")), os.Getenv(cli.EnvName("log-level")))
 		if err != nil {
-			return usageError{err}
+			return &cli.UsageError{Err: err}
 		}
-		// Drift exits 1; bad flags and unreachable brokers exit 2, like migrate.
-		err = topics.Command(ctx, "relay", args[1:], stdout, log)
-		if err != nil && !errors.Is(err, topics.ErrDrift) {
-			return usageError{err}
-		}
-		return err
+		return topics.Command(ctx, "relay", args[1:], stdout, log)
 	case "identity", "outbox":
 		return runAdmin(ctx, args, stdout)
 	case "help", "-h", "-help", "--help":
@@ -114,7 +96,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return nil
 	default:
 		fmt.Fprint(stderr, usage)
-		return usageError{fmt.Errorf("unknown subcommand %q", args[0])}
+		return cli.Usagef("unknown subcommand %q", args[0])
 	}
 }
 
@@ -232,18 +214,18 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 			cli.Usage(fs, stderr)
 			return err
 		}
-		return usageError{err}
+		return &cli.UsageError{Err: err}
 	}
 	if err := c.validate(); err != nil {
-		return usageError{err}
+		return &cli.UsageError{Err: err}
 	}
 	log, err := obs.NewLogger(stderr, c.logFormat, c.logLevel)
 	if err != nil {
-		return usageError{fmt.Errorf("-log-format/-log-level: %v", err)}
+		return cli.Usagef("%s / %s: %v", cli.Named("log-format"), cli.Named("log-level"), err)
 	}
 	tracing, err := obs.NewTracing(ctx, "onceflow-relay", log, os.Getenv)
 	if err != nil {
-		return usageError{err}
+		return &cli.UsageError{Err: err}
 	}
 	defer tracing.ShutdownLogged(context.WithoutCancel(ctx), log)
 	pool, err := c.db.Pool(ctx, "onceflow-relay")
@@ -261,7 +243,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		defer admCl.Close()
 		adm := kadm.NewClient(admCl)
 		if _, err := c.topics.Load(); err != nil {
-			return usageError{err}
+			return &cli.UsageError{Err: err}
 		}
 		if err := c.topics.CheckTopics(ctx, adm, c.outbox.CheckpointTopic); err != nil {
 			return fmt.Errorf("checkpoint topic breaks the topic spec (run `relay topics apply`): %w", err)
@@ -278,7 +260,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	var tokens *admin.Tokens
 	if c.admin.Enabled {
 		if tokens, err = admin.LoadTokens(c.admin.TokenFile); err != nil {
-			return usageError{fmt.Errorf("-admin-token-file (%s): %v", cli.EnvName("admin-token-file"), err)}
+			return cli.Usagef("%s: %v", cli.Named("admin-token-file"), err)
 		}
 	}
 
@@ -293,7 +275,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	oc.TracerProvider = tracing.Provider
 	relay, err := outbox.New(oc)
 	if err != nil {
-		return usageError{outboxError(err)}
+		return &cli.UsageError{Err: outboxError(err)}
 	}
 	log.InfoContext(ctx, "relay starting", slog.String("shard", c.outbox.Shard), slog.String("http_addr", c.httpAddr))
 

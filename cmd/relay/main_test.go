@@ -3,17 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
@@ -49,8 +51,7 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 				t.Setenv(k, v)
 			}
 			err := run(tt.args, io.Discard, io.Discard)
-			var ue usageError
-			if !errors.As(err, &ue) {
+			if cli.ExitCode(err) != 2 {
 				t.Fatalf("run(%q) = %v, want a usage error (exit 2)", tt.args, err)
 			}
 			if !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "\n") {
@@ -152,5 +153,63 @@ func TestOutboxFlags(t *testing.T) {
 	want.HolderID, want.Logger = "", nil // generated / not a flag
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("flag defaults %+v\nlibrary defaults %+v", got, want)
+	}
+}
+
+// TestExitCodes: one exit-status rule for every subcommand (cli.ExitCode):
+// 0 for -help, 2 for invalid usage or configuration, 1 for a failure at run
+// time (here an unreachable database or cluster, or a taken port).
+func TestExitCodes(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
+	db := []string{"-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
+	kafka := []string{"-kafka-brokers", "127.0.0.1:1"}
+	cat := func(a ...[]string) []string { return slices.Concat(a...) }
+	subs := []struct {
+		sub     []string
+		runtime []string // flags and arguments that pass the checks and then fail at run time
+	}{
+		{[]string{"run"}, cat(db, kafka, []string{"-http-addr", busy.Addr().String()})},
+		{[]string{"migrate"}, db},
+		{[]string{"topics", "verify"}, cat(kafka, []string{"-topics-timeout", "1s"})},
+		{[]string{"topics", "apply"}, cat(kafka, []string{"-topics-timeout", "1s"})},
+		{[]string{"identity", "show"}, db},
+		{[]string{"identity", "adopt"}, cat(db, []string{"-note", "n"})},
+		{[]string{"identity", "reset"}, cat(db, []string{"-note", "n"})},
+		{[]string{"identity", "legacy", "adopt"}, cat(db, []string{"-note", "n"})},
+		{[]string{"identity", "legacy", "discard"}, cat(db, []string{"-note", "n"})},
+		{[]string{"outbox", "failed", "list"}, db},
+		{[]string{"outbox", "failed", "retry"}, cat(db, []string{"7"})},
+		{[]string{"outbox", "failed", "skip"}, cat(db, []string{"7", "-note", "n"})},
+	}
+	for _, s := range subs {
+		name := strings.Join(s.sub, " ")
+		for _, c := range []struct {
+			kind string
+			args []string
+			want int
+		}{
+			{"help", []string{"-help"}, 0},
+			{"unknown flag", []string{"-no-such-flag"}, 2},
+			{"bad database url", cat(s.runtime, []string{"-database-url", "postgres://x/y?sslmode=nonsense"}), 2},
+			{"run time", s.runtime, 1},
+		} {
+			if c.kind == "bad database url" && s.sub[0] == "topics" {
+				c.args = cat(s.runtime, []string{"-kafka-brokers", "nohost"}) // topics has no database
+			}
+			t.Run(name+"/"+c.kind, func(t *testing.T) {
+				t.Parallel()
+				err := run(cat(s.sub, c.args), io.Discard, io.Discard)
+				if got := cli.ExitCode(err); got != c.want {
+					t.Fatalf("relay %s %q: exit %d (%v), want %d", name, c.args, got, err, c.want)
+				}
+			})
+		}
+	}
+	if err := run([]string{"nope"}, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
+		t.Fatalf("unknown subcommand: %v", err)
 	}
 }
