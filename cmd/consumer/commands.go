@@ -221,10 +221,10 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return &cli.UsageError{Err: err}
 	}
 	if cfg.Limit < 1 {
-		return cli.Usagef("%s must be at least 1, got %d", cli.Named("limit"), cfg.Limit)
+		return cli.Usagef("-limit must be at least 1, got %d", cfg.Limit)
 	}
 	if cfg.GroupBy != "" && cfg.GroupBy != "error" {
-		return cli.Usagef("%s %q: want error", cli.Named("group-by"), cfg.GroupBy)
+		return cli.Usagef("-group-by %q: want error", cfg.GroupBy)
 	}
 	if _, err := cfg.Filter.Filter(time.Now()); err != nil {
 		return cli.Usagef("consumer dlq list: %v", err)

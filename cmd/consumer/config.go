@@ -210,6 +210,7 @@ func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	if !replay {
 		fs.IntVar(&c.Limit, "limit", 100, "most rows (or groups) to list")
 		fs.StringVar(&c.GroupBy, "group-by", "", "error: one line per error group (errors alike but for numbers and ids), biggest first")
+		cli.Local(fs, append(admin.FilterFlags, "limit", "group-by")...)
 		return
 	}
 	r := &c.Replay
@@ -222,6 +223,7 @@ func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	fs.IntVar(&c.Expect, "expect", -1, "refuse unless exactly this many events match (the count a -dry-run showed)")
 	fs.StringVar(&c.Note, "note", "", "why, for the audit (required to replay more than one event)")
 	fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
+	cli.Local(fs, append(admin.FilterFlags, "limit", "actor", "all", "dry-run", "expect", "note", "request-id")...)
 }
 
 // replayConfig checks the replay flags and returns the library's config.

@@ -39,10 +39,12 @@ func (c *gapsConfig) RegisterFlags(fs *flag.FlagSet, resolve bool) {
 		fs.StringVar(&c.Note, "note", "", "what was done about the missing events (required)")
 		fs.StringVar(&c.Actor, "actor", "", "who resolves, for the audit (default: the OS user)")
 		fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
+		cli.Local(fs, "note", "actor", "request-id")
 		return
 	}
 	fs.BoolVar(&c.All, "all", false, "list every given-up gap, however old and whether resolved or not")
 	fs.DurationVar(&c.Since, "since", 24*time.Hour, "also list resolved given-up gaps given up within this window")
+	cli.Local(fs, "all", "since")
 }
 
 // parseInterleaved parses flags that may come before, between or after the
@@ -128,7 +130,7 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		return cli.Usagef("consumer gaps resolve: range %q: %v", pos[1], err)
 	}
 	if strings.TrimSpace(cfg.Note) == "" {
-		return cli.Usagef("%s is required: say what was done about the missing events", cli.Named("note"))
+		return cli.Usagef("-note is required: say what was done about the missing events")
 	}
 	if err := cfg.DB.Validate(); err != nil {
 		return &cli.UsageError{Err: err}

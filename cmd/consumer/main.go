@@ -12,8 +12,11 @@
 // `consumer run -admin` also serves the console (admin API and web page,
 // docs/console.md).
 //
-// Every flag has an ONCEFLOW_* environment fallback (see -help of each
-// command and docs/consumer.md). Invalid configuration exits with status 2.
+// Every setting has an ONCEFLOW_* environment fallback (see -help of each
+// command and docs/consumer.md); the per-invocation choices of the operator
+// commands (-note, -since, -limit, -all, -actor, the dlq filters, …) are
+// flags only. Invalid usage or configuration exits with status 2, a failure
+// at run time with 1 (cli.ExitCode).
 package main
 
 import (

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"io"
 	"net"
@@ -56,14 +57,14 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"fetch partition bytes", append(append([]string{"run"}, base...), "-fetch-max-partition-bytes", "2000000"), "-fetch-max-partition-bytes (ONCEFLOW_FETCH_MAX_PARTITION_BYTES)"},
 		{"gaps subcommand", []string{"gaps", "purge"}, `unknown command "purge"`},
 		{"gaps resolve range", []string{"gaps", "resolve", "src", "9-7", "-note", "x"}, `range "9-7"`},
-		{"gaps resolve note", []string{"gaps", "resolve", "src", "7-9"}, "-note (ONCEFLOW_NOTE)"},
+		{"gaps resolve note", []string{"gaps", "resolve", "src", "7-9"}, "-note is required"},
 		{"handlers file", append([]string{"run"}, base...), "-handlers-file (ONCEFLOW_HANDLERS_FILE)"},
 		{"bad flag", []string{"run", "-nope"}, "flag provided but not defined"},
 		{"replay without id", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null"}, "EVENT-ID"},
 		{"dlq subcommand", []string{"dlq", "purge"}, `unknown command "purge"`},
 		{"admin without tokens", append(append([]string{"run"}, base...), "-admin"), "-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE) is required"},
 		{"admin addr", append(append([]string{"run"}, base...), "-admin", "-admin-token-file", "/x", "-admin-addr", "9091"), "-admin-addr (ONCEFLOW_ADMIN_ADDR)"},
-		{"dlq list group-by", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-group-by", "type"}, "-group-by (ONCEFLOW_GROUP_BY)"},
+		{"dlq list group-by", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-group-by", "type"}, `-group-by "type": want error`},
 		{"dlq list filter", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-since", "yesterday"}, `since "yesterday"`},
 		{"dlq replay two ids", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "a", "b"}, "at most one EVENT-ID"},
 		{"replay gap timeouts", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "-gap-timeouts", "x", "e1"}, "-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS)"},
@@ -263,5 +264,34 @@ func TestExitCodes(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"nope"}, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
 		t.Fatalf("unknown command: %v", err)
+	}
+}
+
+// Per-invocation operator flags read no environment variable: a shared
+// environment that happens to set ONCEFLOW_NOTE, ONCEFLOW_SINCE or
+// ONCEFLOW_TO chooses nothing for an operator's command.
+func TestOperatorFlagsReadNoEnvironment(t *testing.T) {
+	for k, v := range map[string]string{"NOTE": "from the environment", "SINCE": "yesterday", "TO": "not a time", "LIMIT": "0", "ALL": "maybe", "ACTOR": "env"} {
+		t.Setenv("ONCEFLOW_"+k, v)
+	}
+	db := []string{"-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
+	err := run(context.Background(), append([]string{"gaps", "resolve", "src", "7-9"}, db...), io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-note is required") {
+		t.Fatalf("gaps resolve without -note: %v", err)
+	}
+	for _, args := range [][]string{{"dlq", "list"}, {"gaps", "list"}, {"migrate"}} {
+		err := run(context.Background(), append(args, db...), io.Discard, io.Discard)
+		if cli.ExitCode(err) != 1 { // past the flags: the database is unreachable
+			t.Fatalf("%v: %v (exit %d), want a run-time failure", args, err, cli.ExitCode(err))
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"dlq", "replay", "-help"}, &out, &out); err != nil && !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"note", "all", "limit", "since", "to", "actor"} {
+		if !strings.Contains(out.String(), "  -"+name+"  [flag only]") {
+			t.Errorf("dlq replay -help does not list -%s as flag only:\n%s", name, out.String())
+		}
 	}
 }

@@ -64,6 +64,12 @@ func (c *adminConfig) RegisterFlags(fs *flag.FlagSet, cmd string) {
 	case "outbox failed skip":
 		fs.StringVar(&c.note, "note", "", "why the event is given up (required; kept with the entry)")
 	}
+	// Per-invocation choices read no environment variable.
+	for _, name := range []string{"note", "all"} {
+		if fs.Lookup(name) != nil {
+			cli.Local(fs, name)
+		}
+	}
 }
 
 // parseInterleaved parses flags that may come before, between or after the
@@ -122,7 +128,7 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 	}
 	needNote := cmd == "identity adopt" || cmd == "identity reset" || cmd == "identity legacy" || cmd == "outbox failed skip"
 	if needNote && strings.TrimSpace(c.note) == "" {
-		return cli.Usagef("%s: -note (%s) is required: say why", name, cli.EnvName("note"))
+		return cli.Usagef("%s: -note is required: say why", name)
 	}
 	var id int64
 	switch cmd {

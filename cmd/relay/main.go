@@ -9,8 +9,11 @@
 // `relay run -admin` also serves the relay's status as JSON
 // (GET /api/v1/relay, bearer token; docs/console.md).
 //
-// Every flag has an ONCEFLOW_* environment fallback (-database-url is
-// ONCEFLOW_DATABASE_URL); flags win. See docs/relay.md.
+// Every setting has an ONCEFLOW_* environment fallback (-database-url is
+// ONCEFLOW_DATABASE_URL); flags win. The per-invocation choices of the
+// operator commands (-note, -all, migrate's -to) are flags only. Invalid
+// usage or configuration exits with status 2, a failure at run time with 1
+// (cli.ExitCode). See docs/relay.md.
 package main
 
 import (

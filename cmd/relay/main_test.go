@@ -36,7 +36,7 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 		{"zero rows", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-batch-max-rows", "0"}, nil, "-batch-max-rows"},
 		{"bad set-aside retry", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-retry-set-aside-after", "0s"}, nil, "-retry-set-aside-after"},
 		{"unknown admin command", []string{"outbox", "failed", "purge"}, nil, "relay outbox failed purge"},
-		{"skip without note", []string{"outbox", "failed", "skip", "42", "-database-url", "postgres://x/y"}, nil, "-note (ONCEFLOW_NOTE)"},
+		{"skip without note", []string{"outbox", "failed", "skip", "42", "-database-url", "postgres://x/y"}, nil, "-note is required"},
 		{"skip without id", []string{"outbox", "failed", "skip", "-note", "n", "-database-url", "postgres://x/y"}, nil, "outbox id"},
 		{"retry bad id", []string{"outbox", "failed", "retry", "x1", "-database-url", "postgres://x/y"}, nil, `"x1" is not an outbox id`},
 		{"admin without database", []string{"outbox", "failed", "list"}, nil, "-database-url (ONCEFLOW_DATABASE_URL)"},
@@ -211,5 +211,19 @@ func TestExitCodes(t *testing.T) {
 	}
 	if err := run([]string{"nope"}, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
 		t.Fatalf("unknown subcommand: %v", err)
+	}
+}
+
+// Per-invocation operator flags read no environment variable.
+func TestOperatorFlagsReadNoEnvironment(t *testing.T) {
+	t.Setenv("ONCEFLOW_NOTE", "from the environment")
+	t.Setenv("ONCEFLOW_TO", "not a number")
+	err := run([]string{"outbox", "failed", "skip", "42", "-database-url", "postgres://x/y"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-note is required") {
+		t.Fatalf("skip without -note: %v", err)
+	}
+	err = run([]string{"migrate", "-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}, io.Discard, io.Discard)
+	if cli.ExitCode(err) != 1 {
+		t.Fatalf("migrate read ONCEFLOW_TO: %v", err)
 	}
 }

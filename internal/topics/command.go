@@ -101,7 +101,7 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 	}
 	fs := flag.NewFlagSet(prog+" topics "+sub, flag.ContinueOnError)
 	var kc kafkaconn.Config
-	kc.RegisterFlags(fs, "onceflow-"+prog+"-topics")
+	kc.RegisterFlags(fs, "onceflow-"+prog) // the binary's one client id default
 	var tc Config
 	tc.RegisterFlags(fs)
 	timeout := fs.Duration("topics-timeout", time.Minute, "give up on Kafka after this long")
