@@ -256,7 +256,8 @@ func (p *pipe) drainCPU(tb testing.TB, rep *report, n int) float64 {
 	profiled()
 	rate := float64(n) / elapsed.Seconds()
 	note := fmt.Sprintf("%d events from one bulk INSERT to the last consumer commit, relay and consumer binaries with default flags", n)
-	record(figure{Name: "pipeline drain, relay + consumer binaries (max)", Value: rate, Unit: "events/s", Notes: []string{note}})
+	record(figure{Name: "pipeline drain, relay + consumer binaries (max)", Value: rate, Unit: "events/s", Notes: []string{note},
+		Target: ">= 35k ev/s", Met: met(rate >= 35_000)})
 	var total float64
 	for _, proc := range []string{"relay", "consumer", "postgres", "kafka"} {
 		b, ok1 := before[proc]
@@ -274,7 +275,7 @@ func (p *pipe) drainCPU(tb testing.TB, rep *report, n int) float64 {
 		}
 		record(f)
 	}
-	record(figure{Name: "CPU per 1M events: all four", Value: total, Unit: "CPU s",
+	record(figure{Name: "CPU per 1M events: all four", Value: total, Unit: "CPU s", Target: "<= 50 CPU s", Met: met(total <= 50),
 		Notes: []string{fmt.Sprintf("wall per 1M events %.1f s on %d CPUs", elapsed.Seconds()/float64(n)*1e6, rep.Machine.NProc)}})
 	return rate
 }

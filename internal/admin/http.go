@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
@@ -115,22 +116,7 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) e
 			return context.WithValue(context.WithoutCancel(ctx), serverCtxKey{}, ctx)
 		},
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		return err
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return httpserver.ServeUntil(ctx, srv, ln, 10*time.Second)
 }
 
 // authenticate admits requests with a valid bearer token and puts the

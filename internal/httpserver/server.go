@@ -4,6 +4,7 @@ package httpserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -67,6 +68,15 @@ func Serve(ctx context.Context, cfg Config, bound func(net.Addr)) error {
 		bound(ln.Addr())
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return ServeUntil(ctx, srv, ln, 5*time.Second)
+}
+
+// ServeUntil serves srv on ln until ctx ends, then shuts it down, giving
+// requests in flight up to grace to finish; connections still open after
+// that are closed and the shutdown's error is returned. An error from Serve
+// other than the server being closed is returned as it happens. Every HTTP
+// endpoint of both binaries (operations, admin, pprof) ends this way.
+func ServeUntil(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -74,10 +84,12 @@ func Serve(ctx context.Context, cfg Config, bound func(net.Addr)) error {
 		return err
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		return err
+		_ = srv.Close()
+		<-errc
+		return fmt.Errorf("http shutdown: %w", err)
 	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

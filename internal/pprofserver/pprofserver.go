@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/httpserver"
 )
 
 // Handler serves /debug/pprof/ on a mux of its own (never
@@ -47,19 +49,9 @@ func Serve(ctx context.Context, addr string, log *slog.Logger, bound func(net.Ad
 	if log != nil {
 		srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close() // a profile still being taken
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+	// A profile still being taken is cut off after 2 s: the process is
+	// ending, the profile would be of its shutdown.
+	if err := httpserver.ServeUntil(ctx, srv, ln, 2*time.Second); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	return nil

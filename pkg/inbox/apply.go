@@ -419,7 +419,7 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 				break
 			}
 			a.cfg.Logger.WarnContext(itemContext(ctx, &items[i]), "handler failed, will retry",
-				"event_id", items[i].key, "attempt", attempt, "retry_in", wait, "error", he.Err.Error())
+				"event_id", items[i].key, "attempt", attempt, "retry_in", wait.String(), "error", he.Err.Error())
 			if err := sleep(wait, stop); err != nil {
 				return total, err
 			}

@@ -646,7 +646,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 		c.degraded.Store(&err)
 		wait := b.NextBackOff()
 		c.log.ErrorContext(ctx, "apply batch", "topic", w.tp.topic, "partition", w.tp.partition,
-			"first_offset", recs[0].Offset, "retry_in", wait, "error", err)
+			"first_offset", recs[0].Offset, "retry_in", wait.String(), "error", err)
 		if err := sleep(wait, w.stop); err != nil {
 			return err
 		}
