@@ -106,7 +106,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 // Help texts of the flags `relay run` shares with the operator commands:
 // one environment name, one meaning, one text.
 const (
-	shardHelp       = "relay shard: lease row, transactional.id suffix, checkpoint key suffix (all relays of one database use the same shard today)"
+	shardHelp       = "relay shard: lease row, transactional.id suffix, checkpoint key suffix; with -shards N over 1, the shard's index 0..N-1"
 	txnIDPrefixHelp = "Kafka transactional.id prefix, the shard is appended; must be unique to this database on the Kafka cluster (empty: onceflow-relay-<database identity>-, unique by construction)"
 )
 
@@ -146,6 +146,7 @@ var outboxFlags = cli.Fields{
 	"Retention":             "retention",
 	"RetrySetAsideAfter":    "retry-set-aside-after",
 	"Shard":                 "shard",
+	"Shards":                "shards",
 	"StandbyInterval":       "standby-interval",
 	"StatsInterval":         "stats-interval",
 	"TransactionTimeout":    "transaction-timeout",
@@ -186,6 +187,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Retention, "retention", outbox.DefaultRetention, "how long published rows are kept (negative: delete at the next prune)")
 	fs.DurationVar(&o.RetrySetAsideAfter, "retry-set-aside-after", outbox.DefaultRetrySetAsideAfter, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
 	fs.StringVar(&o.Shard, "shard", outbox.DefaultShard, shardHelp)
+	fs.IntVar(&o.Shards, "shards", outbox.DefaultShards, "how many shards split the database's sources, each with its own leader; with more than 1, -shard is this relay's index 0..shards-1 (docs/relay.md, \"Shards\")")
 	fs.DurationVar(&o.StandbyInterval, "standby-interval", outbox.DefaultStandbyInterval, "how often a standby tries to take the lease")
 	fs.DurationVar(&o.StatsInterval, "stats-interval", outbox.DefaultStatsInterval, "how often the leader refreshes the pending-rows and oldest-age gauges")
 	fs.StringVar(&o.TransactionalIDPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
@@ -271,6 +273,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	oc := c.outbox
 	oc.DB = pool
+	oc.Hooks = relayHooks()
 	oc.KafkaOpts = c.kafka.Opts(log)
 	oc.Logger = log
 	oc.Registerer = reg
@@ -280,7 +283,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return &cli.UsageError{Err: outboxError(err)}
 	}
-	log.InfoContext(ctx, "relay starting", slog.String("shard", c.outbox.Shard), slog.String("http_addr", c.httpAddr))
+	log.InfoContext(ctx, "relay starting", slog.String("shard", c.outbox.Shard), slog.Int("shards", c.outbox.Shards), slog.String("http_addr", c.httpAddr))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
