@@ -177,67 +177,105 @@ func (h Hooks) checkpointReaderOpts(opts []kgo.Opt) []kgo.Opt {
 	return append(slices.Clone(opts), h.CheckpointReaderOpts()...)
 }
 
+// The defaults WithDefaults fills in. Binaries register their flags with
+// these, so a flag's default is the library's.
+const (
+	DefaultBackoffMax         = 5 * time.Second
+	DefaultBatchMaxBytes      = 4 << 20
+	DefaultBatchMaxRows       = 1000
+	DefaultCheckpointTopic    = "onceflow.relay.checkpoints"
+	DefaultLeaseRenewInterval = time.Second
+	DefaultLeaseTTL           = 3 * time.Second
+	DefaultPollInterval       = 20 * time.Millisecond
+	DefaultPruneBatchRows     = 1000
+	DefaultPruneInterval      = time.Second
+	DefaultRetention          = time.Hour
+	DefaultRetrySetAsideAfter = 30 * time.Second
+	DefaultShard              = "default"
+	DefaultShards             = 1
+	DefaultStandbyInterval    = 500 * time.Millisecond
+	DefaultStatsInterval      = 2 * time.Second
+	DefaultTransactionTimeout = 10 * time.Second
+)
+
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	if c.BackoffMax == 0 {
-		c.BackoffMax = 5 * time.Second
+		c.BackoffMax = DefaultBackoffMax
 	}
 	if c.BatchMaxBytes == 0 {
-		c.BatchMaxBytes = 4 << 20
+		c.BatchMaxBytes = DefaultBatchMaxBytes
 	}
 	if c.BatchMaxRows == 0 {
-		c.BatchMaxRows = 1000
+		c.BatchMaxRows = DefaultBatchMaxRows
 	}
 	if c.CheckpointTopic == "" {
-		c.CheckpointTopic = "onceflow.relay.checkpoints"
+		c.CheckpointTopic = DefaultCheckpointTopic
 	}
 	if c.HolderID == "" {
 		host, _ := os.Hostname()
 		c.HolderID = host + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e6, 36)
 	}
 	if c.LeaseRenewInterval == 0 {
-		c.LeaseRenewInterval = time.Second
+		c.LeaseRenewInterval = DefaultLeaseRenewInterval
 	}
 	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 3 * time.Second
+		c.LeaseTTL = DefaultLeaseTTL
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = 20 * time.Millisecond
+		c.PollInterval = DefaultPollInterval
 	}
 	if c.PruneBatchRows == 0 {
-		c.PruneBatchRows = 1000
+		c.PruneBatchRows = DefaultPruneBatchRows
 	}
 	if c.PruneInterval == 0 {
-		c.PruneInterval = time.Second
+		c.PruneInterval = DefaultPruneInterval
 	}
 	if c.RetrySetAsideAfter == 0 {
-		c.RetrySetAsideAfter = 30 * time.Second
+		c.RetrySetAsideAfter = DefaultRetrySetAsideAfter
 	}
 	if c.Retention == 0 {
-		c.Retention = time.Hour
+		c.Retention = DefaultRetention
 	}
 	if c.Shards == 0 {
-		c.Shards = 1
+		c.Shards = DefaultShards
 	}
 	if c.Shard == "" && c.Shards == 1 {
-		c.Shard = "default"
+		c.Shard = DefaultShard
 	}
 	if c.StandbyInterval == 0 {
-		c.StandbyInterval = 500 * time.Millisecond
+		c.StandbyInterval = DefaultStandbyInterval
 	}
 	if c.StatsInterval == 0 {
-		c.StatsInterval = 2 * time.Second
+		c.StatsInterval = DefaultStatsInterval
 	}
 	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = 10 * time.Second
+		c.TransactionTimeout = DefaultTransactionTimeout
 	}
 	return c
 }
 
+// validate is New's check: the required connections, then Validate.
 func (c Config) validate() error {
+	switch {
+	case c.DB == nil:
+		return &ConfigError{Field: "DB", Reason: "is required"}
+	case len(c.KafkaOpts) == 0:
+		return &ConfigError{Field: "KafkaOpts", Reason: "is required (at least kgo.SeedBrokers)"}
+	}
+	return c.Validate()
+}
+
+// Validate reports the first invalid setting of c as a *ConfigError naming
+// the field. It checks c as it is: a zero setting that WithDefaults would
+// fill is invalid here, so that a binary whose flags start at the Default*
+// values can refuse an explicit zero (New fills the zero fields first and
+// then checks the same rules). It leaves out DB and KafkaOpts, which New
+// requires: a binary validates its settings before it builds those.
+func (c Config) Validate() error {
 	bad := func(field, format string, a ...any) error {
 		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, a...)}
 	}
@@ -252,10 +290,6 @@ func (c Config) validate() error {
 		}
 	}
 	switch {
-	case c.DB == nil:
-		return bad("DB", "is required")
-	case len(c.KafkaOpts) == 0:
-		return bad("KafkaOpts", "is required (at least kgo.SeedBrokers)")
 	case c.BatchMaxRows < 1:
 		return bad("BatchMaxRows", "must be at least 1, got %d", c.BatchMaxRows)
 	case c.BatchMaxBytes < 1:

@@ -109,6 +109,44 @@ func TestMetricsLint(t *testing.T) {
 	}
 }
 
+// Validate checks a Config as it is: an explicit zero is refused (a binary
+// whose flags start at the Default* values relies on it), while New fills
+// the same zero with its default.
+func TestValidateRefusesExplicitZero(t *testing.T) {
+	t.Parallel()
+	zero := map[string]func(*Config){
+		"BackoffMax":         func(c *Config) { c.BackoffMax = 0 },
+		"BatchMaxRows":       func(c *Config) { c.BatchMaxRows = 0 },
+		"CheckpointTopic":    func(c *Config) { c.CheckpointTopic = "" },
+		"LeaseTTL":           func(c *Config) { c.LeaseTTL = 0 },
+		"RetrySetAsideAfter": func(c *Config) { c.RetrySetAsideAfter = 0 },
+		"Shard":              func(c *Config) { c.Shard = "" },
+		"StatsInterval":      func(c *Config) { c.StatsInterval = 0 },
+	}
+	for field, mutate := range zero {
+		c := validConfig()
+		mutate(&c)
+		var ce *ConfigError
+		if err := c.Validate(); !errors.As(err, &ce) || ce.Field != field {
+			t.Errorf("zero %s: Validate() = %v", field, err)
+		}
+		if err := c.WithDefaults().validate(); err != nil {
+			t.Errorf("zero %s after WithDefaults: %v", field, err)
+		}
+	}
+	if err := (Config{}).Validate(); err == nil {
+		t.Error("Validate of a zero Config: nil")
+	}
+	if err := (Config{}).WithDefaults().Validate(); err != nil {
+		t.Errorf("Validate leaves out DB and KafkaOpts, and the defaults are valid: %v", err)
+	}
+	d := Config{}.WithDefaults()
+	if d.BackoffMax != DefaultBackoffMax || d.BatchMaxBytes != DefaultBatchMaxBytes || d.CheckpointTopic != DefaultCheckpointTopic ||
+		d.PruneInterval != DefaultPruneInterval || d.TransactionTimeout != DefaultTransactionTimeout || d.StatsInterval != DefaultStatsInterval {
+		t.Fatalf("WithDefaults does not use the Default* values: %+v", d)
+	}
+}
+
 // The names a shard publishes and checkpoints under. -shards 1 keeps the
 // names relays used before shards existed, so that an upgraded relay finds
 // its checkpoint.
