@@ -193,6 +193,13 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 			}
 			r.m.errors.WithLabelValues(errKindCheckpoint).Inc()
 			r.log.WarnContext(ctx, "settle the leases of another shard count", slog.Any("error", err))
+		case errors.Is(err, errLeaseLockBusy):
+			// Another relay is taking a lease (milliseconds) or settling
+			// another shard count (seconds): try again soon.
+			if err := sleep(ctx, r.cfg.StandbyInterval/10); err != nil {
+				return 0, err
+			}
+			continue
 		case errors.Is(err, pgx.ErrNoRows):
 			r.setReady(nil)
 			if !logged {
@@ -212,10 +219,10 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 	}
 }
 
-// tryAcquire takes the shard's lease unless another relay holds it or the
-// lease lock is taken (pgx.ErrNoRows), or leases of another shard count
-// exist (returned, no lease taken). The advisory lock makes the check and
-// the take one step among relays.
+// tryAcquire takes the shard's lease unless another relay holds it
+// (pgx.ErrNoRows), another relay holds the lease lock (errLeaseLockBusy), or
+// leases of another shard count exist (returned, no lease taken). The
+// advisory lock makes the check and the take one step among relays.
 func (r *Relay) tryAcquire(ctx context.Context) (epoch int64, others otherLeases, err error) {
 	err = pgx.BeginFunc(ctx, r.cfg.DB, func(tx pgx.Tx) error {
 		var locked bool
@@ -223,7 +230,7 @@ func (r *Relay) tryAcquire(ctx context.Context) (epoch int64, others otherLeases
 			return err
 		}
 		if !locked {
-			return pgx.ErrNoRows // stand by: the lock's holder may be settling
+			return errLeaseLockBusy
 		}
 		if others, err = readOtherLeases(ctx, tx, r.cfg.Shards); err != nil || len(others) > 0 {
 			return err
@@ -232,6 +239,9 @@ func (r *Relay) tryAcquire(ctx context.Context) (epoch int64, others otherLeases
 	})
 	return epoch, others, err
 }
+
+// errLeaseLockBusy: another relay holds the lease lock.
+var errLeaseLockBusy = errors.New("lease lock busy")
 
 // otherLease is a lease taken by a relay with another shard count.
 type otherLease struct {
