@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS onceflow.relay_set_aside(integer);
