@@ -242,6 +242,12 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{c, "record an operator change", auditInsert, true},
 		{c, "finish an operator change", `UPDATE onceflow.admin_audit SET outcome = 'ok' WHERE id = 1`, true},
 		{c, "erase the audit", `DELETE FROM onceflow.admin_audit`, false},
+		{c, "prune audit rows older than 90 days", `SELECT onceflow.prune_admin_audit('c', '90 days', 100)`, true},
+		{c, "prune audit rows younger than 30 days", `SELECT onceflow.prune_admin_audit('c', '29 days', 100)`, false},
+		{c, "prune resolved set-aside rows", `SELECT onceflow.prune_outbox_set_aside('90 days', 100)`, true},
+		{c, "prune set-aside rows resolved in the last day", `SELECT onceflow.prune_outbox_set_aside('1 hour', 100)`, false},
+		{w, "prune the audit", `SELECT onceflow.prune_admin_audit('c', '90 days', 100)`, false},
+		{r, "prune the audit", `SELECT onceflow.prune_admin_audit('c', '90 days', 100)`, false},
 
 		{rs.owner, "alter the schema", `ALTER TABLE onceflow.inbox ADD COLUMN x int`, true},
 	})
