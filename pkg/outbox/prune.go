@@ -63,7 +63,8 @@ func DeletePublished(ctx context.Context, db Conn, ids []int64) (int64, error) {
 
 // qPruneSetAside deletes resolved set-aside rows older than $1 (an
 // interval), at most $2, through onceflow.prune_outbox_set_aside (migration
-// 011: it runs with its owner's rights and refuses a keep under 1 day).
+// console_set_aside: it runs with its owner's rights and refuses a keep
+// under 1 day).
 const qPruneSetAside = `SELECT onceflow.prune_outbox_set_aside($1::interval, $2)`
 
 // PruneSetAside deletes at most limit rows of onceflow.outbox_set_aside

@@ -63,8 +63,9 @@ type Policy struct {
 }
 
 // Defaults and floors of the operator records' retention. The floors are
-// also enforced by the database functions that delete them (migration 011),
-// so the consumer's role cannot erase a recent operator change.
+// also enforced by the database functions that delete them (migration
+// console_set_aside), so the consumer's role cannot erase a recent operator
+// change.
 const (
 	// DefaultKeepAdminAudit keeps the audit of operator changes 90 days:
 	// long enough for an incident review a quarter later.
@@ -354,9 +355,9 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 
 // qPruneAudit deletes at most $3 finished audit rows of consumer $1 made
 // more than $2 (an interval) ago. The console (internal/admin) writes the
-// table; this function, migration 011's, is its only delete: it runs with
-// its owner's rights, since the consumer's role may not delete audit rows,
-// and refuses a keep under 30 days (SQLSTATE 42501).
+// table; this function (migration console_set_aside) is its only delete: it
+// runs with its owner's rights, since the consumer's role may not delete
+// audit rows, and refuses a keep under 30 days (SQLSTATE 42501).
 const qPruneAudit = `SELECT onceflow.prune_admin_audit($1, $2::interval, $3)`
 
 func pruneAudit(ctx context.Context, conn *pgxpool.Conn, consumer string, keep time.Duration, limit int) (int64, error) {
