@@ -30,6 +30,10 @@ func TestBenchSmoke(t *testing.T) {
 	}{
 		{"relay", func(t *testing.T) { relayDrain(t, rep, sz.RelayEvents, false) },
 			[]string{"ceiling: raw franz-go transactional produce", "relay drain (mark)"}},
+		{"shards", func(t *testing.T) {
+			one := relayShardsDrain(t, rep, sz.RelayEvents, 1, 0)
+			relayShardsDrain(t, rep, sz.RelayEvents, 2, one)
+		}, []string{"relay drain, 1 shard(s) (mark)", "relay drain, 2 shard(s) (mark)", "relay drain, 2 shard(s): CPU per 1M events: relays"}},
 		{"enqueue", func(t *testing.T) { relaySourceThroughput(t, rep, sz.EnqueueFor) },
 			[]string{"ceiling: Postgres single-row commits", "enqueue, 1 event/txn, 16 source(s)"}},
 		{"consumer", func(t *testing.T) { consumerDrain(t, rep, sz.ConsumerEvents, false) },

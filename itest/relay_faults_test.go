@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/testkit"
-	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 var (
@@ -73,7 +73,7 @@ func TestRelayCrash(t *testing.T) {
 	}
 	t.Logf("after %d kills: %d published, %d committed", kills, publishedCount(t, ctx, e), w.committed.Load())
 
-	for _, fp := range []string{outbox.FailpointBeforeKafkaCommit, outbox.FailpointAfterKafkaCommit} {
+	for _, fp := range []string{failpoint.RelayBeforeKafkaCommit, failpoint.RelayAfterKafkaCommit} {
 		p := e.start("relay-"+fp, []string{"ONCEFLOW_FAILPOINTS=" + fp + "=3"}, args...)
 		select {
 		case <-p.Done():

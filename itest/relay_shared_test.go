@@ -14,6 +14,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -85,7 +86,7 @@ func TestRelayTwoDatabasesShareKafka(t *testing.T) {
 			for k := range kills {
 				var env []string
 				if k == 3 || k == 8 {
-					env = []string{"ONCEFLOW_FAILPOINTS=" + outbox.FailpointAfterKafkaCommit + "=2"}
+					env = []string{"ONCEFLOW_FAILPOINTS=" + failpoint.RelayAfterKafkaCommit + "=2"}
 				}
 				p := startDefaultRelay(t, fmt.Sprintf("%s-relay-%d", s.name, k), s.db, ckpt, env, "-holder-id", s.name)
 				if env != nil {
@@ -95,7 +96,7 @@ func TestRelayTwoDatabasesShareKafka(t *testing.T) {
 						errs <- fmt.Errorf("%s: relay with a failpoint did not die", s.name)
 						return
 					}
-					if !strings.Contains(p.Output(), "failpoint "+outbox.FailpointAfterKafkaCommit) {
+					if !strings.Contains(p.Output(), "failpoint "+failpoint.RelayAfterKafkaCommit) {
 						errs <- fmt.Errorf("%s: relay exited without hitting its failpoint:\n%s", s.name, p.Output())
 						return
 					}
@@ -193,7 +194,7 @@ func TestRelayZombieFenced(t *testing.T) {
 		// A long transaction timeout: the coordinator must not abort A's
 		// transaction on its own while A is frozen.
 		args := append([]string{"-transaction-timeout", "60s"}, fastLease...)
-		a := e.start("relay-a", []string{"ONCEFLOW_FAILPOINTS=" + outbox.FailpointBeforeKafkaCommit + "=15:stop"},
+		a := e.start("relay-a", []string{"ONCEFLOW_FAILPOINTS=" + failpoint.RelayBeforeKafkaCommit + "=15:stop"},
 			append([]string{"-holder-id", "a"}, args...)...)
 		if _, err := a.WaitFor(ctx, reReady); err != nil {
 			t.Fatal(err)
@@ -203,7 +204,7 @@ func TestRelayZombieFenced(t *testing.T) {
 			bArgs = append(bArgs, "-transactional-id-prefix", e.txnPrefix+"other-")
 		}
 		b := e.start("relay-b", nil, bArgs...)
-		if _, err := a.WaitFor(ctx, regexp.MustCompile(`failpoint `+outbox.FailpointBeforeKafkaCommit+`: SIGSTOP`)); err != nil {
+		if _, err := a.WaitFor(ctx, regexp.MustCompile(`failpoint `+failpoint.RelayBeforeKafkaCommit+`: SIGSTOP`)); err != nil {
 			t.Fatal(err)
 		}
 		frozen := time.Now()
@@ -267,17 +268,17 @@ func TestRelaySlowCheckpointRecovery(t *testing.T) {
 	e := newRelayEnv(t, 2)
 	w := startWriters(ctx, writerPool(t, e.db.URL), e.topic, 2, 8, 4, 0.1, 0)
 	for round := range 3 {
-		killed := e.start(fmt.Sprintf("relay-kill-%d", round), []string{"ONCEFLOW_FAILPOINTS=" + outbox.FailpointAfterKafkaCommit + "=4"}, "-holder-id", "r")
+		killed := e.start(fmt.Sprintf("relay-kill-%d", round), []string{"ONCEFLOW_FAILPOINTS=" + failpoint.RelayAfterKafkaCommit + "=4"}, "-holder-id", "r")
 		select {
 		case <-killed.Done():
 		case <-ctx.Done():
 			t.Fatal("relay with failpoint did not die")
 		}
-		if !strings.Contains(killed.Output(), "failpoint "+outbox.FailpointAfterKafkaCommit) {
+		if !strings.Contains(killed.Output(), "failpoint "+failpoint.RelayAfterKafkaCommit) {
 			t.Fatalf("relay exited without hitting its failpoint:\n%s", killed.Output())
 		}
 		t0 := time.Now()
-		slow := e.start(fmt.Sprintf("relay-slow-%d", round), []string{"ONCEFLOW_FAILPOINTS=" + outbox.FailpointSlowCheckpoint + "=delay:3s"}, "-holder-id", "r")
+		slow := e.start(fmt.Sprintf("relay-slow-%d", round), []string{"ONCEFLOW_FAILPOINTS=" + failpoint.RelaySlowCheckpoint + "=delay:3s"}, "-holder-id", "r")
 		line, err := slow.WaitFor(ctx, reReadyMarked)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, slow.Output())
@@ -320,8 +321,8 @@ func TestRelayCheckpointBehindOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.enqueueN(ctx, e.db, "s", "ev-", 30)
-	killed := e.start("relay-killed", []string{"ONCEFLOW_FAILPOINTS=" + outbox.FailpointAfterKafkaCommit + "=1"}, "-holder-id", "r")
-	if out := waitExit(t, ctx, killed); !strings.Contains(out, "failpoint "+outbox.FailpointAfterKafkaCommit) {
+	killed := e.start("relay-killed", []string{"ONCEFLOW_FAILPOINTS=" + failpoint.RelayAfterKafkaCommit + "=1"}, "-holder-id", "r")
+	if out := waitExit(t, ctx, killed); !strings.Contains(out, "failpoint "+failpoint.RelayAfterKafkaCommit) {
 		t.Fatalf("relay exited without hitting its failpoint:\n%s", out)
 	}
 	p := e.start("relay-recovering", nil, "-holder-id", "r")
@@ -372,7 +373,7 @@ func TestRelayDeleteOnPublishCrash(t *testing.T) {
 		time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond) // the random kill moment, not a synchronisation
 		p.Kill()
 	}
-	for _, fp := range []string{outbox.FailpointBeforeKafkaCommit, outbox.FailpointAfterKafkaCommit} {
+	for _, fp := range []string{failpoint.RelayBeforeKafkaCommit, failpoint.RelayAfterKafkaCommit} {
 		p := e.start("relay-"+fp, []string{"ONCEFLOW_FAILPOINTS=" + fp + "=3"}, args...)
 		select {
 		case <-p.Done():

@@ -8,6 +8,8 @@
 #   scripts/services.sh env                 print the env lines of running services
 #   scripts/services.sh status              one line per service
 #   scripts/services.sh classpath           resolve (first run only) and print the Kafka jars' classpath
+#   scripts/services.sh kafka-config P C    write the shared broker's configuration into $ONCEFLOW_RUN_DIR/kafka
+#                                           (from internal/kafkanode's templates), start nothing
 #
 # ONCEFLOW_TEST_DATABASE_URL / ONCEFLOW_TEST_KAFKA_BROKERS, when set, name
 # external services: then nothing is started for that service.
@@ -151,6 +153,33 @@ kafka_running() {
   kafka_answers "$(kafka_brokers)"
 }
 
+# render FILE KEY=VALUE...: FILE with each ${KEY} replaced by VALUE, the
+# rule of internal/kafkanode's Go; a placeholder left without a value is an
+# error.
+render() {
+  local file=$1 t kv; shift
+  t=$(<"$file")
+  for kv in "$@"; do t=${t//"\${${kv%%=*}}"/"${kv#*=}"}; done
+  case $t in *'${'*) die "render $file: a placeholder has no value" ;; esac
+  printf '%s\n' "$t"
+}
+
+# kafka_config PORT CPORT: write the shared broker's server.properties and
+# log4j2.properties into $kafka_dir, from the templates the Go launcher
+# (internal/kafkanode) uses too.
+kafka_config() {
+  local port=$1 cport=$2 tpl=$repo/internal/kafkanode
+  mkdir -p "$kafka_dir"
+  { printf '%s\n' "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport" \
+      "advertised.listeners=PLAINTEXT://127.0.0.1:$port" \
+      "inter.broker.listener.name=PLAINTEXT" \
+      "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    render "$tpl/broker.properties" NODE_ID=1 "QUORUM_VOTERS=1@127.0.0.1:$cport" "LOG_DIRS=$kafka_dir/data" \
+      REPLICATION_FACTOR=1 MIN_ISR=1
+  } >"$kafka_dir/server.properties"
+  render "$tpl/log4j2.properties" "LOG_FILE=$kafka_dir/server.log" >"$kafka_dir/log4j2.properties"
+}
+
 kafka_up() {
   if [ -n "${ONCEFLOW_TEST_KAFKA_BROKERS:-}" ]; then echo "ONCEFLOW_TEST_KAFKA_BROKERS=$ONCEFLOW_TEST_KAFKA_BROKERS"; return; fi
   need "$java_bin" java openjdk-17-jre-headless
@@ -165,44 +194,7 @@ kafka_up() {
   local port cport
   port=$(free_port "${ONCEFLOW_KAFKA_PORT:-59092}")
   cport=$(free_port $((port + 100)))
-  cat >"$kafka_dir/server.properties" <<CONF
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs=$kafka_dir/data
-num.partitions=1
-auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=8
-group.initial.rebalance.delay.ms=0
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-log.segment.bytes=67108864
-CONF
-  cat >"$kafka_dir/log4j2.properties" <<CONF
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = $kafka_dir/server.log
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka
-logger.kafka.level = warn
-logger.state.name = state.change.logger
-logger.state.level = warn
-logger.kafkaorg.name = org.apache.kafka
-logger.kafkaorg.level = warn
-CONF
+  kafka_config "$port" "$cport"
   local jvm=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
     -Dlog4j2.configurationFile="$kafka_dir/log4j2.properties" -cp "$cp")
   local cluster_id; cluster_id=$("$java_bin" "${jvm[@]}" kafka.tools.StorageTool random-uuid 2>>"$kafka_dir/format.log" | tail -n1)
@@ -257,10 +249,14 @@ case "$cmd" in
   status)
     if pg_running; then echo "postgres: running on 127.0.0.1:$(cat "$pg_dir/port")"; else echo "postgres: stopped"; fi
     if kafka_running; then echo "kafka: running on $(kafka_brokers)"; else echo "kafka: stopped"; fi ;;
+  kafka-config)
+    # Writes the shared broker's configuration without starting it (the
+    # kafkanode test compares it with the Go launcher's).
+    kafka_config "${2:?usage: services.sh kafka-config PORT CONTROLLER-PORT}" "${3:?usage: services.sh kafka-config PORT CONTROLLER-PORT}" ;;
   classpath)
     # For tests that start their own private broker (internal/testkit/securekafka.go).
     # The lock is only needed while the jars are resolved.
     [ -f "$kafka_lib/.complete" ] || with_lock
     kafka_classpath ;;
-  *) die "usage: services.sh up [pg|kafka|all] | down | env | status | classpath" ;;
+  *) die "usage: services.sh up [pg|kafka|all] | down | env | status | classpath | kafka-config PORT CPORT" ;;
 esac

@@ -43,7 +43,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 			cli.Usage(fs, stderr)
 			return err
 		}
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	return nil
 }
@@ -56,32 +56,32 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usage("consumer run: unexpected argument %q", fs.Arg(0))
+		return cli.Usagef("consumer run: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	log, err := cfg.Log.logger(stderr)
 	if err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	handler, err := handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall)))
 	if err != nil {
-		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
+		return cli.Usagef("%s: %v", cli.Named("handlers-file"), err)
 	}
 	tracing, err := obs.NewTracing(ctx, "onceflow-consumer", log, os.Getenv)
 	if err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	defer tracing.ShutdownLogged(context.WithoutCancel(ctx), log)
 	var policy *retention.Policy
 	if cfg.RetentionFile != "" {
 		if policy, err = loadRetention(cfg.RetentionFile); err != nil {
-			return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
+			return cli.Usagef("%s: %v", cli.Named("retention-file"), err)
 		}
 	}
 	if cfg.RetentionInterval < 0 || (cfg.RetentionInterval > 0 && policy == nil) {
-		return usage("-retention-interval (ONCEFLOW_RETENTION_INTERVAL) must be positive and needs -retention-file, got %s", cfg.RetentionInterval)
+		return cli.Usagef("%s must be positive and needs -retention-file, got %s", cli.Named("retention-interval"), cfg.RetentionInterval)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer")
 	if err != nil {
@@ -91,42 +91,20 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	icfg := inbox.Config{
-		BatchHandler:     handler,
-		BatchMaxRecords:  cfg.BatchMaxRecords,
-		ConsumerName:     cfg.ConsumerName,
-		DLQTopic:         cfg.DLQTopic,
-		FirstSeen:        cfg.firstSeen,
-		GapCheckInterval: cfg.GapCheckInterval,
-		GapTimeout:       cfg.GapTimeout,
-		GapTimeouts:      cfg.gapTimeouts,
-		Group:            cfg.Group,
-		Hooks: inbox.Hooks{
-			OnAfterHandler:  failpoint.Func(failpoint.ConsumerAfterHandler),
-			OnAfterPGCommit: failpoint.Func(failpoint.ConsumerAfterPGCommit),
-		},
-		InstanceID:           cfg.InstanceID,
-		KafkaOpts:            cfg.Kafka.Opts(log),
-		LatePolicy:           cfg.latePolicy,
-		Logger:               log,
-		MaxParked:            cfg.MaxParked,
-		MaxPayloadBytes:      cfg.MaxPayloadBytes,
-		Ordering:             cfg.ordering,
-		Pool:                 pool,
-		Registerer:           reg,
-		RetryInitialInterval: cfg.RetryInitialInterval,
-		RetryMaxAttempts:     cfg.RetryMaxAttempts,
-		RetryMaxElapsed:      cfg.RetryMaxElapsed,
-		RetryMaxInterval:     cfg.RetryMaxInterval,
-		SessionTimeout:       cfg.SessionTimeout,
-		Topics:               cfg.Topics,
-		TracerProvider:       tracing.Provider,
+	icfg := cfg.Inbox
+	icfg.BatchHandler = handler
+	icfg.Hooks = inbox.Hooks{
+		OnAfterHandler:  failpoint.Func(failpoint.ConsumerAfterHandler),
+		OnAfterPGCommit: failpoint.Func(failpoint.ConsumerAfterPGCommit),
 	}
-	icfg.FetchMaxBytes, icfg.FetchMaxPartitionBytes = int32(cfg.FetchMaxBytes), int32(cfg.FetchMaxPartitionBytes)
-	icfg.FetchMaxWait = cfg.FetchMaxWait
+	icfg.KafkaOpts = cfg.Kafka.Opts(log)
+	icfg.Logger = log
+	icfg.Pool = pool
+	icfg.Registerer = reg
+	icfg.TracerProvider = tracing.Provider
 	c, err := inbox.New(icfg)
 	if err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: inboxError(err)}
 	}
 	var pm *retention.Metrics
 	if cfg.RetentionInterval > 0 {
@@ -151,7 +129,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if cfg.RetentionInterval > 0 {
 		g.Go(func() error {
-			return retention.Run(gctx, pool, policy, cfg.RetentionInterval, retention.Options{Consumer: cfg.ConsumerName}, pm, log)
+			return retention.Run(gctx, pool, policy, cfg.RetentionInterval, retention.Options{Consumer: cfg.Inbox.ConsumerName}, pm, log)
 		})
 	}
 	g.Go(func() error {
@@ -179,7 +157,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log *slog.Logger) (http.Handler, func(), error) {
 	tokens, err := admin.LoadTokens(cfg.Admin.TokenFile)
 	if err != nil {
-		return nil, nil, usage("-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE): %v", err)
+		return nil, nil, cli.Usagef("%s: %v", cli.Named("admin-token-file"), err)
 	}
 	db := cfg.DB
 	db.MaxConns = 6
@@ -193,15 +171,15 @@ func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log
 		return nil, nil, fmt.Errorf("admin kafka client: %w", err)
 	}
 	svc, err := admin.NewService(admin.Config{
-		Consumer: cfg.ConsumerName,
-		Group:    cfg.Group,
-		Topics:   cfg.Topics,
+		Consumer: cfg.Inbox.ConsumerName,
+		Group:    cfg.Inbox.Group,
+		Topics:   cfg.Inbox.Topics,
 		Kafka:    kadm.NewClient(kcl),
 		Logger:   log,
 		Pool:     pool,
 		Replay: replayer(inbox.ReplayConfig{
-			ConsumerName: cfg.ConsumerName, FirstSeen: cfg.firstSeen, GapTimeout: cfg.GapTimeout,
-			GapTimeouts: cfg.gapTimeouts, Handler: h, MaxParked: cfg.MaxParked, Pool: pool,
+			ConsumerName: cfg.Inbox.ConsumerName, FirstSeen: cfg.Inbox.FirstSeen, GapTimeout: cfg.Inbox.GapTimeout,
+			GapTimeouts: cfg.Inbox.GapTimeouts, Handler: h, MaxParked: cfg.Inbox.MaxParked, Pool: pool,
 		}),
 	})
 	if err != nil {
@@ -221,8 +199,11 @@ func replayer(rc inbox.ReplayConfig) admin.ReplayFunc {
 }
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var lc logConfig
-	log, _ := lc.logger(stderr)
+	lc := logConfig{Format: os.Getenv(cli.EnvName("log-format")), Level: os.Getenv(cli.EnvName("log-level"))}
+	log, err := lc.logger(stderr)
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
 	return migrate.Command(ctx, "consumer", args, stdout, log)
 }
 
@@ -234,19 +215,19 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usage("consumer dlq list: unexpected argument %q", fs.Arg(0))
+		return cli.Usagef("consumer dlq list: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	if cfg.Limit < 1 {
-		return usage("-limit (ONCEFLOW_LIMIT) must be at least 1, got %d", cfg.Limit)
+		return cli.Usagef("-limit must be at least 1, got %d", cfg.Limit)
 	}
 	if cfg.GroupBy != "" && cfg.GroupBy != "error" {
-		return usage("-group-by (ONCEFLOW_GROUP_BY) %q: want error", cfg.GroupBy)
+		return cli.Usagef("-group-by %q: want error", cfg.GroupBy)
 	}
 	if _, err := cfg.Filter.Filter(time.Now()); err != nil {
-		return usage("consumer dlq list: %v", err)
+		return cli.Usagef("consumer dlq list: %v", err)
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-dlq")
 	if err != nil {
@@ -312,30 +293,30 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	req := admin.ReplayRequest{Note: cfg.Note, DryRun: cfg.DryRun, Filter: cfg.Filter, All: cfg.All, Limit: cfg.Limit, RequestID: cfg.RequestID}
 	switch {
 	case len(pos) > 1:
-		return usage("consumer dlq replay: want at most one EVENT-ID, got %d arguments", len(pos))
+		return cli.Usagef("consumer dlq replay: want at most one EVENT-ID, got %d arguments", len(pos))
 	case len(pos) == 1:
 		req.EventID = pos[0]
 	}
 	if req.EventID == "" && req.Filter.Empty() && !req.All {
-		return usage("consumer dlq replay: want an EVENT-ID, or a filter (-event-type, -source, -error, -from/-to/-since, -error-group, -status), or -all")
+		return cli.Usagef("consumer dlq replay: want an EVENT-ID, or a filter (-event-type, -source, -error, -from/-to/-since, -error-group, -status), or -all")
 	}
 	if cfg.Expect >= 0 {
 		req.Expect = &cfg.Expect
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	var replay admin.ReplayFunc
 	if cfg.HandlersFile == "" && !cfg.DryRun {
-		return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE) is required")
+		return cli.Usagef("%s is required", cli.Named("handlers-file"))
 	}
 	rc, err := cfg.replayConfig()
 	if err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	if cfg.HandlersFile != "" {
 		if rc.Handler, err = handlerfile.Load(cfg.HandlersFile, handlerfile.OnAfterHTTPCall(failpoint.Func(failpoint.EffectsAfterCall))); err != nil {
-			return usage("-handlers-file (ONCEFLOW_HANDLERS_FILE): %v", err)
+			return cli.Usagef("%s: %v", cli.Named("handlers-file"), err)
 		}
 	}
 	if req.RequestID == "" {
@@ -357,7 +338,7 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	out, err := svc.Replay(ctx, admin.Caller{Actor: cliActor(cfg.Actor), Via: "cli"}, req)
 	var bad *admin.BadRequest
 	if errors.As(err, &bad) {
-		return usage("consumer dlq replay: %v", err)
+		return cli.Usagef("consumer dlq replay: %v", err)
 	}
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/onceflow/onceflow/internal/admin"
@@ -13,7 +14,6 @@ import (
 	"github.com/onceflow/onceflow/internal/kafkaconn"
 	"github.com/onceflow/onceflow/internal/obs"
 	"github.com/onceflow/onceflow/internal/pgconn"
-	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/seqguard"
 )
@@ -32,52 +32,96 @@ func (c *logConfig) RegisterFlags(fs *flag.FlagSet) {
 func (c *logConfig) logger(w io.Writer) (*slog.Logger, error) {
 	l, err := obs.NewLogger(w, c.Format, c.Level)
 	if err != nil {
-		return nil, fmt.Errorf("-log-format/-log-level (ONCEFLOW_LOG_FORMAT/ONCEFLOW_LOG_LEVEL): %v", err)
+		return nil, fmt.Errorf("%s / %s: %v", cli.Named("log-format"), cli.Named("log-level"), err)
 	}
 	return l, nil
 }
 
-// runConfig is the configuration of `consumer run`.
+// runConfig is the configuration of `consumer run`. The engine's settings
+// are flags bound straight onto inbox.Config, with the library's defaults;
+// the library's Validate is their only check.
 type runConfig struct {
 	Admin admin.Flags
 	DB    pgconn.Config
 	Kafka kafkaconn.Config
 	Log   logConfig
+	Inbox inbox.Config
 
-	BatchMaxRecords      int
-	ConsumerName         string
-	DLQTopic             string
-	FirstSeen            string
-	GapCheckInterval     time.Duration
-	GapTimeout           time.Duration
-	GapTimeouts          string
-	Group                string
-	HandlersFile         string
-	RetentionFile        string
-	RetentionInterval    time.Duration
-	HTTPAddr             string
-	PprofAddr            string
-	InstanceID           string
-	LatePolicy           string
-	MaxParked            int
-	MaxPayloadBytes      int
-	Ordering             string
-	RetryInitialInterval time.Duration
-	RetryMaxAttempts     int
-	RetryMaxElapsed      time.Duration
-	RetryMaxInterval     time.Duration
-	SessionTimeout       time.Duration
-	Topics               cli.List
+	HandlersFile      string
+	HTTPAddr          string
+	PprofAddr         string
+	RetentionFile     string
+	RetentionInterval time.Duration
+}
 
-	// Fetch limits (bytes, compressed as stored): they bound memory.
-	FetchMaxBytes, FetchMaxPartitionBytes int
-	FetchMaxWait                          time.Duration
+// inboxFlags is the flag of each inbox.Config (and inbox.ReplayConfig)
+// field the consumer's commands set: an invalid value is reported by its
+// flag and environment variable.
+var inboxFlags = cli.Fields{
+	"BatchMaxRecords":        "batch-max-records",
+	"ConsumerName":           "consumer-name",
+	"DLQTopic":               "dlq-topic",
+	"FetchMaxBytes":          "fetch-max-bytes",
+	"FetchMaxPartitionBytes": "fetch-max-partition-bytes",
+	"FetchMaxWait":           "fetch-max-wait",
+	"FirstSeen":              "first-seen",
+	"GapCheckInterval":       "gap-check-interval",
+	"GapTimeout":             "gap-timeout",
+	"GapTimeouts":            "gap-timeouts",
+	"Group":                  "group",
+	"InstanceID":             "instance-id",
+	"LatePolicy":             "late-policy",
+	"MaxParked":              "max-parked",
+	"MaxPayloadBytes":        "max-payload-bytes",
+	"Ordering":               "ordering",
+	"RetryInitialInterval":   "retry-initial-interval",
+	"RetryMaxAttempts":       "retry-max-attempts",
+	"RetryMaxElapsed":        "retry-max-elapsed",
+	"RetryMaxInterval":       "retry-max-interval",
+	"SessionTimeout":         "session-timeout",
+	"Topics":                 "topics",
+}
 
-	// Parsed by validate.
-	firstSeen   seqguard.FirstSeen
-	gapTimeouts []inbox.GapTimeout
-	latePolicy  seqguard.Late
-	ordering    inbox.Ordering
+// inboxUnflagged are the inbox.Config settings the binary leaves at the
+// library's defaults (no flag).
+var inboxUnflagged = []string{"BatchTimeout", "CommitInterval", "CommitTimeout", "QueueDepth"}
+
+// inboxError reports an inbox.Config or ReplayConfig error by flag.
+func inboxError(err error) error {
+	var ce *inbox.ConfigError
+	if errors.As(err, &ce) {
+		return inboxFlags.Error("inbox config", ce.Field, ce.Reason)
+	}
+	return err
+}
+
+// Help texts of the flags several commands share: one environment name,
+// one meaning, one text.
+const (
+	consumerNameHelp  = "logical consumer name: the inbox ledger, effects and gaps this command works on (other consumers' rows are never touched)"
+	handlersFileHelp  = "JSON file configuring the handlers per event type (required)"
+	retentionFileHelp = "JSON file of retention classes and sources' redelivery horizons, checked at start (see docs/effects.md); `consumer prune` needs it"
+)
+
+// registerGuardFlags registers the sequence guard's settings, shared by
+// `consumer run` and `consumer dlq replay` (a replay goes through the guard
+// with the consumer's settings).
+func registerGuardFlags(fs *flag.FlagSet, firstSeen *seqguard.FirstSeen, gapTimeout *time.Duration, gapTimeouts *[]inbox.GapTimeout, maxParked *int) {
+	*firstSeen = seqguard.ExpectFirstSeq1
+	cli.Var(fs, firstSeen, "first-seen", "start policy for a source seen for the first time: expect-first-seq-1 or accept-first-seen",
+		seqguard.ParseFirstSeen, seqguard.FirstSeen.String)
+	fs.DurationVar(gapTimeout, "gap-timeout", inbox.DefaultGapTimeout, "how long a sequence gap stays open before it is given up")
+	cli.Var(fs, gapTimeouts, "gap-timeouts", "gap timeouts per event-type class: comma-separated glob=duration, first match wins (e.g. billing.*=5m,agent.*=10s)",
+		inbox.ParseGapTimeouts, formatGapTimeouts)
+	fs.IntVar(maxParked, "max-parked", inbox.DefaultMaxParked, "most parked events per source; beyond it the lowest gaps are given up early")
+}
+
+func formatGapTimeouts(rules []inbox.GapTimeout) string {
+	parts := make([]string, len(rules))
+	for i, r := range rules {
+		parts[i] = r.Pattern + "=" + r.Timeout.String()
+	}
+	return strings.Join(parts, ",")
 }
 
 // RegisterFlags registers every flag of `consumer run`.
@@ -86,96 +130,46 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	c.DB.RegisterFlags(fs)
 	c.Kafka.RegisterFlags(fs, "onceflow-consumer")
 	c.Log.RegisterFlags(fs)
-	fs.IntVar(&c.BatchMaxRecords, "batch-max-records", 500, "most records of one partition applied in one transaction")
-	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
-	fs.StringVar(&c.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
-	fs.IntVar(&c.FetchMaxBytes, "fetch-max-bytes", 1<<20, "most bytes (compressed, as stored) one fetch from a broker brings; with -fetch-max-partition-bytes, -batch-max-records and the queue depth it bounds memory")
-	fs.DurationVar(&c.FetchMaxWait, "fetch-max-wait", 50*time.Millisecond, "longest a broker holds a fetch that finds nothing new (a transaction's commit does not end the wait: this bounds an idle partition's latency)")
-	fs.IntVar(&c.FetchMaxPartitionBytes, "fetch-max-partition-bytes", 256<<10, "most bytes of one partition in one fetch (a broker still returns at least one record batch)")
-	fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "start policy for a source seen for the first time: expect-first-seq-1 or accept-first-seen")
-	fs.DurationVar(&c.GapCheckInterval, "gap-check-interval", time.Second, "how often the gap timer gives up expired gaps and refreshes the guard gauges")
-	fs.DurationVar(&c.GapTimeout, "gap-timeout", seqguard.DefaultGapTimeout, "how long a sequence gap stays open before it is given up")
-	fs.StringVar(&c.GapTimeouts, "gap-timeouts", "", "gap timeouts per event-type class: comma-separated glob=duration, first match wins (e.g. billing.*=5m,agent.*=10s)")
-	fs.StringVar(&c.Group, "group", "", "Kafka consumer group (required)")
-	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the sql/log handlers per event type (required)")
+	o := &c.Inbox
+	o.BatchTimeout, o.CommitInterval, o.CommitTimeout, o.QueueDepth = inbox.DefaultBatchTimeout, inbox.DefaultCommitInterval, inbox.DefaultCommitTimeout, inbox.DefaultQueueDepth
+	fs.IntVar(&o.BatchMaxRecords, "batch-max-records", inbox.DefaultBatchMaxRecords, "most records of one partition applied in one transaction")
+	fs.StringVar(&o.ConsumerName, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
+	fs.StringVar(&o.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
+	cli.Int32Var(fs, &o.FetchMaxBytes, "fetch-max-bytes", inbox.DefaultFetchMaxBytes, "most bytes (compressed, as stored) one fetch from a broker brings; with -fetch-max-partition-bytes, -batch-max-records and the queue depth it bounds memory")
+	fs.DurationVar(&o.FetchMaxWait, "fetch-max-wait", inbox.DefaultFetchMaxWait, "longest a broker holds a fetch that finds nothing new (a transaction's commit does not end the wait: this bounds an idle partition's latency)")
+	cli.Int32Var(fs, &o.FetchMaxPartitionBytes, "fetch-max-partition-bytes", inbox.DefaultFetchMaxPartitionBytes, "most bytes of one partition in one fetch (a broker still returns at least one record batch)")
+	fs.DurationVar(&o.GapCheckInterval, "gap-check-interval", inbox.DefaultGapCheckInterval, "how often the gap timer gives up expired gaps and refreshes the guard gauges")
+	registerGuardFlags(fs, &o.FirstSeen, &o.GapTimeout, &o.GapTimeouts, &o.MaxParked)
+	fs.StringVar(&o.Group, "group", "", "Kafka consumer group (required)")
+	fs.StringVar(&c.HandlersFile, "handlers-file", "", handlersFileHelp)
 	fs.DurationVar(&c.RetentionInterval, "retention-interval", 0, "with -retention-file: prune expired rows this often (0: never; use 'consumer prune' from a CronJob)")
 	cli.Deprecated(fs, "prune-interval", "retention-interval")
-	fs.StringVar(&c.RetentionFile, "retention-file", "", "JSON file of retention classes and sources' redelivery horizons, checked at start (see docs/effects.md)")
+	fs.StringVar(&c.RetentionFile, "retention-file", "", retentionFileHelp)
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":9464", "address of /metrics, /healthz and /readyz (empty disables)")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "address of Go's /debug/pprof profiles, e.g. 127.0.0.1:6060 (empty, the default, disables)")
-	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id, stable per replica (e.g. the pod name); empty: dynamic")
-	fs.StringVar(&c.LatePolicy, "late-policy", seqguard.DeliverLate.String(), "event arriving after its gap was given up: deliver-late (handler sees Late) or hold (kept for an operator)")
-	fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "most parked events per source; beyond it the lowest gaps are given up early")
-	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", envelope.DefaultMaxPayloadBytes, "largest payload accepted; bigger records are dead-lettered")
-	fs.StringVar(&c.Ordering, "ordering", inbox.OrderSeq.String(), "per-source ordering: seq (sequence guard) or arrival")
-	fs.DurationVar(&c.RetryInitialInterval, "retry-initial-interval", 100*time.Millisecond, "first backoff after a handler error")
-	fs.IntVar(&c.RetryMaxAttempts, "retry-max-attempts", 5, "tries of a failing event before it is dead-lettered")
-	fs.DurationVar(&c.RetryMaxElapsed, "retry-max-elapsed", 30*time.Second, "longest time spent retrying one event")
-	fs.DurationVar(&c.RetryMaxInterval, "retry-max-interval", 5*time.Second, "longest backoff between tries")
-	fs.DurationVar(&c.SessionTimeout, "session-timeout", 45*time.Second, "how long the group waits for a member that stopped heartbeating before reassigning its partitions (the broker allows 6s and up by default)")
-	fs.Var(&c.Topics, "topics", "comma-separated topics to consume (required)")
+	fs.StringVar(&o.InstanceID, "instance-id", "", "static group membership id, stable per replica (e.g. the pod name); empty: dynamic")
+	o.LatePolicy = seqguard.DeliverLate
+	cli.Var(fs, &o.LatePolicy, "late-policy", "event arriving after its gap was given up: deliver-late (handler sees Late) or hold (kept for an operator)",
+		seqguard.ParseLate, seqguard.Late.String)
+	fs.IntVar(&o.MaxPayloadBytes, "max-payload-bytes", inbox.DefaultMaxPayloadBytes, "largest payload accepted; bigger records are dead-lettered")
+	o.Ordering = inbox.OrderSeq
+	cli.Var(fs, &o.Ordering, "ordering", "per-source ordering: seq (sequence guard) or arrival", inbox.ParseOrdering, inbox.Ordering.String)
+	fs.DurationVar(&o.RetryInitialInterval, "retry-initial-interval", inbox.DefaultRetryInitialInterval, "first backoff after a handler error")
+	fs.IntVar(&o.RetryMaxAttempts, "retry-max-attempts", inbox.DefaultRetryMaxAttempts, "tries of a failing event before it is dead-lettered")
+	fs.DurationVar(&o.RetryMaxElapsed, "retry-max-elapsed", inbox.DefaultRetryMaxElapsed, "longest time spent retrying one event")
+	fs.DurationVar(&o.RetryMaxInterval, "retry-max-interval", inbox.DefaultRetryMaxInterval, "longest backoff between tries")
+	fs.DurationVar(&o.SessionTimeout, "session-timeout", inbox.DefaultSessionTimeout, "how long the group waits for a member that stopped heartbeating before reassigning its partitions (the broker allows 6s and up by default)")
+	fs.Var((*cli.List)(&o.Topics), "topics", "comma-separated topics to consume (required)")
 }
 
 func (c *runConfig) validate() error {
-	errs := []error{c.DB.Validate(), c.Kafka.Validate(), c.Admin.Validate()}
-	if c.Group == "" {
-		errs = append(errs, errors.New("-group (ONCEFLOW_GROUP) is required"))
-	}
-	if len(c.Topics) == 0 {
-		errs = append(errs, errors.New("-topics (ONCEFLOW_TOPICS) is required"))
-	}
-	if c.ConsumerName == "" {
-		errs = append(errs, errors.New("-consumer-name (ONCEFLOW_CONSUMER_NAME) must not be empty"))
-	}
-	if c.HandlersFile == "" {
-		errs = append(errs, errors.New("-handlers-file (ONCEFLOW_HANDLERS_FILE) is required"))
-	}
-	if c.BatchMaxRecords < 1 {
-		errs = append(errs, fmt.Errorf("-batch-max-records (ONCEFLOW_BATCH_MAX_RECORDS) must be at least 1, got %d", c.BatchMaxRecords))
-	}
-	if c.FetchMaxWait < time.Millisecond {
-		errs = append(errs, fmt.Errorf("-fetch-max-wait (ONCEFLOW_FETCH_MAX_WAIT) must be at least 1ms, got %s", c.FetchMaxWait))
-	}
-	if c.FetchMaxBytes < 1 || c.FetchMaxBytes > 1<<30 {
-		errs = append(errs, fmt.Errorf("-fetch-max-bytes (ONCEFLOW_FETCH_MAX_BYTES) must be between 1 and 1 GiB, got %d", c.FetchMaxBytes))
-	}
-	if c.FetchMaxPartitionBytes < 1 || c.FetchMaxPartitionBytes > c.FetchMaxBytes {
-		errs = append(errs, fmt.Errorf("-fetch-max-partition-bytes (ONCEFLOW_FETCH_MAX_PARTITION_BYTES) must be between 1 and -fetch-max-bytes (%d), got %d", c.FetchMaxBytes, c.FetchMaxPartitionBytes))
-	}
-	if c.MaxPayloadBytes < 1 {
-		errs = append(errs, fmt.Errorf("-max-payload-bytes (ONCEFLOW_MAX_PAYLOAD_BYTES) must be at least 1, got %d", c.MaxPayloadBytes))
-	}
-	if c.RetryMaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("-retry-max-attempts (ONCEFLOW_RETRY_MAX_ATTEMPTS) must be at least 1, got %d", c.RetryMaxAttempts))
-	}
-	var err error
-	if c.ordering, err = inbox.ParseOrdering(c.Ordering); err != nil {
-		errs = append(errs, fmt.Errorf("-ordering (ONCEFLOW_ORDERING): %v", err))
-	}
-	if c.firstSeen, err = seqguard.ParseFirstSeen(c.FirstSeen); err != nil {
-		errs = append(errs, fmt.Errorf("-first-seen (ONCEFLOW_FIRST_SEEN): %v", err))
-	}
-	if c.latePolicy, err = seqguard.ParseLate(c.LatePolicy); err != nil {
-		errs = append(errs, fmt.Errorf("-late-policy (ONCEFLOW_LATE_POLICY): %v", err))
-	}
-	if c.gapTimeouts, err = inbox.ParseGapTimeouts(c.GapTimeouts); err != nil {
-		errs = append(errs, fmt.Errorf("-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS): %v", err))
-	}
-	if c.MaxParked < 1 {
-		errs = append(errs, fmt.Errorf("-max-parked (ONCEFLOW_MAX_PARKED) must be at least 1, got %d", c.MaxParked))
-	}
-	errs = append(errs,
-		cli.PositiveDuration("gap-check-interval", c.GapCheckInterval),
-		cli.PositiveDuration("gap-timeout", c.GapTimeout),
-		cli.PositiveDuration("retry-initial-interval", c.RetryInitialInterval),
-		cli.PositiveDuration("retry-max-interval", c.RetryMaxInterval),
-		cli.PositiveDuration("retry-max-elapsed", c.RetryMaxElapsed),
-		cli.PositiveDuration("session-timeout", c.SessionTimeout),
-	)
-	for _, err := range errs {
+	for _, err := range []error{c.DB.Validate(), c.Kafka.Validate(), c.Admin.Validate(), inboxError(c.Inbox.Validate())} {
 		if err != nil {
 			return err // one clear line: the first bad setting
 		}
+	}
+	if c.HandlersFile == "" {
+		return fmt.Errorf("%s is required", cli.Named("handlers-file"))
 	}
 	return nil
 }
@@ -203,10 +197,7 @@ type dlqConfig struct {
 	RequestID    string
 
 	// Replay goes through the sequence guard with the consumer's settings.
-	FirstSeen   string
-	GapTimeout  time.Duration
-	GapTimeouts string
-	MaxParked   int
+	Replay inbox.ReplayConfig
 }
 
 // RegisterFlags registers the flags of the dlq commands; replay needs the
@@ -215,17 +206,16 @@ func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	c.DB.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs)
 	c.Filter.RegisterFlags(fs)
-	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
+	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
 	if !replay {
 		fs.IntVar(&c.Limit, "limit", 100, "most rows (or groups) to list")
 		fs.StringVar(&c.GroupBy, "group-by", "", "error: one line per error group (errors alike but for numbers and ids), biggest first")
+		cli.Local(fs, append(admin.FilterFlags, "limit", "group-by")...)
 		return
 	}
-	fs.StringVar(&c.FirstSeen, "first-seen", seqguard.ExpectFirstSeq1.String(), "as the consumer's -first-seen")
-	fs.DurationVar(&c.GapTimeout, "gap-timeout", seqguard.DefaultGapTimeout, "as the consumer's -gap-timeout: the timeout of a gap a replayed event opens")
-	fs.StringVar(&c.GapTimeouts, "gap-timeouts", "", "as the consumer's -gap-timeouts (glob=duration,…)")
-	fs.IntVar(&c.MaxParked, "max-parked", seqguard.DefaultMaxParked, "as the consumer's -max-parked")
-	fs.StringVar(&c.HandlersFile, "handlers-file", "", "JSON file configuring the handlers (required)")
+	r := &c.Replay
+	registerGuardFlags(fs, &r.FirstSeen, &r.GapTimeout, &r.GapTimeouts, &r.MaxParked)
+	fs.StringVar(&c.HandlersFile, "handlers-file", "", handlersFileHelp)
 	fs.IntVar(&c.Limit, "limit", admin.DefaultReplayLimit, "most events one replay applies (the rest are reported as remaining)")
 	fs.StringVar(&c.Actor, "actor", "", "who replays, for the audit (default: the OS user)")
 	fs.BoolVar(&c.All, "all", false, "replay every dead and held event (instead of EVENT-ID or a filter)")
@@ -233,23 +223,12 @@ func (c *dlqConfig) RegisterFlags(fs *flag.FlagSet, replay bool) {
 	fs.IntVar(&c.Expect, "expect", -1, "refuse unless exactly this many events match (the count a -dry-run showed)")
 	fs.StringVar(&c.Note, "note", "", "why, for the audit (required to replay more than one event)")
 	fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
+	cli.Local(fs, append(admin.FilterFlags, "limit", "actor", "all", "dry-run", "expect", "note", "request-id")...)
 }
 
 // replayConfig checks the replay flags and returns the library's config.
 func (c *dlqConfig) replayConfig() (inbox.ReplayConfig, error) {
-	rc := inbox.ReplayConfig{ConsumerName: c.ConsumerName, GapTimeout: c.GapTimeout, MaxParked: c.MaxParked}
-	var err error
-	if rc.FirstSeen, err = seqguard.ParseFirstSeen(c.FirstSeen); err != nil {
-		return rc, fmt.Errorf("-first-seen (ONCEFLOW_FIRST_SEEN): %v", err)
-	}
-	if rc.GapTimeouts, err = inbox.ParseGapTimeouts(c.GapTimeouts); err != nil {
-		return rc, fmt.Errorf("-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS): %v", err)
-	}
-	if err := cli.PositiveDuration("gap-timeout", c.GapTimeout); err != nil {
-		return rc, err
-	}
-	if c.MaxParked < 1 {
-		return rc, fmt.Errorf("-max-parked (ONCEFLOW_MAX_PARKED) must be at least 1, got %d", c.MaxParked)
-	}
-	return rc, nil
+	rc := c.Replay
+	rc.ConsumerName = c.ConsumerName
+	return rc, inboxError(rc.Validate())
 }

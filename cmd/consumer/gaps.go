@@ -34,15 +34,17 @@ type gapsConfig struct {
 func (c *gapsConfig) RegisterFlags(fs *flag.FlagSet, resolve bool) {
 	c.DB.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs)
-	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name owning the inbox ledger")
+	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
 	if resolve {
 		fs.StringVar(&c.Note, "note", "", "what was done about the missing events (required)")
 		fs.StringVar(&c.Actor, "actor", "", "who resolves, for the audit (default: the OS user)")
 		fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
+		cli.Local(fs, "note", "actor", "request-id")
 		return
 	}
 	fs.BoolVar(&c.All, "all", false, "list every given-up gap, however old and whether resolved or not")
 	fs.DurationVar(&c.Since, "since", 24*time.Hour, "also list resolved given-up gaps given up within this window")
+	cli.Local(fs, "all", "since")
 }
 
 // parseInterleaved parses flags that may come before, between or after the
@@ -69,13 +71,13 @@ func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usage("consumer gaps list: unexpected argument %q", fs.Arg(0))
+		return cli.Usagef("consumer gaps list: unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	if err := cli.PositiveDuration("since", cfg.Since); err != nil && !cfg.All {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
 	if err != nil {
@@ -121,17 +123,17 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	if len(pos) != 2 {
-		return usage("consumer gaps resolve: want SOURCE FROM-TO (e.g. orders:42 7-9) and -note")
+		return cli.Usagef("consumer gaps resolve: want SOURCE FROM-TO (e.g. orders:42 7-9) and -note")
 	}
 	from, to, err := parseRange(pos[1])
 	if err != nil {
-		return usage("consumer gaps resolve: range %q: %v", pos[1], err)
+		return cli.Usagef("consumer gaps resolve: range %q: %v", pos[1], err)
 	}
 	if strings.TrimSpace(cfg.Note) == "" {
-		return usage("-note (ONCEFLOW_NOTE) is required: say what was done about the missing events")
+		return cli.Usagef("-note is required: say what was done about the missing events")
 	}
 	if err := cfg.DB.Validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
 	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
 	if err != nil {

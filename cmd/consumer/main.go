@@ -12,8 +12,11 @@
 // `consumer run -admin` also serves the console (admin API and web page,
 // docs/console.md).
 //
-// Every flag has an ONCEFLOW_* environment fallback (see -help of each
-// command and docs/consumer.md). Invalid configuration exits with status 2.
+// Every setting has an ONCEFLOW_* environment fallback (see -help of each
+// command and docs/consumer.md); the per-invocation choices of the operator
+// commands (-note, -since, -limit, -all, -actor, the dlq filters, …) are
+// flags only. Invalid usage or configuration exits with status 2, a failure
+// at run time with 1 (cli.ExitCode).
 package main
 
 import (
@@ -39,11 +42,6 @@ func main() {
 	fmt.Fprintln(os.Stderr, "consumer:", err)
 	os.Exit(cli.ExitCode(err))
 }
-
-// usageError is invalid configuration or usage: exit status 2.
-type usageError = cli.UsageError
-
-func usage(format string, a ...any) error { return cli.Usagef(format, a...) }
 
 const help = `usage: consumer <command> [flags]
 
@@ -71,7 +69,7 @@ OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tra
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, help)
-		return usage("a command is required")
+		return cli.Usagef("a command is required")
 	}
 	switch args[0] {
 	case "run":
@@ -82,7 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runPrune(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		if len(args) < 2 {
-			return usage("dlq: want list or replay")
+			return cli.Usagef("dlq: want list or replay")
 		}
 		switch args[1] {
 		case "list":
@@ -90,10 +88,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		case "replay":
 			return runDLQReplay(ctx, args[2:], stdout, stderr)
 		}
-		return usage("dlq: unknown command %q (want list or replay)", args[1])
+		return cli.Usagef("dlq: unknown command %q (want list or replay)", args[1])
 	case "gaps":
 		if len(args) < 2 {
-			return usage("gaps: want list or resolve")
+			return cli.Usagef("gaps: want list or resolve")
 		}
 		switch args[1] {
 		case "list":
@@ -101,11 +99,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		case "resolve":
 			return runGapsResolve(ctx, args[2:], stdout, stderr)
 		}
-		return usage("gaps: unknown command %q (want list or resolve)", args[1])
+		return cli.Usagef("gaps: unknown command %q (want list or resolve)", args[1])
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, help)
 		return nil
 	}
 	fmt.Fprint(stderr, help)
-	return usage("unknown command %q", args[0])
+	return cli.Usagef("unknown command %q", args[0])
 }

@@ -6,14 +6,20 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
 // Invalid configuration fails at start with one line naming the setting and
@@ -51,14 +57,14 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"fetch partition bytes", append(append([]string{"run"}, base...), "-fetch-max-partition-bytes", "2000000"), "-fetch-max-partition-bytes (ONCEFLOW_FETCH_MAX_PARTITION_BYTES)"},
 		{"gaps subcommand", []string{"gaps", "purge"}, `unknown command "purge"`},
 		{"gaps resolve range", []string{"gaps", "resolve", "src", "9-7", "-note", "x"}, `range "9-7"`},
-		{"gaps resolve note", []string{"gaps", "resolve", "src", "7-9"}, "-note (ONCEFLOW_NOTE)"},
+		{"gaps resolve note", []string{"gaps", "resolve", "src", "7-9"}, "-note is required"},
 		{"handlers file", append([]string{"run"}, base...), "-handlers-file (ONCEFLOW_HANDLERS_FILE)"},
 		{"bad flag", []string{"run", "-nope"}, "flag provided but not defined"},
 		{"replay without id", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null"}, "EVENT-ID"},
 		{"dlq subcommand", []string{"dlq", "purge"}, `unknown command "purge"`},
 		{"admin without tokens", append(append([]string{"run"}, base...), "-admin"), "-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE) is required"},
 		{"admin addr", append(append([]string{"run"}, base...), "-admin", "-admin-token-file", "/x", "-admin-addr", "9091"), "-admin-addr (ONCEFLOW_ADMIN_ADDR)"},
-		{"dlq list group-by", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-group-by", "type"}, "-group-by (ONCEFLOW_GROUP_BY)"},
+		{"dlq list group-by", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-group-by", "type"}, `-group-by "type": want error`},
 		{"dlq list filter", []string{"dlq", "list", "-database-url", "postgres://u@localhost/db", "-since", "yesterday"}, `since "yesterday"`},
 		{"dlq replay two ids", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "a", "b"}, "at most one EVENT-ID"},
 		{"replay gap timeouts", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null", "-gap-timeouts", "x", "e1"}, "-gap-timeouts (ONCEFLOW_GAP_TIMEOUTS)"},
@@ -68,8 +74,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			err := run(context.Background(), tc.args, &out, &errOut)
-			var ue *usageError
-			if !errors.As(err, &ue) {
+			if cli.ExitCode(err) != 2 {
 				t.Fatalf("err = %v (%T), want a usage error", err, err)
 			}
 			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
@@ -160,5 +165,133 @@ func TestPprofAddr(t *testing.T) {
 	c.RegisterFlags(fs)
 	if f := fs.Lookup("pprof-addr"); f == nil || f.DefValue != "" {
 		t.Fatalf("-pprof-addr default %v, want empty (off)", f)
+	}
+}
+
+// Every setting of inbox.Config is a flag of `consumer run` or left at the
+// library's default on purpose, the table names only real flags, and a flag
+// left alone is the library's default.
+func TestInboxFlags(t *testing.T) {
+	var c runConfig
+	fs := flag.NewFlagSet("consumer run", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := inboxFlags.Check(fs); err != nil {
+		t.Fatal(err)
+	}
+	typ := reflect.TypeOf(inbox.Config{})
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		switch k := f.Type.Kind(); {
+		case k == reflect.Slice && f.Type.Elem().Kind() == reflect.Interface: // KafkaOpts: built from the -kafka-* flags
+		case k == reflect.Bool, k == reflect.Int, k == reflect.Int32, k == reflect.Int64, k == reflect.String, k == reflect.Slice:
+			if _, ok := inboxFlags[f.Name]; !ok && !slices.Contains(inboxUnflagged, f.Name) {
+				t.Errorf("inbox.Config.%s has no flag in inboxFlags", f.Name)
+			}
+		}
+	}
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	got, want := c.Inbox, inbox.Config{}.WithDefaults()
+	want.Clock, want.Logger = nil, nil // not flags
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("flag defaults %+v\nlibrary defaults %+v", got, want)
+	}
+	var d dlqConfig
+	fs = flag.NewFlagSet("consumer dlq replay", flag.ContinueOnError)
+	d.RegisterFlags(fs, true)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := d.replayConfig(); err != nil || rc.GapTimeout != want.GapTimeout || rc.MaxParked != want.MaxParked || rc.FirstSeen != want.FirstSeen {
+		t.Fatalf("replay defaults %+v, %v", rc, err)
+	}
+}
+
+// TestExitCodes: one exit-status rule for every subcommand (cli.ExitCode):
+// 0 for -help, 2 for invalid usage or configuration, 1 for a failure at run
+// time (here an unreachable database or a taken port).
+func TestExitCodes(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
+	dir := t.TempDir()
+	handlers := filepath.Join(dir, "handlers.json")
+	retention := filepath.Join(dir, "retention.json")
+	if err := os.WriteFile(handlers, []byte(`{"handlers": [{"event_type": "*", "kind": "log"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(retention, []byte(`{"classes":[{"match":"*","keep":"1h"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db := []string{"-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
+	cat := func(a ...[]string) []string { return slices.Concat(a...) }
+	subs := []struct {
+		sub     []string
+		runtime []string // flags and arguments that pass the checks and then fail at run time
+	}{
+		{[]string{"run"}, cat(db, []string{"-kafka-brokers", "127.0.0.1:1", "-group", "g", "-topics", "t", "-handlers-file", handlers,
+			"-http-addr", busy.Addr().String()})},
+		{[]string{"migrate"}, db},
+		{[]string{"prune"}, cat(db, []string{"-retention-file", retention})},
+		{[]string{"dlq", "list"}, db},
+		{[]string{"dlq", "replay"}, cat(db, []string{"-handlers-file", handlers, "e1"})},
+		{[]string{"gaps", "list"}, db},
+		{[]string{"gaps", "resolve"}, cat(db, []string{"src", "7-9", "-note", "n"})},
+	}
+	for _, s := range subs {
+		name := strings.Join(s.sub, " ")
+		for _, c := range []struct {
+			kind string
+			args []string
+			want int
+		}{
+			{"help", []string{"-help"}, 0},
+			{"unknown flag", []string{"-no-such-flag"}, 2},
+			{"bad database url", cat(s.runtime, []string{"-database-url", "postgres://x/y?sslmode=nonsense"}), 2},
+			{"run time", s.runtime, 1},
+		} {
+			t.Run(name+"/"+c.kind, func(t *testing.T) {
+				t.Parallel()
+				err := run(context.Background(), cat(s.sub, c.args), io.Discard, io.Discard)
+				if got := cli.ExitCode(err); got != c.want {
+					t.Fatalf("consumer %s %q: exit %d (%v), want %d", name, c.args, got, err, c.want)
+				}
+			})
+		}
+	}
+	if err := run(context.Background(), []string{"nope"}, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
+		t.Fatalf("unknown command: %v", err)
+	}
+}
+
+// Per-invocation operator flags read no environment variable: a shared
+// environment that happens to set ONCEFLOW_NOTE, ONCEFLOW_SINCE or
+// ONCEFLOW_TO chooses nothing for an operator's command.
+func TestOperatorFlagsReadNoEnvironment(t *testing.T) {
+	for k, v := range map[string]string{"NOTE": "from the environment", "SINCE": "yesterday", "TO": "not a time", "LIMIT": "0", "ALL": "maybe", "ACTOR": "env"} {
+		t.Setenv("ONCEFLOW_"+k, v)
+	}
+	db := []string{"-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
+	err := run(context.Background(), append([]string{"gaps", "resolve", "src", "7-9"}, db...), io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-note is required") {
+		t.Fatalf("gaps resolve without -note: %v", err)
+	}
+	for _, args := range [][]string{{"dlq", "list"}, {"gaps", "list"}, {"migrate"}} {
+		err := run(context.Background(), append(args, db...), io.Discard, io.Discard)
+		if cli.ExitCode(err) != 1 { // past the flags: the database is unreachable
+			t.Fatalf("%v: %v (exit %d), want a run-time failure", args, err, cli.ExitCode(err))
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"dlq", "replay", "-help"}, &out, &out); err != nil && !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"note", "all", "limit", "since", "to", "actor"} {
+		if !strings.Contains(out.String(), "  -"+name+"  [flag only]") {
+			t.Errorf("dlq replay -help does not list -%s as flag only:\n%s", name, out.String())
+		}
 	}
 }

@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"time"
 
+	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/retention"
@@ -21,49 +22,52 @@ func loadRetention(path string) (*retention.Policy, error) {
 	return retention.Parse(b)
 }
 
+// pruneFlags is the flag of each retention.Options field `consumer prune`
+// sets.
+var pruneFlags = cli.Fields{"BatchSize": "batch-size", "Consumer": "consumer-name", "Pause": "pause"}
+
 // runPrune is `consumer prune`: one pass of retention.Prune.
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("consumer prune", flag.ContinueOnError)
 	var (
-		db        pgconn.Config
-		consumer  string
-		file      string
-		batchSize int
-		pause     time.Duration
+		db   pgconn.Config
+		file string
+		o    retention.Options
 	)
 	db.RegisterFlags(fs)
-	fs.StringVar(&consumer, "consumer-name", inbox.DefaultConsumerName, "logical consumer whose inbox rows and effects are pruned (other consumers' are never touched)")
-	fs.StringVar(&file, "retention-file", "", "JSON file of retention classes and sources' redelivery horizons (required)")
-	fs.IntVar(&batchSize, "batch-size", 500, "most rows one DELETE removes")
-	fs.DurationVar(&pause, "pause", 20*time.Millisecond, "wait between batches")
+	fs.StringVar(&o.Consumer, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
+	fs.StringVar(&file, "retention-file", "", retentionFileHelp)
+	fs.IntVar(&o.BatchSize, "batch-size", retention.DefaultBatchSize, "most rows one DELETE removes")
+	fs.DurationVar(&o.Pause, "pause", retention.DefaultPause, "wait between batches")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usage("consumer prune: unexpected argument %q", fs.Arg(0))
+		return cli.Usagef("consumer prune: unexpected argument %q", fs.Arg(0))
 	}
 	if err := db.Validate(); err != nil {
-		return &usageError{Err: err}
+		return &cli.UsageError{Err: err}
 	}
-	if consumer == "" {
-		return usage("-consumer-name (ONCEFLOW_CONSUMER_NAME) must not be empty")
+	if err := o.Validate(); err != nil {
+		var ce *retention.ConfigError
+		if errors.As(err, &ce) {
+			return pruneFlags.Error("retention options", ce.Field, ce.Reason)
+		}
+		return &cli.UsageError{Err: err}
 	}
 	if file == "" {
-		return usage("-retention-file (ONCEFLOW_RETENTION_FILE) is required")
-	}
-	if batchSize < 1 {
-		return usage("-batch-size (ONCEFLOW_BATCH_SIZE) must be at least 1, got %d", batchSize)
+		return cli.Usagef("%s is required", cli.Named("retention-file"))
 	}
 	r, err := loadRetention(file)
 	if err != nil {
-		return usage("-retention-file (ONCEFLOW_RETENTION_FILE): %v", err)
+		return cli.Usagef("%s: %v", cli.Named("retention-file"), err)
 	}
 	pool, err := db.Pool(ctx, "onceflow-consumer-prune")
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	st, err := retention.Prune(ctx, pool, r, retention.Options{BatchSize: batchSize, Consumer: consumer, Pause: pause})
+	st, err := retention.Prune(ctx, pool, r, o)
 	if err != nil {
 		return err
 	}

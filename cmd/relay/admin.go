@@ -50,12 +50,12 @@ func (c *adminConfig) RegisterFlags(fs *flag.FlagSet, cmd string) {
 	c.db.RegisterFlags(fs)
 	switch cmd {
 	case "identity show":
-		fs.StringVar(&c.shard, "shard", "default", shardHelp)
+		fs.StringVar(&c.shard, "shard", outbox.DefaultShard, shardHelp)
 		fs.StringVar(&c.txnPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
 	case "identity adopt", "identity reset":
 		fs.StringVar(&c.note, "note", "", "why (required; kept in onceflow.database_identity)")
 	case "identity legacy":
-		fs.StringVar(&c.shard, "shard", "default", shardHelp)
+		fs.StringVar(&c.shard, "shard", outbox.DefaultShard, shardHelp)
 		fs.StringVar(&c.note, "note", "", "why (required; logged with the decision)")
 	case "outbox failed list":
 		fs.BoolVar(&c.all, "all", false, "also list resolved entries (published after a retry, or skipped)")
@@ -63,6 +63,12 @@ func (c *adminConfig) RegisterFlags(fs *flag.FlagSet, cmd string) {
 		fs.StringVar(&c.note, "note", "", "what was fixed (kept with the entry)")
 	case "outbox failed skip":
 		fs.StringVar(&c.note, "note", "", "why the event is given up (required; kept with the entry)")
+	}
+	// Per-invocation choices read no environment variable.
+	for _, name := range []string{"note", "all"} {
+		if fs.Lookup(name) != nil {
+			cli.Local(fs, name)
+		}
 	}
 }
 
@@ -77,7 +83,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string, stdout io.Writer) ([]stri
 				cli.Usage(fs, stdout)
 				return nil, err
 			}
-			return nil, usageError{err}
+			return nil, &cli.UsageError{Err: err}
 		}
 		if fs.NArg() == 0 {
 			return pos, nil
@@ -104,7 +110,7 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 		if len(words) > 0 && (words[len(words)-1] == "-help" || words[len(words)-1] == "-h") {
 			return flag.ErrHelp
 		}
-		return usageError{fmt.Errorf("unknown command %q", "relay "+strings.Join(words, " "))}
+		return cli.Usagef("unknown command %q", "relay "+strings.Join(words, " "))
 	}
 	var c adminConfig
 	name := "relay " + cmd
@@ -118,28 +124,28 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 		return err
 	}
 	if err := c.db.Validate(); err != nil {
-		return usageError{err}
+		return &cli.UsageError{Err: err}
 	}
 	needNote := cmd == "identity adopt" || cmd == "identity reset" || cmd == "identity legacy" || cmd == "outbox failed skip"
 	if needNote && strings.TrimSpace(c.note) == "" {
-		return usageError{fmt.Errorf("%s: -note (%s) is required: say why", name, cli.EnvName("note"))}
+		return cli.Usagef("%s: -note is required: say why", name)
 	}
 	var id int64
 	switch cmd {
 	case "identity legacy":
 		if len(pos) != 1 {
-			return usageError{fmt.Errorf("%s: unexpected arguments %q", name, pos[1:])}
+			return cli.Usagef("%s: unexpected arguments %q", name, pos[1:])
 		}
 	case "outbox failed retry", "outbox failed skip":
 		if len(pos) != 1 {
-			return usageError{fmt.Errorf("%s: want the outbox id of one set-aside row (see relay outbox failed list)", name)}
+			return cli.Usagef("%s: want the outbox id of one set-aside row (see relay outbox failed list)", name)
 		}
 		if id, err = strconv.ParseInt(pos[0], 10, 64); err != nil {
-			return usageError{fmt.Errorf("%s: %q is not an outbox id", name, pos[0])}
+			return cli.Usagef("%s: %q is not an outbox id", name, pos[0])
 		}
 	default:
 		if len(pos) > 0 {
-			return usageError{fmt.Errorf("%s: unexpected argument %q", name, pos[0])}
+			return cli.Usagef("%s: unexpected argument %q", name, pos[0])
 		}
 	}
 	pool, err := c.db.Pool(ctx, "onceflow-relay-admin")

@@ -9,8 +9,11 @@
 // `relay run -admin` also serves the relay's status as JSON
 // (GET /api/v1/relay, bearer token; docs/console.md).
 //
-// Every flag has an ONCEFLOW_* environment fallback (-database-url is
-// ONCEFLOW_DATABASE_URL); flags win. See docs/relay.md.
+// Every setting has an ONCEFLOW_* environment fallback (-database-url is
+// ONCEFLOW_DATABASE_URL); flags win. The per-invocation choices of the
+// operator commands (-note, -all, migrate's -to) are flags only. Invalid
+// usage or configuration exits with status 2, a failure at run time with 1
+// (cli.ExitCode). See docs/relay.md.
 package main
 
 import (
@@ -24,7 +27,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -44,26 +46,16 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
-// exitUsage is the exit code of invalid configuration.
-const exitUsage = 2
-
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
+// main exits with cli.ExitCode, the rule of every subcommand of both
+// binaries: 2 for invalid usage or configuration (a *cli.UsageError), 1 for
+// a failure at run time.
 func main() {
 	err := run(os.Args[1:], os.Stdout, os.Stderr)
-	switch {
-	case err == nil:
-	case errors.Is(err, flag.ErrHelp):
-	case errors.As(err, new(usageError)):
-		fmt.Fprintln(os.Stderr, "relay:", err)
-		os.Exit(exitUsage)
-	default:
-		fmt.Fprintln(os.Stderr, "relay:", err)
-		os.Exit(1)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return
 	}
+	fmt.Fprintln(os.Stderr, "relay:", err)
+	os.Exit(cli.ExitCode(err))
 }
 
 const usage = `usage: relay run [flags] | relay migrate [flags] | relay topics verify|apply [flags] | relay help
@@ -76,7 +68,7 @@ OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tra
 func run(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return usageError{errors.New("a subcommand is required")}
+		return cli.Usagef("a subcommand is required")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -86,23 +78,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 	case "migrate":
 		log, err := obs.NewLogger(stderr, os.Getenv(cli.EnvName("log-format")), os.Getenv(cli.EnvName("log-level")))
 		if err != nil {
-			return usageError{err}
+			return &cli.UsageError{Err: err}
 		}
-		if err := migrate.Command(ctx, "relay", args[1:], stdout, log); err != nil {
-			return usageError{err}
-		}
-		return nil
+		return migrate.Command(ctx, "relay", args[1:], stdout, log)
 	case "topics":
 		log, err := obs.NewLogger(stderr, os.Getenv(cli.EnvName("log-format")), os.Getenv(cli.EnvName("log-level")))
 		if err != nil {
-			return usageError{err}
+			return &cli.UsageError{Err: err}
 		}
-		// Drift exits 1; bad flags and unreachable brokers exit 2, like migrate.
-		err = topics.Command(ctx, "relay", args[1:], stdout, log)
-		if err != nil && !errors.Is(err, topics.ErrDrift) {
-			return usageError{err}
-		}
-		return err
+		return topics.Command(ctx, "relay", args[1:], stdout, log)
 	case "identity", "outbox":
 		return runAdmin(ctx, args, stdout)
 	case "help", "-h", "-help", "--help":
@@ -115,18 +99,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return nil
 	default:
 		fmt.Fprint(stderr, usage)
-		return usageError{fmt.Errorf("unknown subcommand %q", args[0])}
+		return cli.Usagef("unknown subcommand %q", args[0])
 	}
 }
 
 // Help texts of the flags `relay run` shares with the operator commands:
 // one environment name, one meaning, one text.
 const (
-	shardHelp       = "relay shard: lease row, transactional.id suffix, checkpoint key suffix (all relays of one database use the same shard today)"
+	shardHelp       = "relay shard: lease row, transactional.id suffix, checkpoint key suffix; with -shards N over 1, the shard's index 0..N-1"
 	txnIDPrefixHelp = "Kafka transactional.id prefix, the shard is appended; must be unique to this database on the Kafka cluster (empty: onceflow-relay-<database identity>-, unique by construction)"
 )
 
-// config is everything `relay run` is configured with.
+// config is everything `relay run` is configured with. The relay's own
+// settings are flags bound straight onto outbox.Config, with the library's
+// defaults; the library's Validate is their only check.
 type config struct {
 	admin     admin.Flags
 	db        pgconn.Config
@@ -136,27 +122,44 @@ type config struct {
 	logFormat string
 	logLevel  string
 
-	backoffMax      time.Duration
-	batchMaxBytes   int
-	batchMaxRows    int
-	checkpointTopic string
-	deleteOnPublish bool
-	holderID        string
-	leaseRenew      time.Duration
-	listen          bool
-	leaseTTL        time.Duration
-	pollInterval    time.Duration
-	pruneBatchRows  int
-	pruneInterval   time.Duration
-	retention       time.Duration
-	retrySetAside   time.Duration
-	shard           string
-	standbyInterval time.Duration
-	txnIDPrefix     string
-	txnTimeout      time.Duration
+	outbox outbox.Config
 
 	topicsVerify bool
 	topics       topics.Config
+}
+
+// outboxFlags is the flag of each outbox.Config field `relay run` sets: an
+// invalid value is reported by its flag and environment variable.
+var outboxFlags = cli.Fields{
+	"BackoffMax":            "backoff-max",
+	"BatchMaxBytes":         "batch-max-bytes",
+	"BatchMaxRows":          "batch-max-rows",
+	"CheckpointTopic":       "checkpoint-topic",
+	"DeleteOnPublish":       "delete-on-publish",
+	"HolderID":              "holder-id",
+	"LeaseRenewInterval":    "lease-renew-interval",
+	"LeaseTTL":              "lease-ttl",
+	"Listen":                "listen",
+	"PollInterval":          "poll-interval",
+	"PruneBatchRows":        "prune-batch-rows",
+	"PruneInterval":         "prune-interval",
+	"Retention":             "retention",
+	"RetrySetAsideAfter":    "retry-set-aside-after",
+	"Shard":                 "shard",
+	"Shards":                "shards",
+	"StandbyInterval":       "standby-interval",
+	"StatsInterval":         "stats-interval",
+	"TransactionTimeout":    "transaction-timeout",
+	"TransactionalIDPrefix": "transactional-id-prefix",
+}
+
+// outboxError reports an outbox.Config error by flag.
+func outboxError(err error) error {
+	var ce *outbox.ConfigError
+	if errors.As(err, &ce) {
+		return outboxFlags.Error("outbox config", ce.Field, ce.Reason)
+	}
+	return err
 }
 
 // RegisterFlags registers the flags of `relay run`.
@@ -168,24 +171,27 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.pprofAddr, "pprof-addr", "", "address of Go's /debug/pprof profiles, e.g. 127.0.0.1:6060 (empty, the default, disables)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.DurationVar(&c.backoffMax, "backoff-max", 5*time.Second, "longest wait between retries of Kafka and PostgreSQL errors")
-	fs.IntVar(&c.batchMaxBytes, "batch-max-bytes", 4<<20, "maximum payload bytes per Kafka transaction")
-	fs.IntVar(&c.batchMaxRows, "batch-max-rows", 1000, "maximum rows per Kafka transaction")
-	fs.StringVar(&c.checkpointTopic, "checkpoint-topic", "onceflow.relay.checkpoints", "compacted topic for the relay's checkpoints (created if missing)")
-	fs.BoolVar(&c.deleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them for -retention (about 2x drain throughput)")
-	fs.StringVar(&c.holderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
-	fs.DurationVar(&c.leaseRenew, "lease-renew-interval", time.Second, "how often the leader renews its lease")
-	fs.DurationVar(&c.leaseTTL, "lease-ttl", 3*time.Second, "lease lifetime without renewal (takeover time after a leader dies)")
-	fs.BoolVar(&c.listen, "listen", false, "also wake on NOTIFY onceflow_outbox (enable the trigger onceflow.outbox_notify for producers to notify)")
-	fs.DurationVar(&c.pollInterval, "poll-interval", 20*time.Millisecond, "wait between polls of an empty outbox")
-	fs.IntVar(&c.pruneBatchRows, "prune-batch-rows", 1000, "published rows deleted per prune statement")
-	fs.DurationVar(&c.pruneInterval, "prune-interval", time.Second, "how often published rows are pruned")
-	fs.DurationVar(&c.retention, "retention", time.Hour, "how long published rows are kept (negative: delete at the next prune)")
-	fs.DurationVar(&c.retrySetAside, "retry-set-aside-after", 30*time.Second, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
-	fs.StringVar(&c.shard, "shard", "default", shardHelp)
-	fs.DurationVar(&c.standbyInterval, "standby-interval", 500*time.Millisecond, "how often a standby tries to take the lease")
-	fs.StringVar(&c.txnIDPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
-	fs.DurationVar(&c.txnTimeout, "transaction-timeout", 10*time.Second, "Kafka transaction timeout")
+	o := &c.outbox
+	fs.DurationVar(&o.BackoffMax, "backoff-max", outbox.DefaultBackoffMax, "longest wait between retries of Kafka and PostgreSQL errors")
+	fs.IntVar(&o.BatchMaxBytes, "batch-max-bytes", outbox.DefaultBatchMaxBytes, "maximum payload bytes per Kafka transaction")
+	fs.IntVar(&o.BatchMaxRows, "batch-max-rows", outbox.DefaultBatchMaxRows, "maximum rows per Kafka transaction")
+	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", outbox.DefaultCheckpointTopic, "compacted topic for the relay's checkpoints (created if missing)")
+	fs.BoolVar(&o.DeleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them for -retention (about 2x drain throughput)")
+	fs.StringVar(&o.HolderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
+	fs.DurationVar(&o.LeaseRenewInterval, "lease-renew-interval", outbox.DefaultLeaseRenewInterval, "how often the leader renews its lease")
+	fs.DurationVar(&o.LeaseTTL, "lease-ttl", outbox.DefaultLeaseTTL, "lease lifetime without renewal (takeover time after a leader dies)")
+	fs.BoolVar(&o.Listen, "listen", false, "also wake on NOTIFY onceflow_outbox (enable the trigger onceflow.outbox_notify for producers to notify)")
+	fs.DurationVar(&o.PollInterval, "poll-interval", outbox.DefaultPollInterval, "wait between polls of an empty outbox")
+	fs.IntVar(&o.PruneBatchRows, "prune-batch-rows", outbox.DefaultPruneBatchRows, "published rows deleted per prune statement")
+	fs.DurationVar(&o.PruneInterval, "prune-interval", outbox.DefaultPruneInterval, "how often published rows are pruned")
+	fs.DurationVar(&o.Retention, "retention", outbox.DefaultRetention, "how long published rows are kept (negative: delete at the next prune)")
+	fs.DurationVar(&o.RetrySetAsideAfter, "retry-set-aside-after", outbox.DefaultRetrySetAsideAfter, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
+	fs.StringVar(&o.Shard, "shard", outbox.DefaultShard, shardHelp)
+	fs.IntVar(&o.Shards, "shards", outbox.DefaultShards, "how many shards split the database's sources, each with its own leader; with more than 1, -shard is this relay's index 0..shards-1 (docs/relay.md, \"Shards\")")
+	fs.DurationVar(&o.StandbyInterval, "standby-interval", outbox.DefaultStandbyInterval, "how often a standby tries to take the lease")
+	fs.DurationVar(&o.StatsInterval, "stats-interval", outbox.DefaultStatsInterval, "how often the leader refreshes the pending-rows and oldest-age gauges")
+	fs.StringVar(&o.TransactionalIDPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
+	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", outbox.DefaultTransactionTimeout, "Kafka transaction timeout")
 	fs.BoolVar(&c.topicsVerify, "topics-verify", false, "verify the checkpoint topic at start and each event topic before its first publish against the topic spec; refuse to publish to a topic that breaks it (create topics with `relay topics apply` first)")
 	c.topics.RegisterFlags(fs)
 }
@@ -200,38 +206,7 @@ func (c *config) validate() error {
 	if err := c.kafka.Validate(); err != nil {
 		return err
 	}
-	for name, d := range map[string]time.Duration{
-		"backoff-max": c.backoffMax, "lease-renew-interval": c.leaseRenew, "lease-ttl": c.leaseTTL, "poll-interval": c.pollInterval,
-		"prune-interval": c.pruneInterval, "standby-interval": c.standbyInterval, "transaction-timeout": c.txnTimeout,
-		"retry-set-aside-after": c.retrySetAside,
-	} {
-		if err := cli.PositiveDuration(name, d); err != nil {
-			return err
-		}
-	}
-	positive := func(name string, v int) error {
-		if v < 1 {
-			return fmt.Errorf("-%s (%s) must be at least 1, got %d", name, cli.EnvName(name), v)
-		}
-		return nil
-	}
-	if err := errors.Join(positive("batch-max-rows", c.batchMaxRows), positive("batch-max-bytes", c.batchMaxBytes),
-		positive("prune-batch-rows", c.pruneBatchRows)); err != nil {
-		return err
-	}
-	if c.leaseRenew*2 > c.leaseTTL {
-		return fmt.Errorf("-lease-renew-interval (%s) must be at most half of -lease-ttl (%s)", c.leaseRenew, c.leaseTTL)
-	}
-	if c.txnTimeout < time.Second {
-		return fmt.Errorf("-transaction-timeout (%s) must be at least 1s, got %s", cli.EnvName("transaction-timeout"), c.txnTimeout)
-	}
-	if c.checkpointTopic == "" {
-		return fmt.Errorf("-checkpoint-topic (%s) must not be empty", cli.EnvName("checkpoint-topic"))
-	}
-	if c.shard == "" {
-		return fmt.Errorf("-shard (%s) must not be empty", cli.EnvName("shard"))
-	}
-	return nil
+	return outboxError(c.outbox.Validate())
 }
 
 func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
@@ -244,18 +219,18 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 			cli.Usage(fs, stderr)
 			return err
 		}
-		return usageError{err}
+		return &cli.UsageError{Err: err}
 	}
 	if err := c.validate(); err != nil {
-		return usageError{err}
+		return &cli.UsageError{Err: err}
 	}
 	log, err := obs.NewLogger(stderr, c.logFormat, c.logLevel)
 	if err != nil {
-		return usageError{fmt.Errorf("-log-format/-log-level: %v", err)}
+		return cli.Usagef("%s / %s: %v", cli.Named("log-format"), cli.Named("log-level"), err)
 	}
 	tracing, err := obs.NewTracing(ctx, "onceflow-relay", log, os.Getenv)
 	if err != nil {
-		return usageError{err}
+		return &cli.UsageError{Err: err}
 	}
 	defer tracing.ShutdownLogged(context.WithoutCancel(ctx), log)
 	pool, err := c.db.Pool(ctx, "onceflow-relay")
@@ -273,9 +248,9 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		defer admCl.Close()
 		adm := kadm.NewClient(admCl)
 		if _, err := c.topics.Load(); err != nil {
-			return usageError{err}
+			return &cli.UsageError{Err: err}
 		}
-		if err := c.topics.CheckTopics(ctx, adm, c.checkpointTopic); err != nil {
+		if err := c.topics.CheckTopics(ctx, adm, c.outbox.CheckpointTopic); err != nil {
 			return fmt.Errorf("checkpoint topic breaks the topic spec (run `relay topics apply`): %w", err)
 		}
 		topicCheck = func(ctx context.Context, topic string) error {
@@ -290,42 +265,25 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	var tokens *admin.Tokens
 	if c.admin.Enabled {
 		if tokens, err = admin.LoadTokens(c.admin.TokenFile); err != nil {
-			return usageError{fmt.Errorf("-admin-token-file (%s): %v", cli.EnvName("admin-token-file"), err)}
+			return cli.Usagef("%s: %v", cli.Named("admin-token-file"), err)
 		}
 	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	relay, err := outbox.New(outbox.Config{
-		BackoffMax:            c.backoffMax,
-		BatchMaxBytes:         c.batchMaxBytes,
-		BatchMaxRows:          c.batchMaxRows,
-		CheckpointTopic:       c.checkpointTopic,
-		DB:                    pool,
-		DeleteOnPublish:       c.deleteOnPublish,
-		HolderID:              c.holderID,
-		KafkaOpts:             c.kafka.Opts(log),
-		LeaseRenewInterval:    c.leaseRenew,
-		LeaseTTL:              c.leaseTTL,
-		Listen:                c.listen,
-		Logger:                log,
-		PollInterval:          c.pollInterval,
-		PruneBatchRows:        c.pruneBatchRows,
-		PruneInterval:         c.pruneInterval,
-		Registerer:            reg,
-		Retention:             c.retention,
-		RetrySetAsideAfter:    c.retrySetAside,
-		Shard:                 c.shard,
-		StandbyInterval:       c.standbyInterval,
-		TopicCheck:            topicCheck,
-		TracerProvider:        tracing.Provider,
-		TransactionTimeout:    c.txnTimeout,
-		TransactionalIDPrefix: c.txnIDPrefix,
-	})
+	oc := c.outbox
+	oc.DB = pool
+	oc.Hooks = relayHooks()
+	oc.KafkaOpts = c.kafka.Opts(log)
+	oc.Logger = log
+	oc.Registerer = reg
+	oc.TopicCheck = topicCheck
+	oc.TracerProvider = tracing.Provider
+	relay, err := outbox.New(oc)
 	if err != nil {
-		return usageError{err}
+		return &cli.UsageError{Err: outboxError(err)}
 	}
-	log.InfoContext(ctx, "relay starting", slog.String("shard", c.shard), slog.String("http_addr", c.httpAddr))
+	log.InfoContext(ctx, "relay starting", slog.String("shard", c.outbox.Shard), slog.Int("shards", c.outbox.Shards), slog.String("http_addr", c.httpAddr))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {

@@ -3,15 +3,20 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"io"
+	"net"
 	"net/http"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 func TestInvalidConfigNamesTheSetting(t *testing.T) {
@@ -30,8 +35,12 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 		{"bad env", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092"}, map[string]string{"ONCEFLOW_BATCH_MAX_ROWS": "lots"}, "ONCEFLOW_BATCH_MAX_ROWS"},
 		{"zero rows", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-batch-max-rows", "0"}, nil, "-batch-max-rows"},
 		{"bad set-aside retry", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-retry-set-aside-after", "0s"}, nil, "-retry-set-aside-after"},
+		{"zero shards", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-shards", "0"}, nil, "-shards (ONCEFLOW_SHARDS) must be at least 1"},
+		{"shard name with shards", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-shards", "2"}, nil, `-shard (ONCEFLOW_SHARD) must be this relay's shard index 0 <= K < -shards (2) in decimal when -shards > 1, got "default"`},
+		{"shard out of range", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092", "-shards", "2", "-shard", "2"}, nil, `-shard (ONCEFLOW_SHARD) must be this relay's shard index`},
+		{"shard out of range by env", []string{"run", "-database-url", "postgres://x/y", "-kafka-brokers", "k:9092"}, map[string]string{"ONCEFLOW_SHARDS": "4", "ONCEFLOW_SHARD": "-1"}, `got "-1"`},
 		{"unknown admin command", []string{"outbox", "failed", "purge"}, nil, "relay outbox failed purge"},
-		{"skip without note", []string{"outbox", "failed", "skip", "42", "-database-url", "postgres://x/y"}, nil, "-note (ONCEFLOW_NOTE)"},
+		{"skip without note", []string{"outbox", "failed", "skip", "42", "-database-url", "postgres://x/y"}, nil, "-note is required"},
 		{"skip without id", []string{"outbox", "failed", "skip", "-note", "n", "-database-url", "postgres://x/y"}, nil, "outbox id"},
 		{"retry bad id", []string{"outbox", "failed", "retry", "x1", "-database-url", "postgres://x/y"}, nil, `"x1" is not an outbox id`},
 		{"admin without database", []string{"outbox", "failed", "list"}, nil, "-database-url (ONCEFLOW_DATABASE_URL)"},
@@ -46,8 +55,7 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 				t.Setenv(k, v)
 			}
 			err := run(tt.args, io.Discard, io.Discard)
-			var ue usageError
-			if !errors.As(err, &ue) {
+			if cli.ExitCode(err) != 2 {
 				t.Fatalf("run(%q) = %v, want a usage error (exit 2)", tt.args, err)
 			}
 			if !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "\n") {
@@ -120,5 +128,106 @@ func TestPprofAddr(t *testing.T) {
 	c.RegisterFlags(fs)
 	if f := fs.Lookup("pprof-addr"); f == nil || f.DefValue != "" {
 		t.Fatalf("-pprof-addr default %v, want empty (off)", f)
+	}
+}
+
+// Every setting of outbox.Config is a flag of `relay run`, the table names
+// only real flags, and a flag left alone is the library's default.
+func TestOutboxFlags(t *testing.T) {
+	var c config
+	fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := outboxFlags.Check(fs); err != nil {
+		t.Fatal(err)
+	}
+	typ := reflect.TypeOf(outbox.Config{})
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		switch f.Type.Kind() {
+		case reflect.Bool, reflect.Int, reflect.Int32, reflect.Int64, reflect.String:
+			if _, ok := outboxFlags[f.Name]; !ok {
+				t.Errorf("outbox.Config.%s has no flag in outboxFlags", f.Name)
+			}
+		}
+	}
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	got, want := c.outbox, outbox.Config{}.WithDefaults()
+	want.HolderID, want.Logger = "", nil // generated / not a flag
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("flag defaults %+v\nlibrary defaults %+v", got, want)
+	}
+}
+
+// TestExitCodes: one exit-status rule for every subcommand (cli.ExitCode):
+// 0 for -help, 2 for invalid usage or configuration, 1 for a failure at run
+// time (here an unreachable database or cluster, or a taken port).
+func TestExitCodes(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
+	db := []string{"-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
+	kafka := []string{"-kafka-brokers", "127.0.0.1:1"}
+	cat := func(a ...[]string) []string { return slices.Concat(a...) }
+	subs := []struct {
+		sub     []string
+		runtime []string // flags and arguments that pass the checks and then fail at run time
+	}{
+		{[]string{"run"}, cat(db, kafka, []string{"-http-addr", busy.Addr().String()})},
+		{[]string{"migrate"}, db},
+		{[]string{"topics", "verify"}, cat(kafka, []string{"-topics-timeout", "1s"})},
+		{[]string{"topics", "apply"}, cat(kafka, []string{"-topics-timeout", "1s"})},
+		{[]string{"identity", "show"}, db},
+		{[]string{"identity", "adopt"}, cat(db, []string{"-note", "n"})},
+		{[]string{"identity", "reset"}, cat(db, []string{"-note", "n"})},
+		{[]string{"identity", "legacy", "adopt"}, cat(db, []string{"-note", "n"})},
+		{[]string{"identity", "legacy", "discard"}, cat(db, []string{"-note", "n"})},
+		{[]string{"outbox", "failed", "list"}, db},
+		{[]string{"outbox", "failed", "retry"}, cat(db, []string{"7"})},
+		{[]string{"outbox", "failed", "skip"}, cat(db, []string{"7", "-note", "n"})},
+	}
+	for _, s := range subs {
+		name := strings.Join(s.sub, " ")
+		for _, c := range []struct {
+			kind string
+			args []string
+			want int
+		}{
+			{"help", []string{"-help"}, 0},
+			{"unknown flag", []string{"-no-such-flag"}, 2},
+			{"bad database url", cat(s.runtime, []string{"-database-url", "postgres://x/y?sslmode=nonsense"}), 2},
+			{"run time", s.runtime, 1},
+		} {
+			if c.kind == "bad database url" && s.sub[0] == "topics" {
+				c.args = cat(s.runtime, []string{"-kafka-brokers", "nohost"}) // topics has no database
+			}
+			t.Run(name+"/"+c.kind, func(t *testing.T) {
+				t.Parallel()
+				err := run(cat(s.sub, c.args), io.Discard, io.Discard)
+				if got := cli.ExitCode(err); got != c.want {
+					t.Fatalf("relay %s %q: exit %d (%v), want %d", name, c.args, got, err, c.want)
+				}
+			})
+		}
+	}
+	if err := run([]string{"nope"}, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
+		t.Fatalf("unknown subcommand: %v", err)
+	}
+}
+
+// Per-invocation operator flags read no environment variable.
+func TestOperatorFlagsReadNoEnvironment(t *testing.T) {
+	t.Setenv("ONCEFLOW_NOTE", "from the environment")
+	t.Setenv("ONCEFLOW_TO", "not a number")
+	err := run([]string{"outbox", "failed", "skip", "42", "-database-url", "postgres://x/y"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-note is required") {
+		t.Fatalf("skip without -note: %v", err)
+	}
+	err = run([]string{"migrate", "-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}, io.Discard, io.Discard)
+	if cli.ExitCode(err) != 1 {
+		t.Fatalf("migrate read ONCEFLOW_TO: %v", err)
 	}
 }

@@ -20,7 +20,7 @@ import (
 // with a runbook docs/runbooks/<name>.md.
 var wantAlerts = []string{
 	"ConsumerDown", "ConsumerLag", "DeadLetters", "ParkedEventsGrowing", "RelayDown",
-	"RelayLagging", "RelayNoLeader", "RelayRowsSetAside", "SeqGapGivenUp", "SeqGapOpenLong",
+	"RelayLagging", "RelayNoLeader", "RelayRowsSetAside", "RelayShardWithoutLeader", "SeqGapGivenUp", "SeqGapOpenLong",
 }
 
 const runbookBase = "https://github.com/onceflow/onceflow/blob/main/docs/runbooks/"

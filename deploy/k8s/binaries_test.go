@@ -43,9 +43,10 @@ type flagSet struct {
 	Usage map[string]string
 }
 
-// flagLine is cli.Usage's format: "  -name  [$ENV] (default "x")" then the
+// flagLine is cli.Usage's format: "  -name  [$ENV] (default "x")", or
+// "[flag only]" for a flag that reads no environment variable, then the
 // usage on the next line.
-var flagLine = regexp.MustCompile(`^\s+-([a-z0-9][a-z0-9-]*)\s+\[\$(ONCEFLOW_[A-Z0-9_]+)\](?: \(default (".*")\))?\s*$`)
+var flagLine = regexp.MustCompile(`^\s+-([a-z0-9][a-z0-9-]*)\s+(?:\[\$(ONCEFLOW_[A-Z0-9_]+)\]|\[flag only\])(?: \(default (".*")\))?\s*$`)
 
 func parseFlags(source, out string) flagSet {
 	fs := flagSet{Source: source, Defaults: map[string]string{}, Env: map[string]string{}, Usage: map[string]string{}}
@@ -62,7 +63,9 @@ func parseFlags(source, out string) flagSet {
 			}
 		}
 		fs.Defaults[m[1]] = def
-		fs.Env[m[2]] = m[1]
+		if m[2] != "" {
+			fs.Env[m[2]] = m[1]
+		}
 		if i+1 < len(lines) {
 			fs.Usage[m[1]] = strings.TrimSpace(lines[i+1])
 			if strings.Contains(lines[i+1], "(required)") {

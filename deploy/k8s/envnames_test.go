@@ -58,26 +58,11 @@ func subcommands(t *testing.T, bin string) [][]string {
 	return subs
 }
 
-// knownTwoMeanings are the names that still mean two things, left from
-// before this test (issue 16): each is a per-invocation operator flag that
-// should not read the environment at all, or a help text to unify. The list
-// only shrinks; a name not on it fails the test.
-var knownTwoMeanings = map[string]bool{
-	"ONCEFLOW_KAFKA_CLIENT_ID": true, // relay topics: its own default client id
-	"ONCEFLOW_RETENTION_FILE":  true, // run: optional, prune: required
-	"ONCEFLOW_CONSUMER_NAME":   true, // prune's help says what is pruned
-	"ONCEFLOW_TO":              true, // migrate's target version, dlq's time range
-	"ONCEFLOW_FIRST_SEEN":      true, // dlq replay: "as the consumer's …"
-	"ONCEFLOW_HANDLERS_FILE":   true,
-	"ONCEFLOW_MAX_PARKED":      true,
-	"ONCEFLOW_GAP_TIMEOUT":     true,
-	"ONCEFLOW_GAP_TIMEOUTS":    true,
-	"ONCEFLOW_LIMIT":           true, // dlq list 100, dlq replay 10000
-	"ONCEFLOW_SINCE":           true, // dlq list: none, gaps list: 24h
-	"ONCEFLOW_ALL":             true, // dlq replay / gaps list
-	"ONCEFLOW_NOTE":            true,
-	"ONCEFLOW_ACTOR":           true,
-}
+// knownTwoMeanings are names allowed to mean two things. It is empty and
+// must stay so: per-invocation operator flags (-note, -to, -since, -limit,
+// -all, -actor, …) read no environment variable, and every other name has
+// one help text everywhere and one default per binary.
+var knownTwoMeanings = map[string]bool{}
 
 // TestEnvNamesHaveOneMeaning: an ONCEFLOW_* variable set in a shared
 // environment (a ConfigMap, a shell) reaches every subcommand of both

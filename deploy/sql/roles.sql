@@ -163,6 +163,12 @@ BEGIN
     IF to_regclass('onceflow.relay_lease') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.relay_lease TO %I', v_relay);
     END IF;
+    -- Relay shards: the shard of a source, and (after a change of the shard
+    -- count) deleting the settled leases of the old count.
+    IF to_regprocedure('onceflow.source_shard(text, integer)') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.source_shard(text, integer) TO %I', v_relay);
+        EXECUTE format('GRANT DELETE ON onceflow.relay_lease TO %I', v_relay);
+    END IF;
     -- Relay: its database identity (bound, re-minted, adopted or reset),
     -- legacy checkpoints, set-aside rows, and the outbox id sequence's last
     -- value (a checkpoint naming higher ids means a restored database).

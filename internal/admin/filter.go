@@ -33,6 +33,9 @@ type FilterParams struct {
 	Group string `json:"group,omitempty"`
 }
 
+// FilterFlags are the names of the flags RegisterFlags registers.
+var FilterFlags = []string{"status", "event-type", "source", "error", "from", "to", "since", "error-group"}
+
 // RegisterFlags registers the filter flags of `consumer dlq list/replay`.
 func (p *FilterParams) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.Status, "status", "", "only rows of this status: dead or held (default both)")

@@ -1,10 +1,11 @@
 package admin
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"net"
+
+	"github.com/onceflow/onceflow/internal/cli"
 )
 
 // Flags are a binary's admin server settings.
@@ -33,10 +34,10 @@ func (f *Flags) Validate() error {
 		return nil
 	}
 	if f.TokenFile == "" {
-		return errors.New("-admin-token-file (ONCEFLOW_ADMIN_TOKEN_FILE) is required with -admin: the admin API never runs without authentication")
+		return fmt.Errorf("%s is required with -admin: the admin API never runs without authentication", cli.Named("admin-token-file"))
 	}
 	if _, _, err := net.SplitHostPort(f.Addr); err != nil {
-		return fmt.Errorf("-admin-addr (ONCEFLOW_ADMIN_ADDR) %q: %v", f.Addr, err)
+		return fmt.Errorf("%s %q: %v", cli.Named("admin-addr"), f.Addr, err)
 	}
 	return nil
 }

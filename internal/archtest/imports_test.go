@@ -33,11 +33,6 @@ func goList(t *testing.T, pattern string) map[string][]string {
 	return pkgs
 }
 
-// pending are imports still being moved out (package, space, import).
-var pending = map[string]bool{
-	module + "/pkg/outbox " + module + "/internal/failpoint": true,
-}
-
 // TestLibrariesDoNotImportInternal: the libraries under pkg/ are embedded in
 // other programs, so none of them may import the binaries' plumbing under
 // internal/ (test hooks, configuration, connections). Test files may.
@@ -48,9 +43,6 @@ func TestLibrariesDoNotImportInternal(t *testing.T) {
 	}
 	for p, imports := range pkgs {
 		for _, imp := range imports {
-			if pending[p+" "+imp] {
-				continue
-			}
 			if strings.HasPrefix(imp, module+"/internal/") || strings.HasPrefix(imp, module+"/cmd/") {
 				t.Errorf("%s imports %s: a library must not import the binaries' plumbing", p, imp)
 			}

@@ -20,14 +20,25 @@ func EnvName(flagName string) string {
 }
 
 // Parse parses args into fs, after first applying ONCEFLOW_* environment
-// variables for every flag not given on the command line (flags win). Errors
-// name the flag or the variable.
+// variables for every flag not given on the command line (flags win), except
+// for flags marked Local. Errors name the flag or the variable.
 func Parse(fs *flag.FlagSet, args []string) error {
 	fs.Usage = func() {} // errors are reported by the caller in one line
 	fs.SetOutput(discard{})
-	if err := fs.Parse(args); err != nil {
+	var bad error
+	fs.VisitAll(func(f *flag.Flag) { f.Value = &named{Value: f.Value, flag: f.Name, bad: &bad} })
+	err := fs.Parse(args)
+	fs.VisitAll(func(f *flag.Flag) {
+		if n, ok := f.Value.(*named); ok {
+			f.Value = n.Value
+		}
+	})
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
+		}
+		if bad != nil {
+			return bad
 		}
 		return fmt.Errorf("%s: %w", fs.Name(), err)
 	}
@@ -38,8 +49,9 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		if set[f.Name] {
 			return
 		}
-		if _, ok := f.Value.(*alias); ok {
-			return // an alias has no environment variable of its own
+		switch f.Value.(type) {
+		case *alias, *local:
+			return // an alias or a per-invocation flag has no environment variable
 		}
 		env := EnvName(f.Name)
 		v, ok := os.LookupEnv(env)
@@ -53,6 +65,46 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	return errors.Join(errs...)
 }
 
+// Named names a flag and its environment variable for an error message:
+// "-name (ONCEFLOW_NAME)".
+func Named(flagName string) string { return "-" + flagName + " (" + EnvName(flagName) + ")" }
+
+// Flag is Named for flag name of fs, or "-name" alone for a flag that reads
+// no environment variable.
+func Flag(fs *flag.FlagSet, name string) string {
+	if f := fs.Lookup(name); f != nil {
+		switch f.Value.(type) {
+		case *alias, *local:
+			return "-" + name
+		}
+	}
+	return Named(name)
+}
+
+// named records the first value a command-line flag refuses, so that Parse
+// names the flag and its variable the way every other error does.
+type named struct {
+	flag.Value
+	flag string
+	bad  *error
+}
+
+func (n *named) Set(s string) error {
+	err := n.Value.Set(s)
+	if err != nil && *n.bad == nil {
+		*n.bad = fmt.Errorf("-%s: invalid value %q: %v", n.flag, s, err)
+		if _, ok := n.Value.(*local); !ok {
+			*n.bad = fmt.Errorf("-%s (%s): invalid value %q: %v", n.flag, EnvName(n.flag), s, err)
+		}
+	}
+	return err
+}
+
+func (n *named) IsBoolFlag() bool {
+	b, ok := n.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
 // Usage prints the flags of fs with their environment variables.
 func Usage(fs *flag.FlagSet, w interface{ Write([]byte) (int, error) }) {
 	fs.VisitAll(func(f *flag.Flag) {
@@ -64,8 +116,34 @@ func Usage(fs *flag.FlagSet, w interface{ Write([]byte) (int, error) }) {
 		if def != "" {
 			def = " (default " + strconv.Quote(def) + ")"
 		}
-		fmt.Fprintf(w, "  -%s  [$%s]%s\n      %s\n", f.Name, EnvName(f.Name), def, f.Usage)
+		env := "[$" + EnvName(f.Name) + "]"
+		if _, ok := f.Value.(*local); ok {
+			env = "[flag only]"
+		}
+		fmt.Fprintf(w, "  -%s  %s%s\n      %s\n", f.Name, env, def, f.Usage)
 	})
+}
+
+// Local marks the named flags of fs as per-invocation choices of an
+// operator command (a note, a time range, a target version): they read no
+// environment variable, so that a deployment's ONCEFLOW_* settings can never
+// choose them, and Usage lists them as "[flag only]".
+func Local(fs *flag.FlagSet, names ...string) {
+	for _, name := range names {
+		f := fs.Lookup(name)
+		if f == nil {
+			panic("cli.Local: no flag -" + name)
+		}
+		f.Value = &local{Value: f.Value}
+	}
+}
+
+// local is a flag that reads no environment variable.
+type local struct{ flag.Value }
+
+func (l *local) IsBoolFlag() bool {
+	b, ok := l.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // Deprecated defines flag old on fs as a deprecated spelling of flag name,
@@ -109,7 +187,7 @@ func (l *List) Set(s string) error {
 // PositiveDuration returns an error naming flag when d <= 0.
 func PositiveDuration(flagName string, d time.Duration) error {
 	if d <= 0 {
-		return fmt.Errorf("-%s (%s) must be positive, got %s", flagName, EnvName(flagName), d)
+		return fmt.Errorf("%s must be positive, got %s", Named(flagName), d)
 	}
 	return nil
 }

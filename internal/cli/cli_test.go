@@ -57,3 +57,100 @@ func TestExitCode(t *testing.T) {
 		}
 	}
 }
+
+// A library's complaint about a field names the flag and its environment
+// variable, with the other fields of the reason named as flags too.
+func TestFieldsError(t *testing.T) {
+	t.Parallel()
+	m := Fields{"LeaseRenewInterval": "lease-renew-interval", "LeaseTTL": "lease-ttl"}
+	err := m.Error("outbox config", "LeaseRenewInterval", "(2s) must be at most half of LeaseTTL (3s)")
+	want := "-lease-renew-interval (ONCEFLOW_LEASE_RENEW_INTERVAL) (2s) must be at most half of -lease-ttl (3s)"
+	if err.Error() != want || ExitCode(err) != 2 {
+		t.Fatalf("got %q (exit %d), want %q (exit 2)", err, ExitCode(err), want)
+	}
+	if err := m.Error("outbox config", "DB", "is required"); err.Error() != "outbox config: DB is required" || ExitCode(err) != 2 {
+		t.Fatalf("unmapped field: %q", err)
+	}
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.Duration("lease-ttl", 0, "")
+	if err := m.Check(fs); err == nil || !strings.Contains(err.Error(), "-lease-renew-interval") {
+		t.Fatalf("Check: %v", err)
+	}
+}
+
+// A typed flag writes straight into its field; a value it refuses is named
+// by flag and variable, from the command line and from the environment.
+func TestVarAndValueErrors(t *testing.T) {
+	parseLevel := func(s string) (int, error) {
+		switch s {
+		case "low":
+			return 1, nil
+		case "high":
+			return 2, nil
+		}
+		return 0, fmt.Errorf("want low or high")
+	}
+	newFS := func() (*flag.FlagSet, *int, *int32) {
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		level, n := 2, int32(0)
+		Var(fs, &level, "level", "how much", parseLevel, func(v int) string { return map[int]string{1: "low", 2: "high"}[v] })
+		Int32Var(fs, &n, "fetch-bytes", 7, "bytes")
+		return fs, &level, &n
+	}
+	fs, level, n := newFS()
+	if fs.Lookup("level").DefValue != "high" || fs.Lookup("fetch-bytes").DefValue != "7" || *n != 7 {
+		t.Fatalf("defaults %q %q", fs.Lookup("level").DefValue, fs.Lookup("fetch-bytes").DefValue)
+	}
+	if err := Parse(fs, []string{"-level", "low", "-fetch-bytes", "9"}); err != nil || *level != 1 || *n != 9 {
+		t.Fatalf("Parse: %v, level %d, n %d", err, *level, *n)
+	}
+	fs, _, _ = newFS()
+	err := Parse(fs, []string{"-level", "mid"})
+	if want := `-level (ONCEFLOW_LEVEL): invalid value "mid": want low or high`; err == nil || err.Error() != want {
+		t.Fatalf("got %v, want %s", err, want)
+	}
+	fs, _, _ = newFS()
+	if err := Parse(fs, []string{"-fetch-bytes", "3000000000"}); err == nil || !strings.HasPrefix(err.Error(), "-fetch-bytes (ONCEFLOW_FETCH_BYTES): invalid value") {
+		t.Fatalf("out of range: %v", err)
+	}
+	t.Setenv("ONCEFLOW_LEVEL", "mid")
+	fs, _, _ = newFS()
+	if err := Parse(fs, nil); err == nil || !strings.Contains(err.Error(), `ONCEFLOW_LEVEL="mid"`) {
+		t.Fatalf("env: %v", err)
+	}
+}
+
+// A Local flag reads no environment variable, is listed as flag only, and
+// its errors name no variable.
+func TestLocal(t *testing.T) {
+	newFS := func() (*flag.FlagSet, *string, *bool, *int) {
+		fs := flag.NewFlagSet("dlq replay", flag.ContinueOnError)
+		note := fs.String("note", "", "why")
+		all := fs.Bool("all", false, "everything")
+		limit := fs.Int("limit", 100, "most")
+		Local(fs, "note", "all", "limit")
+		return fs, note, all, limit
+	}
+	t.Setenv("ONCEFLOW_NOTE", "from the environment")
+	t.Setenv("ONCEFLOW_ALL", "true")
+	fs, note, all, _ := newFS()
+	if err := Parse(fs, nil); err != nil || *note != "" || *all {
+		t.Fatalf("environment read: %v, note %q, all %v", err, *note, *all)
+	}
+	fs, note, all, _ = newFS()
+	if err := Parse(fs, []string{"-all", "-note", "n"}); err != nil || *note != "n" || !*all {
+		t.Fatalf("flags: %v, note %q, all %v", err, *note, *all)
+	}
+	fs, _, _, _ = newFS()
+	if err := Parse(fs, []string{"-limit", "x"}); err == nil || err.Error() != `-limit: invalid value "x": parse error` {
+		t.Fatalf("limit: %v", err)
+	}
+	if got := Flag(fs, "note"); got != "-note" {
+		t.Fatalf("Flag(note) = %q", got)
+	}
+	var out bytes.Buffer
+	Usage(fs, &out)
+	if !strings.Contains(out.String(), "  -note  [flag only]\n") || strings.Contains(out.String(), "ONCEFLOW_") {
+		t.Fatalf("usage:\n%s", out.String())
+	}
+}

@@ -13,7 +13,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -104,11 +103,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, defaultClientID string) {
 // password files, so that Opts cannot fail later; call it before Opts.
 func (c *Config) Validate() error {
 	if len(c.Brokers) == 0 {
-		return errors.New("-kafka-brokers (ONCEFLOW_KAFKA_BROKERS) is required")
+		return fmt.Errorf("%s is required", cli.Named("kafka-brokers"))
 	}
 	for _, b := range c.Brokers {
 		if _, _, err := net.SplitHostPort(b); err != nil {
-			return fmt.Errorf("-kafka-brokers (ONCEFLOW_KAFKA_BROKERS): %q is not host:port", b)
+			return fmt.Errorf("%s: %q is not host:port", cli.Named("kafka-brokers"), b)
 		}
 	}
 	return c.load()
@@ -128,8 +127,6 @@ func (c *Config) load() error {
 	return nil
 }
 
-func flagName(name string) string { return "-" + name + " (" + cli.EnvName(name) + ")" }
-
 func (c *Config) loadTLS() (*tls.Config, error) {
 	if !c.TLS {
 		for _, kv := range [][2]string{
@@ -139,7 +136,7 @@ func (c *Config) loadTLS() (*tls.Config, error) {
 			{"kafka-tls-server-name", c.TLSServerName},
 		} {
 			if kv[1] != "" {
-				return nil, fmt.Errorf("%s is set but -kafka-tls (ONCEFLOW_KAFKA_TLS) is off", flagName(kv[0]))
+				return nil, fmt.Errorf("%s is set but %s is off", cli.Named(kv[0]), cli.Named("kafka-tls"))
 			}
 		}
 		return nil, nil
@@ -148,24 +145,24 @@ func (c *Config) loadTLS() (*tls.Config, error) {
 	if c.TLSCAFile != "" {
 		pem, err := os.ReadFile(c.TLSCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %v", flagName("kafka-tls-ca-file"), err)
+			return nil, fmt.Errorf("%s: %v", cli.Named("kafka-tls-ca-file"), err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s: %s holds no PEM certificate", flagName("kafka-tls-ca-file"), c.TLSCAFile)
+			return nil, fmt.Errorf("%s: %s holds no PEM certificate", cli.Named("kafka-tls-ca-file"), c.TLSCAFile)
 		}
 		tc.RootCAs = pool
 	}
 	switch {
 	case c.TLSCertFile != "" && c.TLSKeyFile == "":
-		return nil, fmt.Errorf("%s is required with -kafka-tls-cert-file", flagName("kafka-tls-key-file"))
+		return nil, fmt.Errorf("%s is required with -kafka-tls-cert-file", cli.Named("kafka-tls-key-file"))
 	case c.TLSCertFile == "" && c.TLSKeyFile != "":
-		return nil, fmt.Errorf("%s is required with -kafka-tls-key-file", flagName("kafka-tls-cert-file"))
+		return nil, fmt.Errorf("%s is required with -kafka-tls-key-file", cli.Named("kafka-tls-cert-file"))
 	case c.TLSCertFile != "":
 		pair, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
 		if err != nil {
 			// The tls package never quotes key material in its errors.
-			return nil, fmt.Errorf("%s / -kafka-tls-key-file: %v", flagName("kafka-tls-cert-file"), err)
+			return nil, fmt.Errorf("%s / -kafka-tls-key-file: %v", cli.Named("kafka-tls-cert-file"), err)
 		}
 		tc.Certificates = []tls.Certificate{pair}
 	}
@@ -185,22 +182,22 @@ func canonicalMechanism(m string) string {
 func (c *Config) loadSASL() (sasl.Mechanism, error) {
 	if c.SASLMechanism == "" {
 		if c.SASLUser != "" {
-			return nil, fmt.Errorf("%s is required with -kafka-sasl-user", flagName("kafka-sasl-mechanism"))
+			return nil, fmt.Errorf("%s is required with -kafka-sasl-user", cli.Named("kafka-sasl-mechanism"))
 		}
 		if c.SASLPasswordFile != "" {
-			return nil, fmt.Errorf("%s is required with -kafka-sasl-password-file", flagName("kafka-sasl-mechanism"))
+			return nil, fmt.Errorf("%s is required with -kafka-sasl-password-file", cli.Named("kafka-sasl-mechanism"))
 		}
 		return nil, nil
 	}
 	mech := canonicalMechanism(c.SASLMechanism)
 	if mech == "" {
-		return nil, fmt.Errorf("%s: %q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", flagName("kafka-sasl-mechanism"), c.SASLMechanism)
+		return nil, fmt.Errorf("%s: %q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", cli.Named("kafka-sasl-mechanism"), c.SASLMechanism)
 	}
 	if mech == MechanismPlain && !c.TLS {
-		return nil, fmt.Errorf("%s: PLAIN sends the password in clear text: turn on -kafka-tls (ONCEFLOW_KAFKA_TLS)", flagName("kafka-sasl-mechanism"))
+		return nil, fmt.Errorf("%s: PLAIN sends the password in clear text: turn on %s", cli.Named("kafka-sasl-mechanism"), cli.Named("kafka-tls"))
 	}
 	if c.SASLUser == "" {
-		return nil, fmt.Errorf("%s is required with -kafka-sasl-mechanism", flagName("kafka-sasl-user"))
+		return nil, fmt.Errorf("%s is required with -kafka-sasl-mechanism", cli.Named("kafka-sasl-user"))
 	}
 	pw, err := c.password()
 	if err != nil {
@@ -228,7 +225,7 @@ func (c *Config) password() (string, error) {
 		}
 	}
 	if sources > 1 {
-		return "", fmt.Errorf("the SASL password is set more than once (%s, $%s, Config.SASLPassword): keep one", flagName("kafka-sasl-password-file"), EnvSASLPassword)
+		return "", fmt.Errorf("the SASL password is set more than once (%s, $%s, Config.SASLPassword): keep one", cli.Named("kafka-sasl-password-file"), EnvSASLPassword)
 	}
 	switch {
 	case c.SASLPassword != "":
@@ -239,15 +236,15 @@ func (c *Config) password() (string, error) {
 		b, err := os.ReadFile(c.SASLPasswordFile)
 		if err != nil {
 			// *PathError names the file and the reason, not the content.
-			return "", fmt.Errorf("%s: %v", flagName("kafka-sasl-password-file"), err)
+			return "", fmt.Errorf("%s: %v", cli.Named("kafka-sasl-password-file"), err)
 		}
 		pw := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 		if pw == "" {
-			return "", fmt.Errorf("%s: %s is empty", flagName("kafka-sasl-password-file"), c.SASLPasswordFile)
+			return "", fmt.Errorf("%s: %s is empty", cli.Named("kafka-sasl-password-file"), c.SASLPasswordFile)
 		}
 		return pw, nil
 	}
-	return "", fmt.Errorf("%s or $%s is required with -kafka-sasl-mechanism", flagName("kafka-sasl-password-file"), EnvSASLPassword)
+	return "", fmt.Errorf("%s or $%s is required with -kafka-sasl-mechanism", cli.Named("kafka-sasl-password-file"), EnvSASLPassword)
 }
 
 // Opts returns the client options for these settings, logging through log.

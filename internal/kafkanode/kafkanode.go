@@ -3,12 +3,14 @@
 // controller, prepared in a directory of its own. It is the launcher behind
 // the tests' private brokers (internal/testkit) and the soak's three-broker
 // cluster (internal/soak); scripts/services.sh starts the shared test broker
-// the same way, in shell.
+// the same way, in shell, from the same templates (broker.properties and
+// log4j2.properties in this directory).
 package kafkanode
 
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -73,31 +76,43 @@ func (n *Node) current() (*exec.Cmd, chan struct{}) {
 	return n.cmd, n.done
 }
 
+// The templates of a node's broker and log settings, shared with
+// scripts/services.sh (see broker.properties).
+var (
+	//go:embed broker.properties
+	brokerTemplate string
+	//go:embed log4j2.properties
+	log4jTemplate string
+)
+
+// render replaces each ${KEY} of tmpl with vars[KEY], as services.sh's
+// render does. A key without a value is a bug of the template.
+func render(tmpl string, vars map[string]string) string {
+	return os.Expand(tmpl, func(k string) string {
+		v, ok := vars[k]
+		if !ok {
+			panic("kafkanode: template key ${" + k + "} has no value")
+		}
+		return v
+	})
+}
+
 // commonProps are the settings every node shares: broker and controller in
 // one process, no auto-created topics, no initial rebalance delay.
 func commonProps(c Config) string {
 	rf := max(c.ReplicationFactor, 1)
-	minISR := min(rf, 2)
-	return fmt.Sprintf(`process.roles=broker,controller
-node.id=%d
-controller.quorum.voters=%s
-controller.listener.names=CONTROLLER
-log.dirs=%s
-num.partitions=1
-auto.create.topics.enable=false
-default.replication.factor=%d
-min.insync.replicas=%d
-unclean.leader.election.enable=false
-offsets.topic.replication.factor=%d
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=%d
-transaction.state.log.min.isr=%d
-transaction.state.log.num.partitions=4
-group.initial.rebalance.delay.ms=0
-share.coordinator.state.topic.replication.factor=%d
-share.coordinator.state.topic.min.isr=%d
-log.segment.bytes=67108864
-`, max(c.NodeID, 1), c.QuorumVoters, filepath.Join(c.Dir, "data"), rf, minISR, rf, rf, minISR, rf, minISR)
+	return render(brokerTemplate, map[string]string{
+		"NODE_ID":            strconv.Itoa(max(c.NodeID, 1)),
+		"QUORUM_VOTERS":      c.QuorumVoters,
+		"LOG_DIRS":           filepath.Join(c.Dir, "data"),
+		"REPLICATION_FACTOR": strconv.Itoa(rf),
+		"MIN_ISR":            strconv.Itoa(min(rf, 2)),
+	})
+}
+
+// log4jProps are a node's log settings.
+func log4jProps(c Config) string {
+	return render(log4jTemplate, map[string]string{"LOG_FILE": filepath.Join(c.Dir, "server.log")})
 }
 
 // NewClusterID returns a random KRaft cluster id.
@@ -128,21 +143,7 @@ func Prepare(ctx context.Context, c Config) (*Node, error) {
 	if err := os.WriteFile(n.props, []byte(props), 0o600); err != nil {
 		return nil, err
 	}
-	log4j := fmt.Sprintf(`status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = %s
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%%d] %%p %%m (%%c)%%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka
-logger.kafka.level = warn
-logger.kafkaorg.name = org.apache.kafka
-logger.kafkaorg.level = warn
-logger.state.name = state.change.logger
-logger.state.level = warn
-`, filepath.Join(c.Dir, "server.log"))
+	log4j := log4jProps(c)
 	if err := os.WriteFile(filepath.Join(c.Dir, "log4j2.properties"), []byte(log4j), 0o644); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package kafkanode
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -84,4 +85,43 @@ func TestNodeConcurrentRestartAndRunning(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// The shared test broker of scripts/services.sh and the Go launcher's nodes
+// are configured from one template: the script's rendering of a single node
+// is byte for byte what this package writes for the same node, listener
+// lines aside (each caller's own). It fails when either stops reading the
+// templates or adds a setting of its own.
+func TestServicesScriptUsesTheTemplates(t *testing.T) {
+	t.Parallel()
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Fatalf("bash not found: %v", err)
+	}
+	run := t.TempDir()
+	cmd := exec.Command(bash, filepath.Join("..", "..", "scripts", "services.sh"), "kafka-config", "59092", "59192")
+	cmd.Env = append(os.Environ(), "ONCEFLOW_RUN_DIR="+run)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("services.sh kafka-config: %v\n%s", err, out)
+	}
+	c := Config{Dir: filepath.Join(run, "kafka"), QuorumVoters: "1@127.0.0.1:59192"}
+	listeners := "listeners=PLAINTEXT://127.0.0.1:59092,CONTROLLER://127.0.0.1:59192\n" +
+		"advertised.listeners=PLAINTEXT://127.0.0.1:59092\n" +
+		"inter.broker.listener.name=PLAINTEXT\n" +
+		"listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n"
+	for file, want := range map[string]string{
+		"server.properties": listeners + commonProps(c),
+		"log4j2.properties": log4jProps(c),
+	} {
+		got, err := os.ReadFile(filepath.Join(c.Dir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Errorf("services.sh's %s differs from kafkanode's:\n--- services.sh\n%s\n--- kafkanode\n%s", file, got, want)
+		}
+	}
+	if strings.Contains(commonProps(c), "${") || strings.Contains(log4jProps(c), "${") {
+		t.Error("a placeholder is left in the Go rendering")
+	}
 }

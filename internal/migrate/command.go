@@ -23,6 +23,7 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 	var db pgconn.Config
 	db.RegisterFlags(fs)
 	to := fs.Int("to", -1, "target version (default: the newest); lower than the current version migrates down")
+	cli.Local(fs, "to") // a per-run choice: a deployment's environment never picks it
 	if err := cli.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "usage: %s migrate [flags]\n", prog)

@@ -13,7 +13,6 @@ package pgconn
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -24,6 +23,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/cli"
 )
 
 // Config holds the database settings shared by both binaries.
@@ -48,13 +49,13 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // Validate names the bad setting.
 func (c *Config) Validate() error {
 	if c.URL == "" {
-		return errors.New("-database-url (ONCEFLOW_DATABASE_URL) is required")
+		return fmt.Errorf("%s is required", cli.Named("database-url"))
 	}
 	if _, err := pgxpool.ParseConfig(c.URL); err != nil {
-		return fmt.Errorf("-database-url (ONCEFLOW_DATABASE_URL): %v", err)
+		return fmt.Errorf("%s: %v", cli.Named("database-url"), err)
 	}
 	if c.MaxConns < 1 {
-		return fmt.Errorf("-database-max-conns (ONCEFLOW_DATABASE_MAX_CONNS) must be at least 1, got %d", c.MaxConns)
+		return fmt.Errorf("%s must be at least 1, got %d", cli.Named("database-max-conns"), c.MaxConns)
 	}
 	if _, err := c.password(); err != nil {
 		return err
@@ -69,11 +70,11 @@ func (c *Config) password() (string, error) {
 	b, err := os.ReadFile(c.PasswordFile)
 	if err != nil {
 		// *PathError names the file and the reason, never the content.
-		return "", fmt.Errorf("-database-password-file (ONCEFLOW_DATABASE_PASSWORD_FILE): %v", err)
+		return "", fmt.Errorf("%s: %v", cli.Named("database-password-file"), err)
 	}
 	pw := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 	if pw == "" {
-		return "", fmt.Errorf("-database-password-file (ONCEFLOW_DATABASE_PASSWORD_FILE): %s is empty", c.PasswordFile)
+		return "", fmt.Errorf("%s: %s is empty", cli.Named("database-password-file"), c.PasswordFile)
 	}
 	return pw, nil
 }

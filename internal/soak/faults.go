@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/failpoint"
-	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 // Fault kinds.
@@ -291,7 +290,7 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 		r.held.Store(name, struct{}{})
 		r.procs.Kill(name)
 		armed := r.childSpec(name)
-		armed.Env = append(armed.Env, fmt.Sprintf("%s=%s=%d", failpoint.EnvVar, outbox.FailpointAfterKafkaCommit, 1+p.pick%20))
+		armed.Env = append(armed.Env, fmt.Sprintf("%s=%s=%d", failpoint.EnvVar, failpoint.RelayAfterKafkaCommit, 1+p.pick%20))
 		if _, err := r.procs.Start(name, armed); err != nil {
 			f.Error = err.Error()
 		}

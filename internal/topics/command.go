@@ -39,8 +39,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // Load reads the spec (file or built-in) and applies the override.
 func (c *Config) Load() (*Spec, error) {
 	if c.ReplicationFactor < 0 || c.ReplicationFactor > math.MaxInt16 {
-		return nil, fmt.Errorf("-topics-replication-factor (%s) must be between 0 and %d, got %d",
-			cli.EnvName("topics-replication-factor"), math.MaxInt16, c.ReplicationFactor)
+		return nil, fmt.Errorf("%s must be between 0 and %d, got %d",
+			cli.Named("topics-replication-factor"), math.MaxInt16, c.ReplicationFactor)
 	}
 	var s *Spec
 	var err error
@@ -83,7 +83,9 @@ func (c *Config) CheckTopics(ctx context.Context, adm *kadm.Client, names ...str
 //	relay topics apply  [same flags]
 //
 // verify prints one line per drift and fails (returns a *DriftError) when
-// there is any. apply creates missing named topics and sets drifted configs,
+// there is any. Bad flags, a bad spec file and bad arguments are a
+// *cli.UsageError (exit status 2); drift and an unreachable cluster are not
+// (exit status 1). apply creates missing named topics and sets drifted configs,
 // prints what it did, and fails when drift it does not fix remains
 // (partition counts, replication factors).
 func Command(ctx context.Context, prog string, args []string, stdout io.Writer, log *slog.Logger) error {
@@ -91,15 +93,15 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return fmt.Errorf("usage: %s topics verify|apply [flags]", prog)
+		return cli.Usagef("usage: %s topics verify|apply [flags]", prog)
 	}
 	sub, args := args[0], args[1:]
 	if sub != "verify" && sub != "apply" {
-		return fmt.Errorf("%s topics: unknown subcommand %q (want verify or apply)", prog, sub)
+		return cli.Usagef("%s topics: unknown subcommand %q (want verify or apply)", prog, sub)
 	}
 	fs := flag.NewFlagSet(prog+" topics "+sub, flag.ContinueOnError)
 	var kc kafkaconn.Config
-	kc.RegisterFlags(fs, "onceflow-"+prog+"-topics")
+	kc.RegisterFlags(fs, "onceflow-"+prog) // the binary's one client id default
 	var tc Config
 	tc.RegisterFlags(fs)
 	timeout := fs.Duration("topics-timeout", time.Minute, "give up on Kafka after this long")
@@ -111,16 +113,16 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 			cli.Usage(fs, stdout)
 			return nil
 		}
-		return err
+		return &cli.UsageError{Err: err}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%s topics %s: unexpected argument %q", prog, sub, fs.Arg(0))
+		return cli.Usagef("%s topics %s: unexpected argument %q", prog, sub, fs.Arg(0))
 	}
 	if err := kc.Validate(); err != nil {
-		return err
+		return &cli.UsageError{Err: err}
 	}
 	if err := cli.PositiveDuration("topics-timeout", *timeout); err != nil {
-		return err
+		return &cli.UsageError{Err: err}
 	}
 	var rs []Role
 	for _, r := range roles {
@@ -128,12 +130,12 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 		case RoleEvents, RoleCheckpoint, RoleDLQ:
 			rs = append(rs, Role(r))
 		default:
-			return fmt.Errorf("-topics-roles (%s): %q is not events, checkpoint or dlq", cli.EnvName("topics-roles"), r)
+			return cli.Usagef("%s: %q is not events, checkpoint or dlq", cli.Named("topics-roles"), r)
 		}
 	}
 	spec, err := tc.Load()
 	if err != nil {
-		return err
+		return &cli.UsageError{Err: err} // the spec is configuration
 	}
 	spec = spec.Select(rs...)
 	cl, err := kgo.NewClient(kc.Opts(log)...)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/onceflow/onceflow/internal/cli"
 )
 
 // Bad command lines fail before any Kafka connection, naming what is wrong.
@@ -39,6 +41,9 @@ func TestCommandRejects(t *testing.T) {
 			err := Command(context.Background(), "relay", tc.args, &bytes.Buffer{}, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Command(%q) = %v, want an error containing %q", tc.args, err, tc.want)
+			}
+			if cli.ExitCode(err) != 2 {
+				t.Fatalf("Command(%q) = %v: exit status %d, want 2 (a usage error)", tc.args, err, cli.ExitCode(err))
 			}
 		})
 	}

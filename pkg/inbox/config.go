@@ -176,8 +176,8 @@ type Config struct {
 	RetryMaxInterval time.Duration
 
 	// SessionTimeout is how long the group waits for a member that stopped
-	// heartbeating before it reassigns the member's partitions (default 0:
-	// franz-go's 45s). The broker bounds it
+	// heartbeating before it reassigns the member's partitions (default
+	// 45s, franz-go's own). The broker bounds it
 	// (group.min.session.timeout.ms, 6s by default).
 	SessionTimeout time.Duration
 
@@ -218,64 +218,92 @@ func (h Hooks) afterPGCommit() {
 	}
 }
 
+// The defaults WithDefaults fills in (and DefaultConsumerName). Binaries
+// register their flags with these, so a flag's default is the library's.
+const (
+	DefaultBatchMaxRecords        = 500
+	DefaultBatchTimeout           = time.Minute
+	DefaultCommitInterval         = time.Second
+	DefaultCommitTimeout          = 10 * time.Second
+	DefaultFetchMaxBytes          = 1 << 20
+	DefaultFetchMaxPartitionBytes = 256 << 10
+	DefaultFetchMaxWait           = 50 * time.Millisecond
+	DefaultGapCheckInterval       = time.Second
+	DefaultGapTimeout             = seqguard.DefaultGapTimeout
+	DefaultMaxParked              = seqguard.DefaultMaxParked
+	DefaultMaxPayloadBytes        = envelope.DefaultMaxPayloadBytes
+	DefaultQueueDepth             = 2
+	DefaultRetryInitialInterval   = 100 * time.Millisecond
+	DefaultRetryMaxAttempts       = 5
+	DefaultRetryMaxElapsed        = 30 * time.Second
+	DefaultRetryMaxInterval       = 5 * time.Second
+	DefaultSessionTimeout         = 45 * time.Second
+)
+
+// maxFetchBytes bounds FetchMaxBytes.
+const maxFetchBytes = 1 << 30
+
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	if c.BatchMaxRecords == 0 {
-		c.BatchMaxRecords = 500
+		c.BatchMaxRecords = DefaultBatchMaxRecords
 	}
 	if c.FetchMaxBytes == 0 {
-		c.FetchMaxBytes = 1 << 20
+		c.FetchMaxBytes = DefaultFetchMaxBytes
 	}
 	if c.FetchMaxPartitionBytes == 0 {
-		c.FetchMaxPartitionBytes = 256 << 10
+		c.FetchMaxPartitionBytes = DefaultFetchMaxPartitionBytes
 	}
 	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = 50 * time.Millisecond
+		c.FetchMaxWait = DefaultFetchMaxWait
 	}
 	if c.BatchTimeout == 0 {
-		c.BatchTimeout = time.Minute
+		c.BatchTimeout = DefaultBatchTimeout
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = time.Second
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.CommitTimeout == 0 {
-		c.CommitTimeout = 10 * time.Second
+		c.CommitTimeout = DefaultCommitTimeout
 	}
 	if c.ConsumerName == "" {
 		c.ConsumerName = DefaultConsumerName
 	}
 	if c.GapCheckInterval == 0 {
-		c.GapCheckInterval = time.Second
+		c.GapCheckInterval = DefaultGapCheckInterval
 	}
 	if c.GapTimeout == 0 {
-		c.GapTimeout = seqguard.DefaultGapTimeout
+		c.GapTimeout = DefaultGapTimeout
 	}
 	if c.MaxParked == 0 {
-		c.MaxParked = seqguard.DefaultMaxParked
+		c.MaxParked = DefaultMaxParked
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = envelope.DefaultMaxPayloadBytes
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	if c.QueueDepth == 0 {
-		c.QueueDepth = 2
+		c.QueueDepth = DefaultQueueDepth
 	}
 	if c.RetryInitialInterval == 0 {
-		c.RetryInitialInterval = 100 * time.Millisecond
+		c.RetryInitialInterval = DefaultRetryInitialInterval
 	}
 	if c.RetryMaxAttempts == 0 {
-		c.RetryMaxAttempts = 5
+		c.RetryMaxAttempts = DefaultRetryMaxAttempts
 	}
 	if c.RetryMaxElapsed == 0 {
-		c.RetryMaxElapsed = 30 * time.Second
+		c.RetryMaxElapsed = DefaultRetryMaxElapsed
 	}
 	if c.RetryMaxInterval == 0 {
-		c.RetryMaxInterval = 5 * time.Second
+		c.RetryMaxInterval = DefaultRetryMaxInterval
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = DefaultSessionTimeout
 	}
 	return c
 }
@@ -296,10 +324,10 @@ func (c *Config) validateGuard() error {
 	switch {
 	case c.FirstSeen != seqguard.ExpectFirstSeq1 && c.FirstSeen != seqguard.AcceptFirstSeen:
 		return bad("FirstSeen", fmt.Sprintf("unknown value %d", int(c.FirstSeen)))
-	case c.GapTimeout < 0:
-		return bad("GapTimeout", "must not be negative")
+	case c.GapTimeout <= 0:
+		return bad("GapTimeout", fmt.Sprintf("must be positive, got %s", c.GapTimeout))
 	case c.MaxParked < 1:
-		return bad("MaxParked", "must be at least 1")
+		return bad("MaxParked", fmt.Sprintf("must be at least 1, got %d", c.MaxParked))
 	}
 	for _, r := range c.GapTimeouts {
 		if err := r.validate(); err != nil {
@@ -309,6 +337,7 @@ func (c *Config) validateGuard() error {
 	return nil
 }
 
+// validate is New's check: the handler and the connections, then Validate.
 func (c *Config) validate() error {
 	bad := func(field, reason string) error { return &ConfigError{Field: field, Reason: reason} }
 	switch {
@@ -316,56 +345,85 @@ func (c *Config) validate() error {
 		return bad("Handler", "is required (or BatchHandler)")
 	case c.Handler != nil && c.BatchHandler != nil:
 		return bad("BatchHandler", "must not be set together with Handler")
-	case c.BatchMaxRecords < 1:
-		return bad("BatchMaxRecords", "must be at least 1")
-	case c.BatchTimeout < 0:
-		return bad("BatchTimeout", "must not be negative")
-	case c.CommitInterval < 0:
-		return bad("CommitInterval", "must not be negative")
-	case c.CommitTimeout < 0:
-		return bad("CommitTimeout", "must not be negative")
-	case c.GapCheckInterval < 0:
-		return bad("GapCheckInterval", "must not be negative")
-	case c.Group == "":
-		return bad("Group", "is required")
 	case len(c.KafkaOpts) == 0:
 		return bad("KafkaOpts", "is required (at least kgo.SeedBrokers)")
-	case c.LatePolicy != seqguard.DeliverLate && c.LatePolicy != seqguard.Hold:
-		return bad("LatePolicy", fmt.Sprintf("unknown value %d", int(c.LatePolicy)))
-	case c.MaxPayloadBytes < 0:
-		return bad("MaxPayloadBytes", "must not be negative")
-	case c.Ordering != OrderSeq && c.Ordering != OrderArrival:
-		return bad("Ordering", fmt.Sprintf("unknown value %d", int(c.Ordering)))
 	case c.Pool == nil:
 		return bad("Pool", "is required")
-	case c.QueueDepth < 1:
-		return bad("QueueDepth", "must be at least 1")
-	case c.FetchMaxBytes < 1:
-		return bad("FetchMaxBytes", "must be at least 1")
-	case c.FetchMaxWait < time.Millisecond:
-		return bad("FetchMaxWait", "must be at least 1ms")
-	case c.FetchMaxPartitionBytes < 1 || c.FetchMaxPartitionBytes > c.FetchMaxBytes:
-		return bad("FetchMaxPartitionBytes", fmt.Sprintf("must be between 1 and FetchMaxBytes (%d), got %d", c.FetchMaxBytes, c.FetchMaxPartitionBytes))
-	case c.RetryInitialInterval < 0:
-		return bad("RetryInitialInterval", "must not be negative")
-	case c.RetryMaxAttempts < 1:
-		return bad("RetryMaxAttempts", "must be at least 1")
-	case c.RetryMaxElapsed < 0:
-		return bad("RetryMaxElapsed", "must not be negative")
-	case c.RetryMaxInterval < c.RetryInitialInterval:
-		return bad("RetryMaxInterval", "must be at least RetryInitialInterval")
-	case c.SessionTimeout < 0:
-		return bad("SessionTimeout", "must not be negative")
+	}
+	return c.Validate()
+}
+
+// Validate reports the first invalid setting of c as a *ConfigError naming
+// the field. It checks c as it is: a zero setting that WithDefaults would
+// fill is invalid here, so that a binary whose flags start at the Default*
+// values can refuse an explicit zero (New fills the zero fields first and
+// then checks the same rules). It leaves out Handler, BatchHandler,
+// KafkaOpts and Pool, which New requires: a binary validates its settings
+// before it builds those.
+func (c *Config) Validate() error {
+	bad := func(field, format string, a ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, a...)}
+	}
+	positive := func(d time.Duration) bool { return d > 0 }
+	switch {
+	case c.Group == "":
+		return bad("Group", "is required")
 	case len(c.Topics) == 0:
 		return bad("Topics", "is required")
-	}
-	if err := c.validateGuard(); err != nil {
-		return err
+	case c.ConsumerName == "":
+		return bad("ConsumerName", "must not be empty")
+	case c.BatchMaxRecords < 1:
+		return bad("BatchMaxRecords", "must be at least 1, got %d", c.BatchMaxRecords)
+	case !positive(c.BatchTimeout):
+		return bad("BatchTimeout", "must be positive, got %s", c.BatchTimeout)
+	case !positive(c.CommitInterval):
+		return bad("CommitInterval", "must be positive, got %s", c.CommitInterval)
+	case !positive(c.CommitTimeout):
+		return bad("CommitTimeout", "must be positive, got %s", c.CommitTimeout)
+	case c.FetchMaxWait < time.Millisecond:
+		return bad("FetchMaxWait", "must be at least 1ms, got %s", c.FetchMaxWait)
+	case c.FetchMaxBytes < 1 || c.FetchMaxBytes > maxFetchBytes:
+		return bad("FetchMaxBytes", "must be between 1 and 1 GiB, got %d", c.FetchMaxBytes)
+	case c.FetchMaxPartitionBytes < 1 || c.FetchMaxPartitionBytes > c.FetchMaxBytes:
+		return bad("FetchMaxPartitionBytes", "must be between 1 and FetchMaxBytes (%d), got %d", c.FetchMaxBytes, c.FetchMaxPartitionBytes)
+	case !positive(c.GapCheckInterval):
+		return bad("GapCheckInterval", "must be positive, got %s", c.GapCheckInterval)
+	case c.LatePolicy != seqguard.DeliverLate && c.LatePolicy != seqguard.Hold:
+		return bad("LatePolicy", "unknown value %d", int(c.LatePolicy))
+	case c.MaxPayloadBytes < 1:
+		return bad("MaxPayloadBytes", "must be at least 1, got %d", c.MaxPayloadBytes)
+	case c.Ordering != OrderSeq && c.Ordering != OrderArrival:
+		return bad("Ordering", "unknown value %d", int(c.Ordering))
+	case c.QueueDepth < 1:
+		return bad("QueueDepth", "must be at least 1, got %d", c.QueueDepth)
+	case c.RetryMaxAttempts < 1:
+		return bad("RetryMaxAttempts", "must be at least 1, got %d", c.RetryMaxAttempts)
+	case !positive(c.RetryInitialInterval):
+		return bad("RetryInitialInterval", "must be positive, got %s", c.RetryInitialInterval)
+	case !positive(c.RetryMaxInterval):
+		return bad("RetryMaxInterval", "must be positive, got %s", c.RetryMaxInterval)
+	case c.RetryMaxInterval < c.RetryInitialInterval:
+		return bad("RetryMaxInterval", "(%s) must be at least RetryInitialInterval (%s)", c.RetryMaxInterval, c.RetryInitialInterval)
+	case !positive(c.RetryMaxElapsed):
+		return bad("RetryMaxElapsed", "must be positive, got %s", c.RetryMaxElapsed)
+	case !positive(c.SessionTimeout):
+		return bad("SessionTimeout", "must be positive, got %s", c.SessionTimeout)
 	}
 	for _, t := range c.Topics {
 		if t == "" {
 			return bad("Topics", "must not contain an empty name")
 		}
 	}
-	return nil
+	return c.validateGuard()
+}
+
+// Validate reports the first invalid setting of c as a *ConfigError naming
+// the field, checking c as it is, like Config.Validate: an explicit zero
+// is refused. It leaves out Handler and Pool.
+func (c ReplayConfig) Validate() error {
+	if c.ConsumerName == "" {
+		return &ConfigError{Field: "ConsumerName", Reason: "must not be empty"}
+	}
+	g := Config{FirstSeen: c.FirstSeen, GapTimeout: c.GapTimeout, GapTimeouts: c.GapTimeouts, MaxParked: c.MaxParked}
+	return g.validateGuard()
 }

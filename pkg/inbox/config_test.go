@@ -93,3 +93,49 @@ func isSeqGuard(g guard) bool {
 	_, ok := g.(*seqGuard)
 	return ok
 }
+
+// Validate checks a Config as it is: an explicit zero is refused (a binary
+// whose flags start at the Default* values relies on it), while New fills
+// the same zero with its default. ReplayConfig.Validate alike.
+func TestValidateRefusesExplicitZero(t *testing.T) {
+	t.Parallel()
+	h := HandlerFunc(func(context.Context, pgx.Tx, Event) error { return nil })
+	good := Config{Group: "g", Topics: []string{"t"}, Handler: h, Pool: &pgxpool.Pool{}, KafkaOpts: []kgo.Opt{kgo.SeedBrokers("x:1")}}
+	zero := map[string]func(*Config){
+		"BatchMaxRecords":  func(c *Config) { c.BatchMaxRecords = 0 },
+		"ConsumerName":     func(c *Config) { c.ConsumerName = "" },
+		"FetchMaxWait":     func(c *Config) { c.FetchMaxWait = 0 },
+		"GapTimeout":       func(c *Config) { c.GapTimeout = 0 },
+		"MaxParked":        func(c *Config) { c.MaxParked = 0 },
+		"MaxPayloadBytes":  func(c *Config) { c.MaxPayloadBytes = 0 },
+		"RetryMaxElapsed":  func(c *Config) { c.RetryMaxElapsed = 0 },
+		"SessionTimeout":   func(c *Config) { c.SessionTimeout = 0 },
+		"GapCheckInterval": func(c *Config) { c.GapCheckInterval = 0 },
+	}
+	for field, mutate := range zero {
+		c := good.WithDefaults()
+		mutate(&c)
+		var ce *ConfigError
+		if err := c.Validate(); !errors.As(err, &ce) || ce.Field != field {
+			t.Errorf("zero %s: Validate() = %v", field, err)
+		}
+		c = c.WithDefaults()
+		if err := c.validate(); err != nil {
+			t.Errorf("zero %s after WithDefaults: %v", field, err)
+		}
+	}
+	c := good.WithDefaults()
+	c.FetchMaxBytes = 1<<30 + 1
+	if err := c.Validate(); err == nil {
+		t.Error("FetchMaxBytes over 1 GiB accepted")
+	}
+	rc := ReplayConfig{ConsumerName: DefaultConsumerName, GapTimeout: DefaultGapTimeout, MaxParked: DefaultMaxParked}
+	if err := rc.Validate(); err != nil {
+		t.Errorf("ReplayConfig with the defaults: %v", err)
+	}
+	rc.MaxParked = 0
+	var ce *ConfigError
+	if err := rc.Validate(); !errors.As(err, &ce) || ce.Field != "MaxParked" {
+		t.Errorf("ReplayConfig MaxParked 0: %v", err)
+	}
+}

@@ -8,20 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/onceflow/onceflow/internal/failpoint"
 )
 
 // A checkpoint record names the outbox rows of a Kafka transaction (and of
@@ -237,7 +231,7 @@ func ensureCheckpointTopic(ctx context.Context, cl *kgo.Client, topic string) er
 // aborts its pending transaction, so every record with key below the high
 // watermark then has its marker below it too.
 func lastCheckpoint(ctx context.Context, opts []kgo.Opt, topic, key string) (*kgo.Record, error) {
-	cl, err := kgo.NewClient(checkpointReaderOpts(opts)...)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint reader: %w", err)
 	}
@@ -402,60 +396,4 @@ func (p partitionReader) read(ctx context.Context, lo, hi int64, visit func(*kgo
 		off = next
 	}
 	return nil
-}
-
-// FailpointSlowCheckpoint (armed as relay-checkpoint-slow=delay:3s) makes
-// the checkpoint partition slow to answer, for the fault tests: from the
-// checkpoint reader's first Fetch request on, for that long, every Fetch
-// response reaches the reader only when the time is up.
-const FailpointSlowCheckpoint = "relay-checkpoint-slow"
-
-var slowCheckpoint struct {
-	sync.Mutex
-	until time.Time // zero until the first Fetch
-}
-
-func checkpointReaderOpts(opts []kgo.Opt) []kgo.Opt {
-	d := failpoint.Delay(FailpointSlowCheckpoint)
-	if d <= 0 {
-		return opts
-	}
-	return append(slices.Clone(opts), kgo.Dialer(func(ctx context.Context, network, host string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, host)
-		if err != nil {
-			return c, err
-		}
-		return &slowConn{Conn: c, d: d}, nil
-	}))
-}
-
-// slowConn holds the response to a Fetch request written in the slow
-// period until the period ends.
-type slowConn struct {
-	net.Conn
-	d     time.Duration
-	until atomic.Int64 // unix nanos; 0: the last request was no slow Fetch
-}
-
-func (c *slowConn) Write(b []byte) (int, error) {
-	// A request is a 4-byte length, then the API key (Fetch = 1).
-	if len(b) >= 6 && binary.BigEndian.Uint16(b[4:6]) == 1 {
-		slowCheckpoint.Lock()
-		if slowCheckpoint.until.IsZero() {
-			slowCheckpoint.until = time.Now().Add(c.d)
-		}
-		until := slowCheckpoint.until
-		slowCheckpoint.Unlock()
-		c.until.Store(until.UnixNano())
-	}
-	return c.Conn.Write(b)
-}
-
-func (c *slowConn) Read(b []byte) (int, error) {
-	if u := c.until.Swap(0); u != 0 {
-		if d := time.Until(time.Unix(0, u)); d > 0 {
-			time.Sleep(d) // the injected slowness itself
-		}
-	}
-	return c.Conn.Read(b)
 }

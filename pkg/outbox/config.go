@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -47,6 +48,10 @@ type Config struct {
 	// back at once; two live processes must never share one. Default
 	// hostname-pid-random.
 	HolderID string
+	// Hooks are called at the points of the publish path where a crash
+	// matters (default: none). Fault tests install them to kill or freeze
+	// the process there; see Hooks.
+	Hooks Hooks
 	// KafkaOpts are the client options for brokers, TLS, SASL and logging
 	// (required: at least kgo.SeedBrokers). The relay adds the transactional
 	// settings itself.
@@ -86,11 +91,19 @@ type Config struct {
 	// DeleteOnPublish); 0 uses the default, a negative value prunes them at
 	// the next prune. Default 1h.
 	Retention time.Duration
-	// Shard names this relay's lease row, transactional.id suffix and
-	// checkpoint key suffix. Every relay polls the whole outbox, so all
-	// relays of one database must use the same Shard (sharding sources over
-	// several leaders is not implemented yet). Default "default".
+	// Shard names this relay's shard: its lease row, transactional.id
+	// suffix and checkpoint key suffix. With Shards 1 (the default) the
+	// shard publishes every source, and all relays of one database must use
+	// the same Shard (default "default"). With Shards N > 1 it is this
+	// relay's shard index K in decimal, 0 <= K < N (no default): the relay
+	// publishes only the sources whose SourceShard is K, and the relays of
+	// each K elect their own leader.
 	Shard string
+	// Shards is how many shards split the database's sources (see Shard
+	// and SourceShard); every relay of one database must use the same
+	// count. A relay takes no lease while a relay with another count holds
+	// one (docs/relay.md, "Shards"). Default 1.
+	Shards int
 	// StandbyInterval is how often a standby tries to take the lease.
 	// Default 500ms.
 	StandbyInterval time.Duration
@@ -119,64 +132,150 @@ type Config struct {
 	TransactionalIDPrefix string
 }
 
+// Hooks are functions the relay calls at the points of its publish path
+// where a crash matters. A nil hook is skipped. They run on the leader's
+// publish goroutine, so a hook that blocks stalls publishing (and the lease
+// runs out meanwhile); the library itself never needs them. The relay binary
+// installs the fault tests' failpoints through them.
+type Hooks struct {
+	// CheckpointReaderOpts returns client options appended to KafkaOpts for
+	// the client that reads the last checkpoint back during recovery (each
+	// time one is made). The fault tests slow the checkpoint partition's
+	// answers with a dialer here.
+	CheckpointReaderOpts func() []kgo.Opt
+
+	// OnAfterKafkaCommit runs after a batch's Kafka transaction committed
+	// and before the batch is marked published in PostgreSQL: the rows are
+	// on Kafka, only the checkpoint says so.
+	OnAfterKafkaCommit func()
+
+	// OnBeforeKafkaCommit runs after a batch's records and its checkpoint
+	// were produced and the lease was checked for the last time, right
+	// before the Kafka commit (EndTransaction). A hook that blocks here
+	// makes a zombie: a leader that believes it still leads, which the
+	// Kafka fence of its transactional.id must stop.
+	OnBeforeKafkaCommit func()
+}
+
+func (h Hooks) beforeKafkaCommit() {
+	if h.OnBeforeKafkaCommit != nil {
+		h.OnBeforeKafkaCommit()
+	}
+}
+
+func (h Hooks) afterKafkaCommit() {
+	if h.OnAfterKafkaCommit != nil {
+		h.OnAfterKafkaCommit()
+	}
+}
+
+// checkpointReaderOpts are the options of a checkpoint reader's client.
+func (h Hooks) checkpointReaderOpts(opts []kgo.Opt) []kgo.Opt {
+	if h.CheckpointReaderOpts == nil {
+		return opts
+	}
+	return append(slices.Clone(opts), h.CheckpointReaderOpts()...)
+}
+
+// The defaults WithDefaults fills in. Binaries register their flags with
+// these, so a flag's default is the library's.
+const (
+	DefaultBackoffMax         = 5 * time.Second
+	DefaultBatchMaxBytes      = 4 << 20
+	DefaultBatchMaxRows       = 1000
+	DefaultCheckpointTopic    = "onceflow.relay.checkpoints"
+	DefaultLeaseRenewInterval = time.Second
+	DefaultLeaseTTL           = 3 * time.Second
+	DefaultPollInterval       = 20 * time.Millisecond
+	DefaultPruneBatchRows     = 1000
+	DefaultPruneInterval      = time.Second
+	DefaultRetention          = time.Hour
+	DefaultRetrySetAsideAfter = 30 * time.Second
+	DefaultShard              = "default"
+	DefaultShards             = 1
+	DefaultStandbyInterval    = 500 * time.Millisecond
+	DefaultStatsInterval      = 2 * time.Second
+	DefaultTransactionTimeout = 10 * time.Second
+)
+
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	if c.BackoffMax == 0 {
-		c.BackoffMax = 5 * time.Second
+		c.BackoffMax = DefaultBackoffMax
 	}
 	if c.BatchMaxBytes == 0 {
-		c.BatchMaxBytes = 4 << 20
+		c.BatchMaxBytes = DefaultBatchMaxBytes
 	}
 	if c.BatchMaxRows == 0 {
-		c.BatchMaxRows = 1000
+		c.BatchMaxRows = DefaultBatchMaxRows
 	}
 	if c.CheckpointTopic == "" {
-		c.CheckpointTopic = "onceflow.relay.checkpoints"
+		c.CheckpointTopic = DefaultCheckpointTopic
 	}
 	if c.HolderID == "" {
 		host, _ := os.Hostname()
 		c.HolderID = host + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e6, 36)
 	}
 	if c.LeaseRenewInterval == 0 {
-		c.LeaseRenewInterval = time.Second
+		c.LeaseRenewInterval = DefaultLeaseRenewInterval
 	}
 	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 3 * time.Second
+		c.LeaseTTL = DefaultLeaseTTL
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = 20 * time.Millisecond
+		c.PollInterval = DefaultPollInterval
 	}
 	if c.PruneBatchRows == 0 {
-		c.PruneBatchRows = 1000
+		c.PruneBatchRows = DefaultPruneBatchRows
 	}
 	if c.PruneInterval == 0 {
-		c.PruneInterval = time.Second
+		c.PruneInterval = DefaultPruneInterval
 	}
 	if c.RetrySetAsideAfter == 0 {
-		c.RetrySetAsideAfter = 30 * time.Second
+		c.RetrySetAsideAfter = DefaultRetrySetAsideAfter
 	}
 	if c.Retention == 0 {
-		c.Retention = time.Hour
+		c.Retention = DefaultRetention
 	}
-	if c.Shard == "" {
-		c.Shard = "default"
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	if c.Shard == "" && c.Shards == 1 {
+		c.Shard = DefaultShard
 	}
 	if c.StandbyInterval == 0 {
-		c.StandbyInterval = 500 * time.Millisecond
+		c.StandbyInterval = DefaultStandbyInterval
 	}
 	if c.StatsInterval == 0 {
-		c.StatsInterval = 2 * time.Second
+		c.StatsInterval = DefaultStatsInterval
 	}
 	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = 10 * time.Second
+		c.TransactionTimeout = DefaultTransactionTimeout
 	}
 	return c
 }
 
+// validate is New's check: the required connections, then Validate.
 func (c Config) validate() error {
+	switch {
+	case c.DB == nil:
+		return &ConfigError{Field: "DB", Reason: "is required"}
+	case len(c.KafkaOpts) == 0:
+		return &ConfigError{Field: "KafkaOpts", Reason: "is required (at least kgo.SeedBrokers)"}
+	}
+	return c.Validate()
+}
+
+// Validate reports the first invalid setting of c as a *ConfigError naming
+// the field. It checks c as it is: a zero setting that WithDefaults would
+// fill is invalid here, so that a binary whose flags start at the Default*
+// values can refuse an explicit zero (New fills the zero fields first and
+// then checks the same rules). It leaves out DB and KafkaOpts, which New
+// requires: a binary validates its settings before it builds those.
+func (c Config) Validate() error {
 	bad := func(field, format string, a ...any) error {
 		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, a...)}
 	}
@@ -191,10 +290,6 @@ func (c Config) validate() error {
 		}
 	}
 	switch {
-	case c.DB == nil:
-		return bad("DB", "is required")
-	case len(c.KafkaOpts) == 0:
-		return bad("KafkaOpts", "is required (at least kgo.SeedBrokers)")
 	case c.BatchMaxRows < 1:
 		return bad("BatchMaxRows", "must be at least 1, got %d", c.BatchMaxRows)
 	case c.BatchMaxBytes < 1:
@@ -207,6 +302,12 @@ func (c Config) validate() error {
 		return bad("TransactionTimeout", "must be at least 1s, got %s", c.TransactionTimeout)
 	case c.CheckpointTopic == "":
 		return bad("CheckpointTopic", "is required")
+	case c.Shards < 1:
+		return bad("Shards", "must be at least 1, got %d", c.Shards)
+	case c.Shards > 1 && !isShardIndex(c.Shard, c.Shards):
+		return bad("Shard", "must be this relay's shard index 0 <= K < Shards (%d) in decimal when Shards > 1, got %q", c.Shards, c.Shard)
+	case c.Shard == "":
+		return bad("Shard", "is required")
 	case len(c.TransactionalIDPrefix+c.Shard) > 200, c.TransactionalIDPrefix == "" && len(DefaultTransactionalID(zeroUUID, c.Shard)) > 200:
 		return bad("Shard", "with TransactionalIDPrefix is over 200 bytes")
 	}

@@ -98,7 +98,7 @@ func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) (r Result, 
 	if err != nil {
 		return Result{}, err
 	}
-	if err := tx.QueryRow(ctx, enqueueSQL, args...).Scan(&r.EventID, &r.Seq); err != nil {
+	if err := tx.QueryRow(ctx, qEnqueue, args...).Scan(&r.EventID, &r.Seq); err != nil {
 		return Result{}, interpretEnqueueError(err, msg.EventID)
 	}
 	return r, nil
@@ -144,7 +144,7 @@ func (w Writer) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (re
 	if n == 0 {
 		return nil, nil
 	}
-	rows, err := tx.Query(ctx, enqueueBatchSQL, eventIDs, topics, sources, types, contentType, keys, headers, payloads)
+	rows, err := tx.Query(ctx, qEnqueueBatch, eventIDs, topics, sources, types, contentType, keys, headers, payloads)
 	if err != nil {
 		return nil, interpretEnqueueError(err, "")
 	}

@@ -75,14 +75,14 @@ func CheckpointKey(identity, shard string) string { return checkpointKey(identit
 // CurrentPlace reads where the database the handle points to lives.
 func CurrentPlace(ctx context.Context, db DB) (Place, error) {
 	var p Place
-	if err := db.QueryRow(ctx, placeOIDSQL).Scan(&p.DatabaseOID); err != nil {
+	if err := db.QueryRow(ctx, qPlaceOID).Scan(&p.DatabaseOID); err != nil {
 		return p, fmt.Errorf("read database oid: %w", err)
 	}
 	// pg_control_system() is executable by every role in a stock
 	// PostgreSQL; a platform that revokes it leaves the cluster unknown and
 	// the oid alone tells copies apart.
 	var sys *string
-	err := db.QueryRow(ctx, placeClusterSQL).Scan(&sys)
+	err := db.QueryRow(ctx, qPlaceCluster).Scan(&sys)
 	var pe *pgconn.PgError
 	switch {
 	case errors.As(err, &pe) && (pe.Code == "42501" || pe.Code == "42883"):
@@ -96,7 +96,7 @@ func CurrentPlace(ctx context.Context, db DB) (Place, error) {
 
 // ReadIdentity returns the database's identity.
 func ReadIdentity(ctx context.Context, db DB) (Identity, error) {
-	id, err := scanIdentity(db.QueryRow(ctx, identitySQL))
+	id, err := scanIdentity(db.QueryRow(ctx, qIdentity))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return id, ErrNoIdentity
 	}
@@ -145,7 +145,7 @@ func bindIdentity(ctx context.Context, db DB) (id Identity, reminted bool, err e
 	}
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var err error
-		id, err = scanIdentity(tx.QueryRow(ctx, identitySQL+" FOR UPDATE"))
+		id, err = scanIdentity(tx.QueryRow(ctx, qIdentity+" FOR UPDATE"))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNoIdentity
 		}
@@ -155,12 +155,12 @@ func bindIdentity(ctx context.Context, db DB) (id Identity, reminted bool, err e
 		switch {
 		case id.Place.Same(here):
 			if id.FirstUsedAt == nil {
-				_, err = tx.Exec(ctx, identityUsedSQL)
+				_, err = tx.Exec(ctx, qIdentityUsed)
 			}
 			return err
 		case id.FirstUsedAt == nil:
 			reminted = true
-			id, err = scanIdentity(tx.QueryRow(ctx, identityRemintSQL, nullIfEmpty(here.ClusterSystemID), here.DatabaseOID))
+			id, err = scanIdentity(tx.QueryRow(ctx, qIdentityRemint, nullIfEmpty(here.ClusterSystemID), here.DatabaseOID))
 			return err
 		default:
 			return &IdentityError{
@@ -189,7 +189,7 @@ func AdoptIdentity(ctx context.Context, db DB, note string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	id, err := scanIdentity(db.QueryRow(ctx, identityAdoptSQL, nullIfEmpty(here.ClusterSystemID), here.DatabaseOID, note))
+	id, err := scanIdentity(db.QueryRow(ctx, qIdentityAdopt, nullIfEmpty(here.ClusterSystemID), here.DatabaseOID, note))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return id, ErrNoIdentity
 	}
@@ -209,14 +209,14 @@ func ResetIdentity(ctx context.Context, db DB, note string) (Identity, error) {
 	var id Identity
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var err error
-		id, err = scanIdentity(tx.QueryRow(ctx, identityResetSQL, nullIfEmpty(here.ClusterSystemID), here.DatabaseOID, note))
+		id, err = scanIdentity(tx.QueryRow(ctx, qIdentityReset, nullIfEmpty(here.ClusterSystemID), here.DatabaseOID, note))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNoIdentity
 		}
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, legacySettleAllSQL, "discarded by relay identity reset")
+		_, err = tx.Exec(ctx, qLegacySettleAll, "discarded by relay identity reset")
 		return err
 	})
 	return id, err
@@ -236,7 +236,7 @@ type LegacyCheckpoint struct {
 
 // ListLegacyCheckpoints lists the legacy checkpoint rows, settled or not.
 func ListLegacyCheckpoints(ctx context.Context, db DB) ([]LegacyCheckpoint, error) {
-	rows, err := db.Query(ctx, legacyListSQL)
+	rows, err := db.Query(ctx, qLegacyList)
 	if err != nil {
 		return nil, fmt.Errorf("list legacy checkpoints: %w", err)
 	}
@@ -260,7 +260,7 @@ func DecideLegacyCheckpoint(ctx context.Context, db DB, shard, decision string) 
 	if decision != "adopt" && decision != "discard" {
 		return fmt.Errorf("legacy checkpoint decision %q: want adopt or discard", decision)
 	}
-	tag, err := db.Exec(ctx, legacyDecideSQL, shard, decision)
+	tag, err := db.Exec(ctx, qLegacyDecide, shard, decision)
 	if err != nil {
 		return fmt.Errorf("record legacy checkpoint decision: %w", err)
 	}

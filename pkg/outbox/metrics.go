@@ -26,6 +26,7 @@ type metrics struct {
 	setAside    prometheus.Gauge
 	held        prometheus.Gauge
 	setAsideAll *prometheus.CounterVec
+	leaderless  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -76,6 +77,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceflow_relay_set_aside_total",
 			Help: "Outbox rows set aside, by reason: too_large, invalid_topic, invalid_record, topic_authorization, topic_missing, topic_contract.",
 		}, []string{"reason"}),
+		leaderless: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_relay_shards_without_leader",
+			Help: "Shards of this relay's shard count (-shards) that no relay leads (no live lease), as last counted by a leader; 0 with one shard.",
+		}),
 	}
 	for _, r := range setAsideReasons {
 		m.setAsideAll.WithLabelValues(r)
@@ -86,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.published, m.batchSize, m.txnDuration, m.errors, m.isLeader, m.pruned, m.setAside, m.held, m.setAsideAll} {
+	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.published, m.batchSize, m.txnDuration, m.errors, m.isLeader, m.pruned, m.setAside, m.held, m.setAsideAll, m.leaderless} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -24,18 +24,6 @@ type PublishedRow struct {
 	PublishedAt time.Time
 }
 
-// Statements of pruning by event class. The relay's own pruning
-// (Config.Retention) deletes by age alone (pruneSQL).
-const (
-	// $1 published before, $2/$3 the cursor (published_at, id), $4 limit.
-	qScanPublished = `
-SELECT id, event_type, published_at FROM onceflow.outbox
- WHERE published_at IS NOT NULL AND published_at < $1 AND (published_at, id) > ($2, $3)
- ORDER BY published_at, id LIMIT $4`
-	qDeletePublishedIDs = `
-DELETE FROM onceflow.outbox WHERE id = ANY($1) AND published_at IS NOT NULL`
-)
-
 // ScanPublished returns up to limit published rows published before before
 // and after the cursor (afterAt, afterID), in (published_at, id) order.
 // Unpublished rows are never returned.

@@ -1,13 +1,14 @@
 package outbox
 
-// All SQL of the package. Every table is schema-qualified.
+// Every statement the package runs, in one place, named q<What>. Every
+// table is schema-qualified.
 
-// enqueueSQL allocates the next seq of the source by upserting its counter row
+// qEnqueue allocates the next seq of the source by upserting its counter row
 // and inserts the outbox row in the same statement: the counter row stays
 // locked until the producer's transaction ends, so producers of one source
 // serialize, seqs are gap-free (a rollback burns nothing) and, per source, id
 // order is seq order.
-const enqueueSQL = `
+const qEnqueue = `
 WITH s AS (
     INSERT INTO onceflow.source_seq AS c (source, last_seq) VALUES ($3, 1)
     ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + 1
@@ -17,7 +18,7 @@ INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_t
 SELECT coalesce($1, gen_random_uuid()::text), $2, $3, s.last_seq, $4, $5, $6, $7, $8 FROM s
 RETURNING event_id, seq`
 
-// enqueueBatchSQL is enqueueSQL for a whole batch in one statement. Per
+// qEnqueueBatch is qEnqueue for a whole batch in one statement. Per
 // source, the counter row is upserted once, bumped by the source's number of
 // messages, in source order (the lock order, so that batches cannot deadlock
 // each other); the rows then take last_seq - count + 1 … last_seq in their
@@ -26,7 +27,7 @@ RETURNING event_id, seq`
 // last_seq, from which the caller knows every message's seq.
 // $1 event ids, $2 topics, $3 sources, $4 event types, $5 content types,
 // $6 record keys (NULL: the source), $7 headers (JSON text), $8 payloads.
-const enqueueBatchSQL = `
+const qEnqueueBatch = `
 WITH m AS (
     SELECT m.*, row_number() OVER (PARTITION BY m.source ORDER BY m.ord) AS k
       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::bytea[])
@@ -47,7 +48,7 @@ WITH m AS (
 )
 SELECT source, last_seq FROM c`
 
-// selectBatchSQL reads the oldest unpublished rows through the partial index
+// qSelectBatch reads the oldest unpublished rows through the partial index
 // outbox_unpublished. A row whose transaction commits late is still
 // unpublished, so a later poll finds it (R1).
 // $2 are the ids of the previous batch, committed to Kafka and being marked
@@ -55,25 +56,35 @@ SELECT source, last_seq FROM c`
 // Rows of a source with a set-aside row are held back until it is resolved
 // or its retry time comes (R2, I3); retrying tells the relay to try such a
 // row alone.
-const selectBatchSQL = `
+const qSelectBatch = qSelectBatchFrom + `
+ ORDER BY o.id
+ LIMIT $1`
+
+// qSelectBatchShard is qSelectBatch for shard $4 of $3 (Config.Shards > 1):
+// it reads the unpublished rows in id order and keeps those of its own
+// sources.
+const qSelectBatchShard = qSelectBatchFrom + `
+   AND onceflow.source_shard(o.source, $3) = $4
+ ORDER BY o.id
+ LIMIT $1`
+
+const qSelectBatchFrom = `
 SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type, o.record_key, o.headers, o.payload,
        EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a WHERE a.outbox_id = o.id AND a.resolved_at IS NULL) AS retrying
   FROM onceflow.outbox o
  WHERE o.published_at IS NULL
    AND o.id NOT IN (SELECT unnest($2::bigint[]))
-   AND o.source NOT IN (` + heldSourcesSQL + `)
- ORDER BY o.id
- LIMIT $1`
+   AND o.source NOT IN (` + qHeldSources + `)`
 
-// heldSourcesSQL are the sources the relay publishes nothing of: their
+// qHeldSources are the sources the relay publishes nothing of: their
 // set-aside row waits for an operator or for its retry time.
-const heldSourcesSQL = `SELECT h.source FROM onceflow.outbox_set_aside h
+const qHeldSources = `SELECT h.source FROM onceflow.outbox_set_aside h
                          WHERE h.resolved_at IS NULL AND (h.retry_at IS NULL OR h.retry_at > now())`
 
-// markPublishedSQL marks a committed batch published and resolves the
+// qMarkPublished marks a committed batch published and resolves the
 // set-aside entries of rows that were retried. It returns how many rows it
 // marked.
-const markPublishedSQL = `
+const qMarkPublished = `
 WITH m AS (
     UPDATE onceflow.outbox SET published_at = now()
      WHERE id = ANY($1::bigint[]) AND published_at IS NULL
@@ -85,8 +96,8 @@ WITH m AS (
 )
 SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM r)`
 
-// deletePublishedSQL is markPublishedSQL for Config.DeleteOnPublish.
-const deletePublishedSQL = `
+// qDeletePublished is qMarkPublished for Config.DeleteOnPublish.
+const qDeletePublished = `
 WITH m AS (
     DELETE FROM onceflow.outbox WHERE id = ANY($1::bigint[]) AND published_at IS NULL
     RETURNING id
@@ -97,18 +108,27 @@ WITH m AS (
 )
 SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM r)`
 
-// pruneSQL deletes one small batch of rows published before the retention.
-const pruneSQL = `
+// qPrune deletes one small batch of rows published before the retention.
+const qPrune = `
 DELETE FROM onceflow.outbox
  WHERE id IN (SELECT id FROM onceflow.outbox
                WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1)
                ORDER BY published_at
                LIMIT $2)`
 
-// statsSQL counts unpublished rows: all of them, those held behind a
+// qPruneShard is qPrune for the rows of shard $4 of $3.
+const qPruneShard = `
+DELETE FROM onceflow.outbox
+ WHERE id IN (SELECT id FROM onceflow.outbox
+               WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1)
+                 AND onceflow.source_shard(source, $3) = $4
+               ORDER BY published_at
+               LIMIT $2)`
+
+// qStats counts unpublished rows: all of them, those held behind a
 // set-aside row, the age of the oldest one not held, and the open set-aside
 // entries.
-const statsSQL = `
+const qStats = `
 WITH held AS (SELECT DISTINCT source FROM onceflow.outbox_set_aside WHERE resolved_at IS NULL),
      p AS (SELECT created_at, source IN (SELECT source FROM held) AS held
              FROM onceflow.outbox WHERE published_at IS NULL)
@@ -118,27 +138,69 @@ SELECT count(*),
        (SELECT count(*) FROM onceflow.outbox_set_aside WHERE resolved_at IS NULL)
   FROM p`
 
-// acquireLeaseSQL takes the shard's lease when it is free, expired, or held
+// qStatsShard is qStats for the rows of shard $2 of $1.
+const qStatsShard = `
+WITH held AS (SELECT DISTINCT source FROM onceflow.outbox_set_aside
+               WHERE resolved_at IS NULL AND onceflow.source_shard(source, $1) = $2),
+     p AS (SELECT created_at, source IN (SELECT source FROM held) AS held
+             FROM onceflow.outbox WHERE published_at IS NULL AND onceflow.source_shard(source, $1) = $2)
+SELECT count(*),
+       count(*) FILTER (WHERE held),
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT held)), 0)::float8,
+       (SELECT count(*) FROM onceflow.outbox_set_aside
+         WHERE resolved_at IS NULL AND onceflow.source_shard(source, $1) = $2)
+  FROM p`
+
+// qLeaderlessShards counts the shards 0…$1-1 of shard count $1 that have no
+// live lease of that count.
+const qLeaderlessShards = `
+SELECT count(*) FROM generate_series(0, $1 - 1) AS k
+ WHERE NOT EXISTS (SELECT 1 FROM onceflow.relay_lease l
+                    WHERE l.shard = k::text AND l.shards = $1 AND l.expires_at > now())`
+
+// qLeaseLock serializes lease acquisitions (a transaction-level advisory
+// lock under a key of its own, "ofrlease" in ASCII; migrate's is
+// "onceflow"):
+// a relay checks the other shard counts' leases and takes its own in one
+// step, so that relays with two different counts cannot both lead.
+const qLeaseLock = `SELECT pg_advisory_xact_lock(8027229195717407589)`
+
+// qLeaseTryLock is qLeaseLock without waiting: a relay that finds the lock
+// taken (another relay settling another shard count's leases, which takes
+// seconds) stands by and tries again.
+const qLeaseTryLock = `SELECT pg_try_advisory_xact_lock(8027229195717407589)`
+
+// qOtherLayoutLeases lists the leases taken by relays with another shard
+// count than $1, and whether each is still live.
+const qOtherLayoutLeases = `
+SELECT shard, shards, holder, expires_at > now() FROM onceflow.relay_lease WHERE shards <> $1 ORDER BY shard`
+
+// qDropLayoutLease deletes an expired lease of another shard count once its
+// last checkpoint is settled.
+const qDropLayoutLease = `DELETE FROM onceflow.relay_lease WHERE shard = $1 AND shards = $2 AND expires_at <= now()`
+
+// qAcquireLease takes the shard's lease when it is free, expired, or held
 // under our own holder id (a restarted process with a stable holder id, such
 // as a Kubernetes pod name, does not wait for its own lease to expire). Every
 // acquisition bumps the epoch. Times are the database's clock.
-const acquireLeaseSQL = `
-INSERT INTO onceflow.relay_lease AS l (shard, holder, epoch, acquired_at, renewed_at, expires_at)
-VALUES ($1, $2, 1, now(), now(), now() + make_interval(secs => $3))
+// The lease records the relay's shard count ($4).
+const qAcquireLease = `
+INSERT INTO onceflow.relay_lease AS l (shard, holder, epoch, acquired_at, renewed_at, expires_at, shards)
+VALUES ($1, $2, 1, now(), now(), now() + make_interval(secs => $3), $4)
 ON CONFLICT (shard) DO UPDATE
    SET holder = excluded.holder, epoch = l.epoch + 1, acquired_at = now(), renewed_at = now(),
-       expires_at = excluded.expires_at
+       expires_at = excluded.expires_at, shards = excluded.shards
  WHERE l.expires_at <= now() OR l.holder = excluded.holder
 RETURNING epoch`
 
-// renewLeaseSQL extends a lease that we still hold and that has not expired.
-const renewLeaseSQL = `
+// qRenewLease extends a lease that we still hold and that has not expired.
+const qRenewLease = `
 UPDATE onceflow.relay_lease
    SET renewed_at = now(), expires_at = now() + make_interval(secs => $4)
  WHERE shard = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()`
 
-// releaseLeaseSQL lets a standby take over at once.
-const releaseLeaseSQL = `
+// qReleaseLease lets a standby take over at once.
+const qReleaseLease = `
 UPDATE onceflow.relay_lease SET expires_at = now()
  WHERE shard = $1 AND holder = $2 AND epoch = $3`
 
@@ -146,66 +208,66 @@ UPDATE onceflow.relay_lease SET expires_at = now()
 const notifyChannel = "onceflow_outbox"
 
 // Identity (identity.go).
-const identityCols = `id::text, created_at, cluster_system_id, database_oid, first_used_at, changed_at, changed_by, change_note`
+const qIdentityCols = `id::text, created_at, cluster_system_id, database_oid, first_used_at, changed_at, changed_by, change_note`
 
-const identitySQL = `SELECT ` + identityCols + ` FROM onceflow.database_identity`
+const qIdentity = `SELECT ` + qIdentityCols + ` FROM onceflow.database_identity`
 
-const identityUsedSQL = `UPDATE onceflow.database_identity SET first_used_at = now() WHERE first_used_at IS NULL`
+const qIdentityUsed = `UPDATE onceflow.database_identity SET first_used_at = now() WHERE first_used_at IS NULL`
 
-const identityRemintSQL = `
+const qIdentityRemint = `
 UPDATE onceflow.database_identity
    SET id = gen_random_uuid(), cluster_system_id = $1, database_oid = $2, first_used_at = now(),
        changed_at = now(), changed_by = current_user,
        change_note = 'new identity: a copy of a database whose relay never ran'
-RETURNING ` + identityCols
+RETURNING ` + qIdentityCols
 
-const identityAdoptSQL = `
+const qIdentityAdopt = `
 UPDATE onceflow.database_identity
    SET cluster_system_id = $1, database_oid = $2, changed_at = now(), changed_by = current_user,
        change_note = 'adopt: ' || $3
-RETURNING ` + identityCols
+RETURNING ` + qIdentityCols
 
-const identityResetSQL = `
+const qIdentityReset = `
 UPDATE onceflow.database_identity
    SET id = gen_random_uuid(), cluster_system_id = $1, database_oid = $2, first_used_at = NULL,
        changed_at = now(), changed_by = current_user, change_note = 'reset: ' || $3
-RETURNING ` + identityCols
+RETURNING ` + qIdentityCols
 
-const placeOIDSQL = `SELECT oid FROM pg_database WHERE datname = current_database()`
+const qPlaceOID = `SELECT oid FROM pg_database WHERE datname = current_database()`
 
-const placeClusterSQL = `SELECT system_identifier::text FROM pg_control_system()`
+const qPlaceCluster = `SELECT system_identifier::text FROM pg_control_system()`
 
-// outboxLastIDSQL is the highest id the outbox's sequence has handed out
+// qOutboxLastID is the highest id the outbox's sequence has handed out
 // (NULL before the first insert). A checkpoint naming a higher id comes from
 // a database that has since been restored to an earlier point.
-const outboxLastIDSQL = `SELECT pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass)`
+const qOutboxLastID = `SELECT pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass)`
 
-// checkpointRowsSQL reads what recovery checks a checkpoint against.
-const checkpointRowsSQL = `SELECT id, event_id, published_at IS NULL FROM onceflow.outbox WHERE id = ANY($1::bigint[])`
+// qCheckpointRows reads what recovery checks a checkpoint against.
+const qCheckpointRows = `SELECT id, event_id, source, published_at IS NULL FROM onceflow.outbox WHERE id = ANY($1::bigint[])`
 
 // Legacy checkpoints (settleLegacy, identity.go).
-const legacyListSQL = `
+const qLegacyList = `
 SELECT shard, noted_at, decision, decided_at, decided_by, settled_at, outcome
   FROM onceflow.relay_legacy_checkpoint ORDER BY shard`
 
-const legacyPendingSQL = `SELECT decision FROM onceflow.relay_legacy_checkpoint WHERE shard = $1 AND settled_at IS NULL`
+const qLegacyPending = `SELECT decision FROM onceflow.relay_legacy_checkpoint WHERE shard = $1 AND settled_at IS NULL`
 
-const legacyDecideSQL = `
+const qLegacyDecide = `
 UPDATE onceflow.relay_legacy_checkpoint SET decision = $2, decided_at = now(), decided_by = current_user
  WHERE shard = $1 AND settled_at IS NULL`
 
-const legacySettleSQL = `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now(), outcome = $2 WHERE shard = $1 AND settled_at IS NULL`
+const qLegacySettle = `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now(), outcome = $2 WHERE shard = $1 AND settled_at IS NULL`
 
-const legacySettleAllSQL = `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now(), outcome = $1 WHERE settled_at IS NULL`
+const qLegacySettleAll = `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now(), outcome = $1 WHERE settled_at IS NULL`
 
-const unpublishedAmongSQL = `SELECT count(*) FROM onceflow.outbox WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
+const qUnpublishedAmong = `SELECT count(*) FROM onceflow.outbox WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
 
 // Set-aside rows (setaside.go).
 
-// setAsideSQL opens (or, for a row retried and refused again, updates) the
+// qSetAside opens (or, for a row retried and refused again, updates) the
 // set-aside entry of an unpublished row. $4 > 0 schedules an automatic
 // retry after $4 seconds, doubling per attempt up to $5 seconds.
-const setAsideSQL = `
+const qSetAside = `
 INSERT INTO onceflow.outbox_set_aside AS a (outbox_id, event_id, topic, source, seq, event_type, reason, error, retry_at)
 SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, $2, $3,
        CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) END
@@ -218,36 +280,36 @@ ON CONFLICT (outbox_id) DO UPDATE
  WHERE a.resolved_at IS NULL
 RETURNING (xmax = 0), attempts`
 
-const setAsideCols = `a.outbox_id, a.event_id, a.topic, a.source, a.seq, a.event_type, a.reason, a.error, a.attempts,
+const qSetAsideCols = `a.outbox_id, a.event_id, a.topic, a.source, a.seq, a.event_type, a.reason, a.error, a.attempts,
        a.set_aside_at, a.last_failed_at, a.retry_at, a.retried_at, a.retried_by, a.resolved_at, a.resolution,
        a.resolved_by, a.note,
        (SELECT count(*) FROM onceflow.outbox o WHERE o.source = a.source AND o.published_at IS NULL AND a.resolved_at IS NULL)`
 
-// setAsideListSQL lists open entries ($1 false) or all of them, newest
+// qSetAsideList lists open entries ($1 false) or all of them, newest
 // first.
-const setAsideListSQL = `
-SELECT ` + setAsideCols + `
+const qSetAsideList = `
+SELECT ` + qSetAsideCols + `
   FROM onceflow.outbox_set_aside a
  WHERE $1 OR a.resolved_at IS NULL
  ORDER BY a.resolved_at IS NULL DESC, a.set_aside_at DESC, a.outbox_id`
 
-const setAsideGetSQL = `SELECT ` + setAsideCols + ` FROM onceflow.outbox_set_aside a WHERE a.outbox_id = $1`
+const qSetAsideGet = `SELECT ` + qSetAsideCols + ` FROM onceflow.outbox_set_aside a WHERE a.outbox_id = $1`
 
-// setAsideRetrySQL makes the relay try an open entry's row at its next
+// qSetAsideRetry makes the relay try an open entry's row at its next
 // poll.
-const setAsideRetrySQL = `
+const qSetAsideRetry = `
 UPDATE onceflow.outbox_set_aside
    SET retry_at = now(), retried_at = now(), retried_by = current_user, note = coalesce(nullif($2, ''), note)
  WHERE outbox_id = $1 AND resolved_at IS NULL`
 
-// setAsideSkip*SQL run in one transaction: lock the open entry (refusing
+// qSetAsideSkip* run in one transaction: lock the open entry (refusing
 // one whose retry is due: the relay may be publishing its row), copy and
 // delete the outbox row, resolve the entry.
-const setAsideSkipLockSQL = `
+const qSetAsideSkipLock = `
 SELECT retry_at IS NOT NULL AND retry_at <= now()
   FROM onceflow.outbox_set_aside WHERE outbox_id = $1 AND resolved_at IS NULL FOR UPDATE`
 
-const setAsideSkipSQL = `
+const qSetAsideSkip = `
 WITH d AS (
     DELETE FROM onceflow.outbox o WHERE o.id = $1 AND o.published_at IS NULL RETURNING to_jsonb(o.*) AS row
 )
@@ -255,3 +317,15 @@ UPDATE onceflow.outbox_set_aside
    SET resolved_at = now(), resolution = 'skipped', resolved_by = current_user, note = $2,
        skipped_row = (SELECT row FROM d), retry_at = NULL
  WHERE outbox_id = $1 AND resolved_at IS NULL`
+
+// Pruning by event class (ScanPublished, DeletePublished). The relay's own
+// pruning (Config.Retention) deletes by age alone (qPrune).
+const (
+	// $1 published before, $2/$3 the cursor (published_at, id), $4 limit.
+	qScanPublished = `
+SELECT id, event_type, published_at FROM onceflow.outbox
+ WHERE published_at IS NOT NULL AND published_at < $1 AND (published_at, id) > ($2, $3)
+ ORDER BY published_at, id LIMIT $4`
+	qDeletePublishedIDs = `
+DELETE FROM onceflow.outbox WHERE id = ANY($1) AND published_at IS NOT NULL`
+)

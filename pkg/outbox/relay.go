@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,18 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/pkg/envelope"
-)
-
-// Failpoints (see internal/failpoint) the fault tests arm to kill the relay
-// at the two moments that matter for R3. FailpointBeforeKafkaCommit is hit
-// after the last lease check, right before EndTransaction: armed with
-// ":stop", it freezes a leader that believes it still leads, the zombie a
-// Kafka fence must stop.
-const (
-	FailpointBeforeKafkaCommit = "relay-before-kafka-commit"
-	FailpointAfterKafkaCommit  = "relay-after-kafka-commit"
 )
 
 // maxSetAsideRetry caps the automatic retry interval of set-aside rows.
@@ -43,6 +33,12 @@ type Relay struct {
 	log   *slog.Logger
 	m     *metrics
 	start time.Time
+
+	// shardIndex is Shard's index with Shards > 1; ownSource reports
+	// whether a source belongs to it (nil with one shard: every source
+	// does).
+	shardIndex int
+	ownSource  func(source string) bool
 
 	// Bound by recover (leader loop only): the database identity, the
 	// transactional.id and checkpoint key derived from it, and whether the
@@ -81,6 +77,11 @@ func New(cfg Config) (*Relay, error) {
 		m:      m,
 		start:  time.Now(),
 		tracer: tracer(cfg.TracerProvider),
+	}
+	if cfg.Shards > 1 {
+		r.shardIndex, _ = strconv.Atoi(cfg.Shard) // validated
+		r.log = r.log.With(slog.Int("shards", cfg.Shards))
+		r.ownSource = func(source string) bool { return SourceShard(source, cfg.Shards) == r.shardIndex }
 	}
 	return r, nil
 }
@@ -131,12 +132,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		return nil // ctx cancelled
 	}
 	for {
+		var ie *IdentityError
 		epoch, err := r.acquire(ctx)
-		if err != nil {
+		switch {
+		case err == nil:
+			err = r.lead(ctx, epoch)
+		case !errors.As(err, &ie):
 			return nil // ctx cancelled
 		}
-		err = r.lead(ctx, epoch)
-		var ie *IdentityError
 		if errors.As(err, &ie) {
 			r.log.ErrorContext(ctx, "relay stopped: "+ie.Problem, slog.String("fix", ie.Fix))
 			return err
@@ -149,20 +152,47 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// acquire waits until this relay holds the lease and returns its epoch.
+// acquire waits until this relay holds the lease and returns its epoch. It
+// fails when ctx ends, or with an *IdentityError from settling another
+// shard count's leases.
 func (r *Relay) acquire(ctx context.Context) (int64, error) {
-	logged := false
+	logged, layoutLogged := false, ""
 	for {
 		t0 := time.Since(r.start)
-		var epoch int64
 		qctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
-		err := r.cfg.DB.QueryRow(qctx, acquireLeaseSQL, r.cfg.Shard, r.cfg.HolderID, r.cfg.LeaseTTL.Seconds()).Scan(&epoch)
+		epoch, others, err := r.tryAcquire(qctx)
 		cancel()
 		switch {
-		case err == nil:
+		case err == nil && len(others) == 0:
 			r.setReady(nil)
 			r.validUntil.Store(int64(t0 + r.cfg.LeaseTTL))
 			return epoch, nil
+		case err == nil && others.live():
+			// Another shard count leads: this relay waits, ready (a
+			// rolling update replacing those relays must go on).
+			r.setReady(nil)
+			if desc := others.String(); desc != layoutLogged {
+				r.m.errors.WithLabelValues(errKindLease).Inc()
+				r.log.ErrorContext(ctx, "standing by: relays with another shard count hold leases; "+
+					"this relay takes none until they stop (every relay of a database must run with the same -shards)",
+					slog.Int("shards", r.cfg.Shards), slog.String("leases", desc))
+				layoutLogged = desc
+			}
+		case err == nil:
+			// Only expired leases of another count: settle their last
+			// checkpoints, then try again at once.
+			err = r.settleLayout(ctx)
+			var ie *IdentityError
+			switch {
+			case err == nil:
+				continue
+			case errors.As(err, &ie):
+				return 0, err
+			case ctx.Err() != nil:
+				return 0, ctx.Err()
+			}
+			r.m.errors.WithLabelValues(errKindCheckpoint).Inc()
+			r.log.WarnContext(ctx, "settle the leases of another shard count", slog.Any("error", err))
 		case errors.Is(err, pgx.ErrNoRows):
 			r.setReady(nil)
 			if !logged {
@@ -182,250 +212,455 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 	}
 }
 
+// tryAcquire takes the shard's lease unless another relay holds it or the
+// lease lock is taken (pgx.ErrNoRows), or leases of another shard count
+// exist (returned, no lease taken). The advisory lock makes the check and
+// the take one step among relays.
+func (r *Relay) tryAcquire(ctx context.Context) (epoch int64, others otherLeases, err error) {
+	err = pgx.BeginFunc(ctx, r.cfg.DB, func(tx pgx.Tx) error {
+		var locked bool
+		if err := tx.QueryRow(ctx, qLeaseTryLock).Scan(&locked); err != nil {
+			return err
+		}
+		if !locked {
+			return pgx.ErrNoRows // stand by: the lock's holder may be settling
+		}
+		if others, err = readOtherLeases(ctx, tx, r.cfg.Shards); err != nil || len(others) > 0 {
+			return err
+		}
+		return tx.QueryRow(ctx, qAcquireLease, r.cfg.Shard, r.cfg.HolderID, r.cfg.LeaseTTL.Seconds(), r.cfg.Shards).Scan(&epoch)
+	})
+	return epoch, others, err
+}
+
+// otherLease is a lease taken by a relay with another shard count.
+type otherLease struct {
+	shard  string
+	shards int
+	holder string
+	live   bool
+}
+
+type otherLeases []otherLease
+
+func (ls otherLeases) live() bool {
+	return slices.ContainsFunc(ls, func(l otherLease) bool { return l.live })
+}
+
+func (ls otherLeases) String() string {
+	var b strings.Builder
+	for i, l := range ls {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		state := "expired"
+		if l.live {
+			state = "held by " + l.holder
+		}
+		fmt.Fprintf(&b, "shard %q of %d (%s)", l.shard, l.shards, state)
+	}
+	return b.String()
+}
+
+func readOtherLeases(ctx context.Context, tx pgx.Tx, shards int) (otherLeases, error) {
+	rows, err := tx.Query(ctx, qOtherLayoutLeases, shards)
+	if err != nil {
+		return nil, fmt.Errorf("read leases: %w", err)
+	}
+	ls, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (otherLease, error) {
+		var l otherLease
+		err := row.Scan(&l.shard, &l.shards, &l.holder, &l.live)
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read leases: %w", err)
+	}
+	return ls, nil
+}
+
+// settleLayout finishes what relays with another shard count left, once
+// all their leases have expired and before any relay with this count
+// takes a lease: for each of their shards it fences the shard's
+// transactional.id (which completes or aborts its open transaction), marks
+// the rows its last checkpoint names (all of them: they are on Kafka,
+// whichever shard owns their source now) and deletes the lease. Without
+// it, a row published but not yet marked under the old count would be
+// published again by the shard that owns its source under the new one. It
+// holds the lease lock throughout, so no relay takes a lease meanwhile.
+func (r *Relay) settleLayout(ctx context.Context) error {
+	id, err := r.bindIdentity(ctx)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, r.cfg.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qLeaseLock); err != nil {
+			return err
+		}
+		others, err := readOtherLeases(ctx, tx, r.cfg.Shards)
+		if err != nil || others.live() {
+			return err // a live one: acquire waits for it
+		}
+		for _, o := range others {
+			marked, err := r.settleShard(ctx, id, o)
+			if err != nil {
+				return fmt.Errorf("settle shard %q of %d: %w", o.shard, o.shards, err)
+			}
+			if _, err := tx.Exec(ctx, qDropLayoutLease, o.shard, o.shards); err != nil {
+				return fmt.Errorf("delete lease of shard %q of %d: %w", o.shard, o.shards, err)
+			}
+			r.log.InfoContext(ctx, "settled a shard of another shard count: its transactional.id fenced, its checkpoint's rows marked, its lease deleted",
+				slog.String("old_shard", o.shard), slog.Int("old_shards", o.shards), slog.Int64("marked", marked))
+		}
+		return nil
+	})
+}
+
+// settleShard fences the transactional.id of another shard count's shard
+// o and marks the rows its last checkpoint names, returning how many.
+func (r *Relay) settleShard(ctx context.Context, identity string, o otherLease) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout+5*time.Second)
+	defer cancel()
+	cl, err := r.initProducer(ctx, r.txnIDOf(identity, o.shard))
+	if err != nil {
+		return 0, err
+	}
+	cl.Close()
+	key := checkpointKey(identity, o.shard)
+	rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, key)
+	if err != nil || rec == nil {
+		return 0, err
+	}
+	c, err := decodeCheckpoint(rec.Value)
+	if err != nil {
+		return 0, &IdentityError{
+			Problem: fmt.Sprintf("checkpoint record %s[%d]@%d under key %q cannot be read: %v", rec.Topic, rec.Partition, rec.Offset, key, err),
+			Fix:     "inspect the record; if no relay of this database wrote it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
+		}
+	}
+	return r.applyCheckpoint(ctx, c, rec, "checkpoint", nil)
+}
+
 func (r *Relay) leaseValid() bool { return time.Since(r.start) < time.Duration(r.validUntil.Load()) }
 
 // lead publishes until ctx is cancelled (graceful stop) or the lease is lost.
 func (r *Relay) lead(ctx context.Context, epoch int64) error {
-	log := r.log.With(slog.Int64("epoch", epoch))
+	s := &leaderSession{
+		r:        r,
+		epoch:    epoch,
+		log:      r.log.With(slog.Int64("epoch", epoch)),
+		suspects: map[int64]refused{},
+	}
+	return s.run(ctx)
+}
+
+// leaderSession is one tenure as leader, from the lease's acquisition to a
+// graceful stop or the lease's loss. Three contexts govern it:
+//   - the Run context (ctx in run and round) ends it gracefully;
+//   - lease is cancelled, with ErrLeadershipLost as its cause, when the lease
+//     is lost; it governs the background loops (renewal, LISTEN, stats,
+//     pruning), which end with the session;
+//   - stop ends waits (polls, backoff, recovery, reads): either of the two
+//     above.
+//
+// In-flight work runs under opCtx, which a graceful stop does not cancel: a
+// batch whose Kafka transaction began is committed (or aborted) and marked
+// before Run returns.
+type leaderSession struct {
+	r     *Relay
+	epoch int64
+	log   *slog.Logger
+
+	lease context.Context
+	stop  context.Context
+	opCtx context.Context
+
+	wake chan struct{} // LISTEN's wake-ups of the poll loop
+	bo   *backoff.ExponentialBackOff
+	cl   *kgo.Client // the transactional producer; nil: the next round recovers
+
+	// suspects are rows a refused transaction named: each is published
+	// alone next, and set aside if Kafka refuses it alone too.
+	suspects map[int64]refused
+	// inflight is the mark of the last published batch. The mark of batch
+	// N runs while batch N+1 is fetched and published. Batch N+1's
+	// checkpoint names both batches, and batch N+2 starts only after N's
+	// mark finished, so the last committed checkpoint always covers every
+	// row that may be on Kafka but unmarked.
+	inflight *markJob
+}
+
+// markJob is a batch's mark, running concurrently with the next batch.
+type markJob struct {
+	ids  []int64
+	ckpt map[int64]uint32 // id -> event id fingerprint
+	done chan error
+}
+
+// run starts the session's background loops, publishes round after round,
+// and on the way out waits for the last mark, closes the producer, stops the
+// loops and releases the lease.
+func (s *leaderSession) run(ctx context.Context) error {
+	r, log := s.r, s.log
 	log.InfoContext(ctx, "leadership acquired")
 	r.leader.Store(true)
 	r.m.isLeader.Set(1)
 
-	leaseCtx, lose := context.WithCancelCause(context.Background())
+	lease, lose := context.WithCancelCause(context.Background())
 	var wg sync.WaitGroup
 	defer func() {
 		r.leader.Store(false)
 		r.m.isLeader.Set(0)
 		lose(nil)
 		wg.Wait()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		if _, err := r.cfg.DB.Exec(rctx, releaseLeaseSQL, r.cfg.Shard, r.cfg.HolderID, epoch); err != nil {
-			log.WarnContext(ctx, "release lease", slog.Any("error", err))
-		} else {
-			log.InfoContext(ctx, "lease released")
-		}
+		s.releaseLease(ctx)
 	}()
-	wake := make(chan struct{}, 1)
+	s.wake = make(chan struct{}, 1)
 	if r.cfg.Listen {
 		wg.Add(1)
-		go func() { defer wg.Done(); r.listen(leaseCtx, wake, log) }()
+		go func() { defer wg.Done(); r.listen(lease, s.wake, log) }()
 	}
 	wg.Add(3)
-	go func() { defer wg.Done(); r.renewLoop(leaseCtx, lose, epoch, log) }()
-	go func() { defer wg.Done(); r.every(leaseCtx, r.cfg.StatsInterval, r.stats) }()
-	go func() { defer wg.Done(); r.every(leaseCtx, r.cfg.PruneInterval, r.prune) }()
+	go func() { defer wg.Done(); r.renewLoop(lease, lose, s.epoch, log) }()
+	go func() { defer wg.Done(); r.every(lease, r.cfg.StatsInterval, r.stats) }()
+	go func() { defer wg.Done(); r.every(lease, r.cfg.PruneInterval, r.prune) }()
 
-	// stop ends waits: a graceful stop or a lost lease.
 	stop, stopCancel := context.WithCancel(ctx)
 	defer stopCancel()
-	go func() {
-		select {
-		case <-leaseCtx.Done():
-			stopCancel()
-		case <-stop.Done():
-		}
-	}()
-
-	// In-flight work runs under opCtx, which a graceful stop does not
-	// cancel: a batch whose Kafka transaction began is committed (or
-	// aborted) and marked before Run returns.
-	opCtx := context.WithoutCancel(ctx)
-	var cl *kgo.Client
+	defer context.AfterFunc(lease, stopCancel)()
+	s.lease, s.stop, s.opCtx = lease, stop, context.WithoutCancel(ctx)
+	s.bo = r.newBackoff()
 	defer func() {
-		if cl != nil {
-			cl.Close()
+		if s.cl != nil {
+			s.cl.Close()
 		}
 	}()
-	bo := r.newBackoff()
-	// failAt logs with lctx: a failed transaction's log line carries its
-	// span's trace_id.
-	failAt := func(lctx context.Context, kind, what string, err error) {
-		r.m.errors.WithLabelValues(kind).Inc()
-		log.ErrorContext(lctx, what, slog.String("kind", kind), slog.Any("error", err))
-		_ = sleep(stop, bo.NextBackOff())
+	defer func() { _ = s.waitMark() }()
+	for {
+		if done, err := s.round(ctx); done {
+			return err
+		}
 	}
-	fail := func(kind, what string, err error) { failAt(ctx, kind, what, err) }
+}
 
-	// The mark of batch N runs while batch N+1 is fetched and published.
-	// Batch N+1's checkpoint names both batches, and batch N+2 starts only
-	// after N's mark finished, so the last committed checkpoint always
-	// covers every row that may be on Kafka but unmarked.
-	type markJob struct {
-		ids  []int64
-		ckpt map[int64]uint32 // id -> event id fingerprint
-		done chan error
+// releaseLease lets a standby take over at once.
+func (s *leaderSession) releaseLease(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if _, err := s.r.cfg.DB.Exec(rctx, qReleaseLease, s.r.cfg.Shard, s.r.cfg.HolderID, s.epoch); err != nil {
+		s.log.WarnContext(ctx, "release lease", slog.Any("error", err))
+	} else {
+		s.log.InfoContext(ctx, "lease released")
 	}
-	// suspects are rows a refused transaction named: each is published
-	// alone next, and set aside if Kafka refuses it alone too.
-	suspects := map[int64]refused{}
-	var inflight *markJob
-	waitMark := func() error {
-		if inflight == nil {
+}
+
+// round is one turn of the publish loop: recover when there is no
+// producer, read a batch, screen it, publish it and start its mark. It
+// returns done with the error that ends the session (nil: a graceful stop);
+// every other failure is counted, logged and backed off here, and the next
+// round tries again.
+func (s *leaderSession) round(ctx context.Context) (done bool, err error) {
+	r := s.r
+	if ctx.Err() != nil {
+		return true, nil
+	}
+	if err := context.Cause(s.lease); err != nil || !r.leaseValid() {
+		return true, ErrLeadershipLost
+	}
+	if s.cl == nil {
+		c, err := r.recover(s.stop, s.log)
+		var ie *IdentityError
+		if errors.As(err, &ie) {
+			return true, err
+		}
+		if err != nil {
+			if s.stop.Err() == nil {
+				s.fail(ctx, errKindCheckpoint, "recover from checkpoint", err)
+			}
+			return false, nil
+		}
+		s.cl = c
+	}
+	var unmarked []int64
+	var unmarkedCkpt map[int64]uint32
+	if s.inflight != nil {
+		unmarked, unmarkedCkpt = s.inflight.ids, s.inflight.ckpt
+	}
+	tFetch := time.Now()
+	rows, err := r.fetch(s.stop, unmarked)
+	if err != nil {
+		if s.stop.Err() == nil {
+			s.fail(ctx, errKindPostgres, "read outbox", err)
+		}
+		return false, nil
+	}
+	if len(rows) == 0 {
+		s.idle(ctx)
+		return false, nil
+	}
+	if rows = s.screen(ctx, rows); len(rows) == 0 {
+		return false, nil
+	}
+	return s.publish(ctx, rows, unmarkedCkpt, tFetch)
+}
+
+// idle finishes the running mark, or else waits for the next poll (or a
+// wake-up).
+func (s *leaderSession) idle(ctx context.Context) {
+	if s.inflight != nil {
+		if err := s.waitMark(); err != nil {
+			s.reset()
+			s.fail(ctx, errKindPostgres, "mark batch published", err)
+		}
+		return
+	}
+	s.bo.Reset()
+	t := time.NewTimer(s.r.cfg.PollInterval)
+	select {
+	case <-s.stop.Done():
+	case <-t.C:
+	case <-s.wake:
+	}
+	t.Stop()
+}
+
+// screen returns the part of rows to publish now (none: the round is
+// over). A row that Kafka refused (or will: an illegal topic name) goes
+// alone; refused alone, it is set aside and only its source waits. Topics
+// are checked against Config.TopicCheck before their first publish.
+func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
+	r := s.r
+	if len(s.suspects) > 4*r.cfg.BatchMaxRows {
+		clear(s.suspects) // bounded; a suspect forgotten is found again
+	}
+	rows = isolate(rows, s.suspects)
+	if len(rows) == 1 {
+		if err := CheckTopic(rows[0].topic); err != nil {
+			s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
 			return nil
 		}
-		err := <-inflight.done
-		inflight = nil
-		if err != nil {
-			return fmt.Errorf("mark batch published: %w", err)
+	}
+	if k, err := r.checkTopics(s.stop, rows); err != nil {
+		switch {
+		case s.stop.Err() != nil:
+			return nil
+		case k > 0:
+			return rows[:k] // publish what is before the refused topic
+		case errors.Is(err, ErrTopicRefused):
+			r.m.errors.WithLabelValues(errKindTopic).Inc()
+			s.setAside(ctx, rows[0], ReasonTopicContract, err)
+			return nil
+		default:
+			s.fail(ctx, errKindTopic, "check topic against its contract (retrying; the batch waits)", err)
+			return nil
 		}
+	}
+	return rows
+}
+
+// publish commits rows in one Kafka transaction, then starts their mark
+// once the previous batch's mark finished.
+func (s *leaderSession) publish(ctx context.Context, rows []row, unmarkedCkpt map[int64]uint32, tFetch time.Time) (done bool, err error) {
+	r, log := s.r, s.log
+	tPublish := time.Now()
+	txn := r.startTxn(s.opCtx, rows, len(unmarkedCkpt))
+	err = r.publish(txn.ctx, s.cl, rows, unmarkedCkpt)
+	txn.end(err)
+	if err != nil {
+		// Whatever happened, the producer is thrown away and the next
+		// round recovers through the checkpoint: a new producer with the
+		// same transactional.id completes or aborts whatever this one
+		// left, and the checkpoint says what committed.
+		s.reset()
+		var re *refusedError
+		switch {
+		case errors.Is(err, ErrLeadershipLost):
+			return true, err
+		case errors.As(err, &re):
+			if len(rows) > 1 {
+				// Refused in company: each suspect goes alone next, the
+				// others go on in batches.
+				for id, rf := range re.refused {
+					s.suspects[id] = rf
+				}
+				log.WarnContext(txn.ctx, "publish batch: Kafka refused records; trying them one by one", slog.Any("error", err))
+				return false, nil
+			}
+			rf := re.refused[rows[0].id]
+			if isTopicReason(rf.reason) {
+				r.m.errors.WithLabelValues(errKindTopic).Inc()
+			}
+			s.setAside(ctx, rows[0], rf.reason, rf.err)
+			delete(s.suspects, rows[0].id)
+		case errors.Is(err, errUnknownOutcome):
+			s.fail(txn.ctx, errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
+		default:
+			s.fail(txn.ctx, errKindKafka, "publish batch", err)
+		}
+		return false, nil
+	}
+	r.cfg.Hooks.afterKafkaCommit()
+	tMark := time.Now()
+	if err := s.waitMark(); err != nil {
+		// Both batches are on Kafka; this batch's checkpoint names both.
+		s.reset()
+		s.fail(ctx, errKindPostgres, "mark batch published", err)
+		return false, nil
+	}
+	ids := make([]int64, len(rows))
+	ckpt := make(map[int64]uint32, len(rows))
+	for i, w := range rows {
+		ids[i] = w.id
+		ckpt[w.id] = w.fp
+		delete(s.suspects, w.id)
+	}
+	job := &markJob{ids: ids, ckpt: ckpt, done: make(chan error, 1)}
+	go func() { job.done <- r.mark(s.opCtx, job.ids) }()
+	s.inflight = job
+	if log.Enabled(ctx, slog.LevelDebug) {
+		log.DebugContext(txn.ctx, "batch published", slog.Int("rows", len(rows)),
+			slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)),
+			slog.Duration("previous_mark_wait", time.Since(tMark)))
+	}
+	s.bo.Reset()
+	return false, nil
+}
+
+// setAside sets a row aside (Relay.setAside), counting and backing off a
+// failure to record it.
+func (s *leaderSession) setAside(ctx context.Context, w row, reason string, cause error) {
+	if err := s.r.setAside(s.stop, w, reason, cause, s.log); err != nil && s.stop.Err() == nil {
+		s.fail(ctx, errKindPostgres, "set row aside", err)
+	}
+}
+
+// waitMark waits for the running mark, if any.
+func (s *leaderSession) waitMark() error {
+	if s.inflight == nil {
 		return nil
 	}
-	defer func() { _ = waitMark() }()
-	reset := func() { // throw the producer away: the next round recovers
-		_ = waitMark()
-		if cl != nil {
-			cl.Close()
-			cl = nil
-		}
+	err := <-s.inflight.done
+	s.inflight = nil
+	if err != nil {
+		return fmt.Errorf("mark batch published: %w", err)
 	}
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err := context.Cause(leaseCtx); err != nil || !r.leaseValid() {
-			return ErrLeadershipLost
-		}
-		if cl == nil {
-			c, err := r.recover(stop, log)
-			var ie *IdentityError
-			if errors.As(err, &ie) {
-				return err
-			}
-			if err != nil {
-				if stop.Err() == nil {
-					fail(errKindCheckpoint, "recover from checkpoint", err)
-				}
-				continue
-			}
-			cl = c
-		}
-		var unmarked []int64
-		var unmarkedCkpt map[int64]uint32
-		if inflight != nil {
-			unmarked, unmarkedCkpt = inflight.ids, inflight.ckpt
-		}
-		tFetch := time.Now()
-		rows, err := r.fetch(stop, unmarked)
-		if err != nil {
-			if stop.Err() == nil {
-				fail(errKindPostgres, "read outbox", err)
-			}
-			continue
-		}
-		if len(rows) == 0 {
-			if inflight != nil {
-				if err := waitMark(); err != nil {
-					reset()
-					fail(errKindPostgres, "mark batch published", err)
-				}
-				continue
-			}
-			bo.Reset()
-			t := time.NewTimer(r.cfg.PollInterval)
-			select {
-			case <-stop.Done():
-			case <-t.C:
-			case <-wake:
-			}
-			t.Stop()
-			continue
-		}
-		// A row that Kafka refused (or will: an illegal topic name) goes
-		// alone; refused alone, it is set aside and only its source waits.
-		if len(suspects) > 4*r.cfg.BatchMaxRows {
-			clear(suspects) // bounded; a suspect forgotten is found again
-		}
-		rows = isolate(rows, suspects)
-		if len(rows) == 1 {
-			if err := CheckTopic(rows[0].topic); err != nil {
-				if err := r.setAside(stop, rows[0], ReasonInvalidTopic, err, log); err != nil && stop.Err() == nil {
-					fail(errKindPostgres, "set row aside", err)
-				}
-				continue
-			}
-		}
-		if k, err := r.checkTopics(stop, rows); err != nil {
-			switch {
-			case stop.Err() != nil:
-				continue
-			case k > 0:
-				rows = rows[:k] // publish what is before the refused topic
-			case errors.Is(err, ErrTopicRefused):
-				r.m.errors.WithLabelValues(errKindTopic).Inc()
-				if err := r.setAside(stop, rows[0], ReasonTopicContract, err, log); err != nil && stop.Err() == nil {
-					fail(errKindPostgres, "set row aside", err)
-				}
-				continue
-			default:
-				fail(errKindTopic, "check topic against its contract (retrying; the batch waits)", err)
-				continue
-			}
-		}
-		tPublish := time.Now()
-		txn := r.startTxn(opCtx, rows, len(unmarkedCkpt))
-		err = r.publish(txn.ctx, cl, rows, unmarkedCkpt)
-		txn.end(err)
-		if err != nil {
-			// Whatever happened, the producer is thrown away and the next
-			// round recovers through the checkpoint: a new producer with
-			// the same transactional.id completes or aborts whatever this
-			// one left, and the checkpoint says what committed.
-			reset()
-			var re *refusedError
-			switch {
-			case errors.Is(err, ErrLeadershipLost):
-				return err
-			case errors.As(err, &re):
-				if len(rows) > 1 {
-					// Refused in company: each suspect goes alone next,
-					// the others go on in batches.
-					for id, rf := range re.refused {
-						suspects[id] = rf
-					}
-					log.WarnContext(txn.ctx, "publish batch: Kafka refused records; trying them one by one", slog.Any("error", err))
-					continue
-				}
-				rf := re.refused[rows[0].id]
-				if isTopicReason(rf.reason) {
-					r.m.errors.WithLabelValues(errKindTopic).Inc()
-				}
-				if err := r.setAside(stop, rows[0], rf.reason, rf.err, log); err != nil && stop.Err() == nil {
-					fail(errKindPostgres, "set row aside", err)
-				}
-				delete(suspects, rows[0].id)
-			case errors.Is(err, errUnknownOutcome):
-				failAt(txn.ctx, errKindUnknown, "publish batch: commit outcome unknown, recovering from checkpoint", err)
-			default:
-				failAt(txn.ctx, errKindKafka, "publish batch", err)
-			}
-			continue
-		}
-		failpoint.Hit(FailpointAfterKafkaCommit)
-		tMark := time.Now()
-		if err := waitMark(); err != nil {
-			// Both batches are on Kafka; this batch's checkpoint names both.
-			reset()
-			fail(errKindPostgres, "mark batch published", err)
-			continue
-		}
-		ids := make([]int64, len(rows))
-		ckpt := make(map[int64]uint32, len(rows))
-		for i, w := range rows {
-			ids[i] = w.id
-			ckpt[w.id] = w.fp
-			delete(suspects, w.id)
-		}
-		job := &markJob{ids: ids, ckpt: ckpt, done: make(chan error, 1)}
-		go func() { job.done <- r.mark(opCtx, job.ids) }()
-		inflight = job
-		if log.Enabled(ctx, slog.LevelDebug) {
-			log.DebugContext(txn.ctx, "batch published", slog.Int("rows", len(rows)),
-				slog.Duration("fetch", tPublish.Sub(tFetch)), slog.Duration("kafka", tMark.Sub(tPublish)),
-				slog.Duration("previous_mark_wait", time.Since(tMark)))
-		}
-		bo.Reset()
+	return nil
+}
+
+// reset throws the producer away: the next round recovers.
+func (s *leaderSession) reset() {
+	_ = s.waitMark()
+	if s.cl != nil {
+		s.cl.Close()
+		s.cl = nil
 	}
+}
+
+// fail counts and logs a failure, then backs off (until stop). The log
+// line carries ctx's span: a failed transaction's carries its trace_id.
+func (s *leaderSession) fail(ctx context.Context, kind, what string, err error) {
+	s.r.m.errors.WithLabelValues(kind).Inc()
+	s.log.ErrorContext(ctx, what, slog.String("kind", kind), slog.Any("error", err))
+	_ = sleep(s.stop, s.bo.NextBackOff())
 }
 
 // listen turns notifications on notifyChannel into wake-ups of the poll
@@ -495,7 +730,7 @@ func (r *Relay) renewLoop(leaseCtx context.Context, lose context.CancelCauseFunc
 		}
 		t0 := time.Since(r.start)
 		qctx, cancel := context.WithTimeout(leaseCtx, max(remaining, time.Millisecond))
-		tag, err := r.cfg.DB.Exec(qctx, renewLeaseSQL, r.cfg.Shard, r.cfg.HolderID, epoch, r.cfg.LeaseTTL.Seconds())
+		tag, err := r.cfg.DB.Exec(qctx, qRenewLease, r.cfg.Shard, r.cfg.HolderID, epoch, r.cfg.LeaseTTL.Seconds())
 		cancel()
 		switch {
 		case leaseCtx.Err() != nil:
@@ -535,13 +770,23 @@ func (r *Relay) every(ctx context.Context, d time.Duration, f func(context.Conte
 func (r *Relay) stats(ctx context.Context) error {
 	var n, held, open int64
 	var age float64
-	if err := r.cfg.DB.QueryRow(ctx, statsSQL).Scan(&n, &held, &age, &open); err != nil {
+	q, args := r.sharded(qStats, qStatsShard)
+	if err := r.cfg.DB.QueryRow(ctx, q, args...).Scan(&n, &held, &age, &open); err != nil {
 		return fmt.Errorf("count pending rows: %w", err)
 	}
 	r.m.pending.Set(float64(n))
 	r.m.held.Set(float64(held))
 	r.m.oldestAge.Set(age)
 	r.m.setAside.Set(float64(open))
+	if r.cfg.Shards > 1 {
+		// A shard nobody runs publishes nothing and its lag shows nowhere
+		// else: every leader reports it.
+		var leaderless int64
+		if err := r.cfg.DB.QueryRow(ctx, qLeaderlessShards, r.cfg.Shards).Scan(&leaderless); err != nil {
+			return fmt.Errorf("count shards without leader: %w", err)
+		}
+		r.m.leaderless.Set(float64(leaderless))
+	}
 	return nil
 }
 
@@ -551,8 +796,9 @@ func (r *Relay) stats(ctx context.Context) error {
 // more than PruneInterval's worth of published rows.
 func (r *Relay) prune(ctx context.Context) error {
 	retention := max(r.cfg.Retention, 0).Seconds()
+	q, args := r.sharded(qPrune, qPruneShard, retention, r.cfg.PruneBatchRows)
 	for range 100 {
-		tag, err := r.cfg.DB.Exec(ctx, pruneSQL, retention, r.cfg.PruneBatchRows)
+		tag, err := r.cfg.DB.Exec(ctx, q, args...)
 		if err != nil {
 			return fmt.Errorf("prune outbox: %w", err)
 		}
@@ -573,26 +819,12 @@ func (r *Relay) prune(ctx context.Context) error {
 // unmarked (batch N's mark finishes before batch N+2 begins), and the last
 // checkpoint names both.
 func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, error) {
-	id, reminted, err := bindIdentity(ctx, r.cfg.DB)
+	id, err := r.bindIdentity(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("database identity: %w", err)
+		return nil, err
 	}
-	if reminted {
-		log.InfoContext(ctx, "new database identity: this database is a copy of one whose relay never ran",
-			slog.String("identity", id.ID), slog.String("place", id.Place.String()))
-	}
-	if r.identity != "" && r.identity != id.ID {
-		return nil, &IdentityError{
-			Problem: fmt.Sprintf("the database identity changed from %s to %s while this relay ran (relay identity reset)", r.identity, id.ID),
-			Fix:     "restart the relay so that it publishes under the new identity",
-		}
-	}
-	r.identity = id.ID
-	r.txnID = r.cfg.TransactionalIDPrefix + r.cfg.Shard
-	if r.cfg.TransactionalIDPrefix == "" {
-		r.txnID = DefaultTransactionalID(id.ID, r.cfg.Shard)
-	}
-	r.ckptKey = checkpointKey(id.ID, r.cfg.Shard)
+	r.txnID = r.txnIDOf(id, r.cfg.Shard)
+	r.ckptKey = checkpointKey(id, r.cfg.Shard)
 
 	ictx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout+5*time.Second)
 	defer cancel()
@@ -603,7 +835,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	if err != nil {
 		return nil, err
 	}
-	rec, err := lastCheckpoint(ictx, r.cfg.KafkaOpts, r.cfg.CheckpointTopic, r.ckptKey)
+	rec, err := lastCheckpoint(ictx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, r.ckptKey)
 	if err != nil {
 		cl.Close()
 		return nil, err
@@ -622,7 +854,7 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 			Fix:     "inspect the record; if this relay did not write it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
-	marked, err := r.applyCheckpoint(ictx, c, rec, "checkpoint")
+	marked, err := r.applyCheckpoint(ictx, c, rec, "checkpoint", r.ownSource)
 	if err != nil {
 		cl.Close()
 		return nil, err
@@ -631,6 +863,36 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 	log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs,
 		slog.Int64("checkpoint_offset", rec.Offset), slog.Int("checkpoint_ids", len(c.ids)), slog.Int64("marked", marked))...)
 	return cl, nil
+}
+
+// bindIdentity binds the relay to this database's identity (see the
+// package function) and returns it; the identity may not change while the
+// relay runs.
+func (r *Relay) bindIdentity(ctx context.Context) (string, error) {
+	id, reminted, err := bindIdentity(ctx, r.cfg.DB)
+	if err != nil {
+		return "", fmt.Errorf("database identity: %w", err)
+	}
+	if reminted {
+		r.log.InfoContext(ctx, "new database identity: this database is a copy of one whose relay never ran",
+			slog.String("identity", id.ID), slog.String("place", id.Place.String()))
+	}
+	if r.identity != "" && r.identity != id.ID {
+		return "", &IdentityError{
+			Problem: fmt.Sprintf("the database identity changed from %s to %s while this relay ran (relay identity reset)", r.identity, id.ID),
+			Fix:     "restart the relay so that it publishes under the new identity",
+		}
+	}
+	r.identity = id.ID
+	return id.ID, nil
+}
+
+// txnIDOf is the transactional.id of shard under identity.
+func (r *Relay) txnIDOf(identity, shard string) string {
+	if r.cfg.TransactionalIDPrefix == "" {
+		return DefaultTransactionalID(identity, shard)
+	}
+	return r.cfg.TransactionalIDPrefix + shard
 }
 
 // initProducer creates a transactional producer and initialises its id.
@@ -660,8 +922,10 @@ func (r *Relay) initProducer(ctx context.Context, txnID string) (*kgo.Client, er
 // out (else the database was restored to an earlier point after those rows
 // were published); and every named row still in the table holds the event
 // the checkpoint recorded for it. Anything else is an *IdentityError: the
-// relay stops rather than mark a row on a guess.
-func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Record, what string) (int64, error) {
+// relay stops rather than mark a row on a guess. With own set, a row whose
+// source own rejects is checked but left unmarked: recovery touches only
+// its own shard's rows.
+func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Record, what string, own func(source string) bool) (int64, error) {
 	where := fmt.Sprintf("%s record %s[%d]@%d (key %q)", what, rec.Topic, rec.Partition, rec.Offset, string(rec.Key))
 	if c.fps != nil && c.db != r.identity {
 		return 0, &IdentityError{
@@ -673,7 +937,7 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 		return 0, nil
 	}
 	var last *int64
-	if err := r.cfg.DB.QueryRow(ctx, outboxLastIDSQL).Scan(&last); err != nil {
+	if err := r.cfg.DB.QueryRow(ctx, qOutboxLastID).Scan(&last); err != nil {
 		return 0, fmt.Errorf("read the outbox id sequence: %w", err)
 	}
 	if top := c.ids[len(c.ids)-1]; last == nil || top > *last {
@@ -689,7 +953,7 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 				"(docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
-	rows, err := r.cfg.DB.Query(ctx, checkpointRowsSQL, c.ids)
+	rows, err := r.cfg.DB.Query(ctx, qCheckpointRows, c.ids)
 	if err != nil {
 		return 0, fmt.Errorf("read checkpointed rows: %w", err)
 	}
@@ -697,9 +961,9 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 	var mismatch error
 	for rows.Next() {
 		var id int64
-		var eventID string
+		var eventID, source string
 		var unpublished bool
-		if err := rows.Scan(&id, &eventID, &unpublished); err != nil {
+		if err := rows.Scan(&id, &eventID, &source, &unpublished); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("read checkpointed rows: %w", err)
 		}
@@ -717,7 +981,11 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 				continue
 			}
 		}
-		if unpublished {
+		switch {
+		case unpublished && own != nil && !own(source):
+			r.log.WarnContext(ctx, "checkpoint names an unpublished row of another shard: left to that shard",
+				slog.Int64("outbox_id", id), slog.String("source", source), slog.String("where", where))
+		case unpublished:
 			mark = append(mark, id)
 		}
 	}
@@ -732,7 +1000,7 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 		return 0, nil
 	}
 	var marked, resolved int64
-	if err := r.cfg.DB.QueryRow(ctx, r.markSQL(), mark).Scan(&marked, &resolved); err != nil {
+	if err := r.cfg.DB.QueryRow(ctx, r.markQuery(), mark).Scan(&marked, &resolved); err != nil {
 		return 0, fmt.Errorf("mark checkpointed rows: %w", err)
 	}
 	return marked, nil
@@ -754,7 +1022,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 		return nil
 	}
 	var decision *string
-	err := r.cfg.DB.QueryRow(ctx, legacyPendingSQL, r.cfg.Shard).Scan(&decision)
+	err := r.cfg.DB.QueryRow(ctx, qLegacyPending, r.cfg.Shard).Scan(&decision)
 	if errors.Is(err, pgx.ErrNoRows) {
 		r.legacySettled = true
 		return nil
@@ -775,14 +1043,14 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	}
 	cl.Close()
 	settle := func(outcome string) error {
-		if _, err := r.cfg.DB.Exec(ctx, legacySettleSQL, r.cfg.Shard, outcome); err != nil {
+		if _, err := r.cfg.DB.Exec(ctx, qLegacySettle, r.cfg.Shard, outcome); err != nil {
 			return fmt.Errorf("settle legacy checkpoint: %w", err)
 		}
 		log.InfoContext(ctx, "legacy checkpoint settled", slog.String("outcome", outcome))
 		r.legacySettled = true
 		return nil
 	}
-	rec, err := lastCheckpoint(ctx, r.cfg.KafkaOpts, r.cfg.CheckpointTopic, r.cfg.Shard)
+	rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, r.cfg.Shard)
 	if err != nil {
 		return fmt.Errorf("read legacy checkpoint: %w", err)
 	}
@@ -797,7 +1065,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 		}
 	}
 	var unpublished int64
-	if err := r.cfg.DB.QueryRow(ctx, unpublishedAmongSQL, c.ids).Scan(&unpublished); err != nil {
+	if err := r.cfg.DB.QueryRow(ctx, qUnpublishedAmong, c.ids).Scan(&unpublished); err != nil {
 		return fmt.Errorf("read legacy checkpoint rows: %w", err)
 	}
 	desc := fmt.Sprintf("legacy checkpoint %s[%d]@%d %q", rec.Topic, rec.Partition, rec.Offset, truncate(string(rec.Value), 60))
@@ -807,7 +1075,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	case deref(decision) == "discard":
 		return settle(fmt.Sprintf("%s: discarded; %d rows it names are published again", desc, unpublished))
 	case deref(decision) == "adopt":
-		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint")
+		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint", nil)
 		if err != nil {
 			return err
 		}
@@ -843,7 +1111,8 @@ func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}
-	rs, err := r.cfg.DB.Query(ctx, selectBatchSQL, r.cfg.BatchMaxRows, exclude)
+	q, args := r.sharded(qSelectBatch, qSelectBatchShard, r.cfg.BatchMaxRows, exclude)
+	rs, err := r.cfg.DB.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -870,6 +1139,16 @@ func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
 		out = append(out, w)
 	}
 	return out, rs.Err()
+}
+
+// sharded returns the statement for this relay's rows: whole when Shards is
+// 1, else shard with the shard count and this shard's index appended to
+// args.
+func (r *Relay) sharded(whole, shard string, args ...any) (string, []any) {
+	if r.cfg.Shards <= 1 {
+		return whole, args
+	}
+	return shard, append(args, r.cfg.Shards, r.shardIndex)
 }
 
 // isolate shortens a batch so that a suspect row (refused in an earlier
@@ -912,7 +1191,7 @@ func (r *Relay) setAside(ctx context.Context, w row, reason string, cause error,
 	msg := truncate(cause.Error(), 2000)
 	var inserted bool
 	var attempts int
-	err := r.cfg.DB.QueryRow(ctx, setAsideSQL, w.id, reason, msg, retry, maxSetAsideRetry.Seconds()).Scan(&inserted, &attempts)
+	err := r.cfg.DB.QueryRow(ctx, qSetAside, w.id, reason, msg, retry, maxSetAsideRetry.Seconds()).Scan(&inserted, &attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // published or deleted meanwhile
 	}
@@ -1011,7 +1290,7 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 		}
 		return produceErr
 	}
-	failpoint.Hit(FailpointBeforeKafkaCommit)
+	r.cfg.Hooks.beforeKafkaCommit()
 	if err := cl.EndTransaction(pctx, kgo.TryCommit); err != nil {
 		if errors.Is(err, kerr.OperationNotAttempted) {
 			// Not committed: abort, and say so.
@@ -1033,7 +1312,7 @@ func (r *Relay) mark(ctx context.Context, ids []int64) error {
 	bo := r.newBackoff()
 	return backoff.Retry(func() error {
 		var marked, resolved int64
-		err := r.cfg.DB.QueryRow(mctx, r.markSQL(), ids).Scan(&marked, &resolved)
+		err := r.cfg.DB.QueryRow(mctx, r.markQuery(), ids).Scan(&marked, &resolved)
 		if err != nil && mctx.Err() != nil {
 			return backoff.Permanent(err)
 		}
@@ -1041,11 +1320,11 @@ func (r *Relay) mark(ctx context.Context, ids []int64) error {
 	}, backoff.WithContext(bo, mctx))
 }
 
-func (r *Relay) markSQL() string {
+func (r *Relay) markQuery() string {
 	if r.cfg.DeleteOnPublish {
-		return deletePublishedSQL
+		return qDeletePublished
 	}
-	return markPublishedSQL
+	return qMarkPublished
 }
 
 func (r *Relay) newBackoff() *backoff.ExponentialBackOff {

@@ -148,7 +148,7 @@ func scanSetAside(r pgx.CollectableRow) (SetAside, error) {
 // ListSetAside lists the open set-aside rows, or every entry (resolved ones
 // too) when all is set.
 func ListSetAside(ctx context.Context, db DB, all bool) ([]SetAside, error) {
-	rows, err := db.Query(ctx, setAsideListSQL, all)
+	rows, err := db.Query(ctx, qSetAsideList, all)
 	if err != nil {
 		return nil, fmt.Errorf("list set-aside rows: %w", err)
 	}
@@ -161,7 +161,7 @@ func ListSetAside(ctx context.Context, db DB, all bool) ([]SetAside, error) {
 
 // GetSetAside returns the entry of outbox row id, open or resolved.
 func GetSetAside(ctx context.Context, db DB, id int64) (SetAside, error) {
-	rows, err := db.Query(ctx, setAsideGetSQL, id)
+	rows, err := db.Query(ctx, qSetAsideGet, id)
 	if err != nil {
 		return SetAside{}, fmt.Errorf("read set-aside row %d: %w", id, err)
 	}
@@ -177,7 +177,7 @@ func GetSetAside(ctx context.Context, db DB, id int64) (SetAside, error) {
 // topic created, …). It is tried alone: published, the entry is resolved and
 // its source flows again; refused again, it stays set aside.
 func RetrySetAside(ctx context.Context, db DB, id int64, note string) error {
-	tag, err := db.Exec(ctx, setAsideRetrySQL, id, note)
+	tag, err := db.Exec(ctx, qSetAsideRetry, id, note)
 	if err != nil {
 		return fmt.Errorf("retry set-aside row %d: %w", id, err)
 	}
@@ -198,7 +198,7 @@ func SkipSetAside(ctx context.Context, db DB, id int64, note string) error {
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var due bool
-		err := tx.QueryRow(ctx, setAsideSkipLockSQL, id).Scan(&due)
+		err := tx.QueryRow(ctx, qSetAsideSkipLock, id).Scan(&due)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrSetAsideNotFound
 		}
@@ -208,7 +208,7 @@ func SkipSetAside(ctx context.Context, db DB, id int64, note string) error {
 		if due {
 			return ErrRetryDue
 		}
-		if _, err := tx.Exec(ctx, setAsideSkipSQL, id, note); err != nil {
+		if _, err := tx.Exec(ctx, qSetAsideSkip, id, note); err != nil {
 			return fmt.Errorf("skip set-aside row %d: %w", id, err)
 		}
 		return nil

@@ -224,6 +224,36 @@ func (r *Policy) minTTL() time.Duration {
 // Options.Consumer is empty (the consumer's own default name).
 const DefaultConsumer = "default"
 
+// The defaults Prune uses for zero Options (and the prune command's flags).
+const (
+	DefaultBatchSize = 500
+	DefaultPause     = 20 * time.Millisecond
+)
+
+// ConfigError names the Options field that is invalid.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("retention options: %s %s", e.Field, e.Reason)
+}
+
+// Validate reports an invalid field of o as it is (Prune fills zero fields
+// with their defaults first): a binary whose flags start at the defaults
+// refuses an explicit zero BatchSize or empty Consumer with it. A Pause of
+// zero or less is the default.
+func (o Options) Validate() error {
+	switch {
+	case o.BatchSize < 1:
+		return &ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("must be at least 1, got %d", o.BatchSize)}
+	case o.Consumer == "":
+		return &ConfigError{Field: "Consumer", Reason: "must not be empty"}
+	}
+	return nil
+}
+
 // Options bound the work of one statement.
 type Options struct {
 	// BatchSize is the most rows one DELETE removes (default 500).
@@ -290,10 +320,10 @@ const (
 func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, error) {
 	var st Stats
 	if o.BatchSize <= 0 {
-		o.BatchSize = 500
+		o.BatchSize = DefaultBatchSize
 	}
 	if o.Pause <= 0 {
-		o.Pause = 20 * time.Millisecond
+		o.Pause = DefaultPause
 	}
 	if o.Consumer == "" {
 		o.Consumer = DefaultConsumer

@@ -2,6 +2,7 @@ package retention_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"strconv"
@@ -376,4 +377,19 @@ func count(t *testing.T, db interface {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
+}
+
+// Options.Validate refuses an explicit zero batch size or empty consumer
+// (Prune fills both with their defaults).
+func TestOptionsValidate(t *testing.T) {
+	t.Parallel()
+	if err := (retention.Options{BatchSize: retention.DefaultBatchSize, Consumer: retention.DefaultConsumer}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for field, o := range map[string]retention.Options{"BatchSize": {Consumer: "c"}, "Consumer": {BatchSize: 1}} {
+		var ce *retention.ConfigError
+		if err := o.Validate(); !errors.As(err, &ce) || ce.Field != field {
+			t.Errorf("%s: %v", field, err)
+		}
+	}
 }
