@@ -400,7 +400,7 @@ func TestConsoleAPI(t *testing.T) {
 	// Relay status: read through onceflow.relay_status().
 	var rs console.RelayStatus
 	api.get("/api/v1/relay", &rs)
-	if rs.PendingRows != 0 || rs.Leader != "" || len(rs.Leases) != 0 || rs.SetAside != nil || rs.SetAsideNote == "" {
+	if rs.PendingRows != 0 || rs.Leader != "" || len(rs.Leases) != 0 || rs.SetAside == nil || rs.SetAside.Count != 0 || len(rs.SetAside.Rows) != 0 {
 		t.Errorf("relay status, empty: %+v", rs)
 	}
 	if _, err := db.Pool.Exec(ctx, `SELECT onceflow.enqueue('t', 'relay-src', 'x.y', '{}'::jsonb)`); err != nil {
@@ -409,9 +409,22 @@ func TestConsoleAPI(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('default', 'relay-a', now() + interval '1 minute')`); err != nil {
 		t.Fatal(err)
 	}
+	// A row Kafka refused (open, listed) and one already skipped (resolved,
+	// not listed), as the relay and `relay outbox failed skip` leave them.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.outbox_set_aside (outbox_id, event_id, topic, source, seq, event_type, reason, error, resolved_at, resolution)
+		VALUES (41, 'ev-41', 't', 'relay-src', 7, 'x.y', 'too_large', 'MESSAGE_TOO_LARGE: the message is larger than the topic allows', NULL, NULL),
+		       (40, 'ev-40', 'bad topic!', 'relay-src', 6, 'x.y', 'invalid_topic', 'INVALID_TOPIC_EXCEPTION', now(), 'skipped')`); err != nil {
+		t.Fatal(err)
+	}
 	api.get("/api/v1/relay", &rs)
 	if rs.PendingRows != 1 || rs.Leader != "relay-a" || len(rs.Leases) != 1 || rs.OldestUnpublishedAt == nil {
 		t.Errorf("relay status: %+v", rs)
+	}
+	if sa := rs.SetAside; sa == nil || sa.Count != 1 || len(sa.Rows) != 1 || sa.Oldest == nil {
+		t.Errorf("relay status, set aside: %+v", sa)
+	} else if r := sa.Rows[0]; r.OutboxID != 41 || r.Source != "relay-src" || r.Seq != 7 || r.Topic != "t" || r.Reason != "too_large" ||
+		!strings.Contains(r.Error, "MESSAGE_TOO_LARGE") || r.SetAsideAt.IsZero() || r.RetryAt != nil {
+		t.Errorf("relay status, set-aside row: %+v", r)
 	}
 
 	var sum console.Summary

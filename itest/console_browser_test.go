@@ -216,6 +216,12 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Logf("screenshot: %s (%d bytes)", path, len(b))
 	}
 
+	// A row the relay set aside (Kafka refused it), for the relay panel.
+	if _, err := db.Pool.Exec(context.Background(), `INSERT INTO onceflow.outbox_set_aside (outbox_id, event_id, topic, source, seq, event_type, reason, error)
+		VALUES (77, 'ev-77', 'orders', 'order-9', 4, 'order.placed', 'too_large', 'MESSAGE_TOO_LARGE (browser test)')`); err != nil {
+		t.Fatal(err)
+	}
+
 	// Sign in with the keyboard: type the token and the name, press Enter.
 	do("open the console", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.ID("token")))
 	if f := evalString(`document.activeElement.id`); f != "token" {
@@ -250,8 +256,12 @@ func TestConsoleBrowser(t *testing.T) {
 			t.Errorf("summary %q lacks %q", summary, want)
 		}
 	}
-	if s := text("#relay-list"); !strings.Contains(s, "no relay holds a live lease") {
+	if s := text("#relay-list"); !strings.Contains(s, "no relay holds a live lease") || !strings.Contains(s, "1 row waits") {
 		t.Errorf("relay panel: %q", s)
+	}
+	if s := text(`#set-aside-table tr[data-outbox-id="77"]`); !strings.Contains(s, "order-9") || !strings.Contains(s, "too_large") ||
+		!strings.Contains(s, "MESSAGE_TOO_LARGE (browser test)") || !strings.Contains(s, "orders") {
+		t.Errorf("set-aside row in the relay panel: %q", s)
 	}
 	waitText("#lag-table", topic)
 	if s := text("#who"); !strings.Contains(s, "Dana (browser test)") || !strings.Contains(s, "api:oncall") {

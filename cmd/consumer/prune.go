@@ -75,6 +75,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stdout, "skipped: another replica is pruning")
 		return nil
 	}
-	fmt.Fprintf(stdout, "pruned inbox %d, effects %d, outbox %d\n", st.Inbox, st.Effects, st.Outbox)
+	fmt.Fprintf(stdout, "pruned inbox %d, effects %d, outbox %d, admin_audit %d, outbox_set_aside %d\n",
+		st.Inbox, st.Effects, st.Outbox, st.AdminAudit, st.SetAside)
 	return nil
 }

@@ -14,8 +14,10 @@
 --                  (onceflow.outbox_set_aside). Nothing of the inbox,
 --                  seq state, gaps or effects; cannot create events.
 --   consumer_role  the consumer: onceflow.inbox, consumer_offsets, seq_state,
---                  seq_gaps, effects; writes (never deletes) admin_audit and
---                  may call relay_status() (counts, no payloads), as the
+--                  seq_gaps, effects; writes admin_audit (deletes only rows
+--                  older than 30 days, through prune_admin_audit()) and
+--                  may call relay_status() (counts, no payloads) and
+--                  relay_set_aside() (set-aside rows, no payloads), as the
 --                  relay role may too. Nothing of the outbox, unless
 --                  consumer_may_enqueue is on (consume-transform-produce
 --                  handlers that enqueue in the consumer's transaction): then
@@ -202,6 +204,18 @@ BEGIN
     END IF;
     IF to_regprocedure('onceflow.relay_status()') IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.relay_status() TO %I, %I', v_relay, v_consumer);
+    END IF;
+    -- The console's list of set-aside outbox rows (identity, reason, error;
+    -- no payload), through onceflow.relay_set_aside().
+    IF to_regprocedure('onceflow.relay_set_aside(integer)') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.relay_set_aside(integer) TO %I, %I', v_relay, v_consumer);
+    END IF;
+    -- Retention (`consumer prune`, `-retention-interval`): the consumer's
+    -- pruner deletes audit rows and resolved set-aside rows only through
+    -- these functions, which refuse to delete recent ones (30 days, 1 day).
+    IF to_regprocedure('onceflow.prune_admin_audit(text, interval, integer)') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.prune_admin_audit(text, interval, integer) TO %I', v_consumer);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.prune_outbox_set_aside(interval, integer) TO %I', v_consumer);
     END IF;
     IF v_enqueue THEN
         EXECUTE format('GRANT %I TO %I', v_writer, v_consumer);

@@ -47,4 +47,12 @@ ORDER BY topic, kafka_partition`
 
 	qRelayStatus = `
 SELECT pending_rows, oldest_unpublished_at, db_now, leases FROM onceflow.relay_status()`
+
+	// qRelaySetAside lists the open set-aside outbox rows, oldest first,
+	// with their total, through onceflow.relay_set_aside() (identity,
+	// reason and error; never a payload).
+	qRelaySetAside = `
+SELECT outbox_id, event_id, topic, source, seq, event_type, reason, error, attempts,
+       set_aside_at, last_failed_at, retry_at, total
+  FROM onceflow.relay_set_aside($1)`
 )

@@ -31,10 +31,8 @@ type RelayStatus struct {
 	Leases                      []Lease    `json:"leases"`
 	// Leader is the holder of a live lease ("" when no relay leads).
 	Leader string `json:"leader"`
-	// SetAside are outbox rows the relay set aside (nil when this build's
-	// schema has none; see SetAsideNote).
-	SetAside     *SetAside `json:"set_aside"`
-	SetAsideNote string    `json:"set_aside_note,omitempty"`
+	// SetAside are the open outbox rows the relay set aside.
+	SetAside *SetAside `json:"set_aside"`
 	// Self is the answering relay process (relay binary only).
 	Self   *RelaySelf `json:"self,omitempty"`
 	DBTime time.Time  `json:"db_time"`
@@ -45,12 +43,42 @@ type RelaySelf struct {
 	Role string `json:"role"`
 }
 
-// SetAside summarises outbox rows the relay set aside because Kafka refused
-// them permanently.
+// SetAside lists the outbox rows the relay set aside because Kafka refused
+// them permanently and that are not resolved yet (`relay outbox failed
+// list`): while one is open, its source publishes nothing after it.
 type SetAside struct {
-	Count  int64      `json:"count"`
+	// Count is the number of open rows; Rows holds the oldest
+	// MaxSetAsideRows of them.
+	Count int64         `json:"count"`
+	Rows  []SetAsideRow `json:"rows"`
+	// Oldest is when the oldest open row was set aside (nil: none).
 	Oldest *time.Time `json:"oldest"`
 }
+
+// SetAsideRow is one open set-aside outbox row.
+type SetAsideRow struct {
+	OutboxID  int64  `json:"outbox_id"`
+	EventID   string `json:"event_id"`
+	Topic     string `json:"topic"`
+	Source    string `json:"source"`
+	Seq       int64  `json:"seq"`
+	EventType string `json:"event_type"`
+	// Reason: too_large, invalid_topic, topic_authorization,
+	// invalid_record, topic_missing or topic_contract; Error is Kafka's or
+	// the client's text.
+	Reason       string    `json:"reason"`
+	Error        string    `json:"error"`
+	Attempts     int       `json:"attempts"`
+	SetAsideAt   time.Time `json:"set_aside_at"`
+	LastFailedAt time.Time `json:"last_failed_at"`
+	// RetryAt is when the relay tries the row again by itself (nil: it
+	// waits for an operator).
+	RetryAt *time.Time `json:"retry_at"`
+}
+
+// MaxSetAsideRows is the most set-aside rows the relay status lists (Count
+// counts them all).
+const MaxSetAsideRows = 100
 
 // ReadRelayStatus reads the relay's status through onceflow.relay_status(),
 // which a role may execute without reading outbox payloads.
@@ -76,22 +104,34 @@ func ReadRelayStatus(ctx context.Context, pool *pgxpool.Pool) (RelayStatus, erro
 		return st, err
 	}
 	st.SetAside = sa
-	if sa == nil {
-		st.SetAsideNote = "this version of the schema has no set-aside outbox rows"
-	}
 	return st, nil
 }
 
-// setAsideRows summarises the outbox rows the relay has set aside (rows
-// Kafka refuses permanently, kept aside so that the rest keep flowing).
-//
-// SEAM: the schema of this build has no set-aside rows (they are being
-// added to the relay separately). When they land, count them here (through
-// onceflow.relay_status() so that the consumer's role can see the count
-// without the rows) and show them in the console's relay panel
-// (web/app.js renderRelay).
-func setAsideRows(context.Context, *pgxpool.Pool) (*SetAside, error) {
-	return nil, nil
+// setAsideRows reads the open set-aside outbox rows through
+// onceflow.relay_set_aside(), which the consumer's role may execute without
+// reading onceflow.outbox_set_aside itself.
+func setAsideRows(ctx context.Context, pool *pgxpool.Pool) (*SetAside, error) {
+	rows, err := pool.Query(ctx, qRelaySetAside, MaxSetAsideRows)
+	if err != nil {
+		return nil, fmt.Errorf("relay set-aside rows: %w", err)
+	}
+	sa := &SetAside{Rows: []SetAsideRow{}}
+	for rows.Next() {
+		var r SetAsideRow
+		if err := rows.Scan(&r.OutboxID, &r.EventID, &r.Topic, &r.Source, &r.Seq, &r.EventType, &r.Reason, &r.Error,
+			&r.Attempts, &r.SetAsideAt, &r.LastFailedAt, &r.RetryAt, &sa.Count); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("relay set-aside rows: %w", err)
+		}
+		sa.Rows = append(sa.Rows, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("relay set-aside rows: %w", err)
+	}
+	if len(sa.Rows) > 0 {
+		sa.Oldest = &sa.Rows[0].SetAsideAt
+	}
+	return sa, nil
 }
 
 // Relay reads the relay's status.

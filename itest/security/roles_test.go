@@ -154,6 +154,7 @@ const (
 	outboxInsert  = `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('x1', 'orders', 's', 1, 't', '\x7b7d')`
 	outboxPayload = `SELECT payload FROM onceflow.outbox`
 	relayStatus   = `SELECT * FROM onceflow.relay_status()`
+	relaySetAside = `SELECT * FROM onceflow.relay_set_aside()`
 	auditInsert   = `INSERT INTO onceflow.admin_audit (request_id, consumer, action, actor, via, params, outcome) VALUES ('r1', 'c', 'dlq.replay', 'a', 'cli', '{}', 'running')`
 )
 
@@ -238,9 +239,18 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{r, "read relay status", relayStatus, true},
 		{r, "read the audit", `SELECT * FROM onceflow.admin_audit`, false},
 		{c, "read relay status (counts, no payloads)", relayStatus, true},
+		{w, "list set-aside rows", relaySetAside, false},
+		{r, "list set-aside rows", relaySetAside, true},
+		{c, "list set-aside rows (no payloads)", relaySetAside, true},
 		{c, "record an operator change", auditInsert, true},
 		{c, "finish an operator change", `UPDATE onceflow.admin_audit SET outcome = 'ok' WHERE id = 1`, true},
 		{c, "erase the audit", `DELETE FROM onceflow.admin_audit`, false},
+		{c, "prune audit rows older than 90 days", `SELECT onceflow.prune_admin_audit('c', '90 days', 100)`, true},
+		{c, "prune audit rows younger than 30 days", `SELECT onceflow.prune_admin_audit('c', '29 days', 100)`, false},
+		{c, "prune resolved set-aside rows", `SELECT onceflow.prune_outbox_set_aside('90 days', 100)`, true},
+		{c, "prune set-aside rows resolved in the last day", `SELECT onceflow.prune_outbox_set_aside('1 hour', 100)`, false},
+		{w, "prune the audit", `SELECT onceflow.prune_admin_audit('c', '90 days', 100)`, false},
+		{r, "prune the audit", `SELECT onceflow.prune_admin_audit('c', '90 days', 100)`, false},
 
 		{rs.owner, "alter the schema", `ALTER TABLE onceflow.inbox ADD COLUMN x int`, true},
 	})

@@ -48,3 +48,31 @@ func DeletePublished(ctx context.Context, db Conn, ids []int64) (int64, error) {
 	}
 	return tag.RowsAffected(), nil
 }
+
+// qPruneSetAside deletes resolved set-aside rows older than $1 (an
+// interval), at most $2, through onceflow.prune_outbox_set_aside (migration
+// console_set_aside: it runs with its owner's rights and refuses a keep
+// under 1 day).
+const qPruneSetAside = `SELECT onceflow.prune_outbox_set_aside($1::interval, $2)`
+
+// PruneSetAside deletes at most limit rows of onceflow.outbox_set_aside
+// resolved (published or skipped) more than keep ago, by the database's
+// clock, and returns how many it deleted. Open rows are never deleted; a
+// keep under 24h is refused by the database (SQLSTATE 42501).
+func PruneSetAside(ctx context.Context, db Conn, keep time.Duration, limit int) (int64, error) {
+	return pruneCall(ctx, db, qPruneSetAside, "prune set-aside rows", keep, limit)
+}
+
+// pruneCall runs a SQL prune function that returns how many rows it
+// deleted.
+func pruneCall(ctx context.Context, db Conn, q, what string, args ...any) (int64, error) {
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", what, err)
+	}
+	n, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", what, err)
+	}
+	return n, nil
+}

@@ -14,7 +14,8 @@ import (
 
 // Metrics are the counters of Run.
 type Metrics struct {
-	// Pruned counts deleted rows by table (inbox, effects, outbox).
+	// Pruned counts deleted rows by table (inbox, effects, outbox,
+	// admin_audit, outbox_set_aside).
 	Pruned *prometheus.CounterVec
 	// Runs counts passes by result (ok, skipped, error).
 	Runs *prometheus.CounterVec
@@ -39,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		OldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "onceflow_consumer_retention_oldest_row_age_seconds",
 			Help: "Age of the oldest processed inbox row per retention class."}, []string{"class"}),
 	}
-	for _, t := range []string{"inbox", "effects", "outbox"} {
+	for _, t := range []string{"inbox", "effects", "outbox", "admin_audit", "outbox_set_aside"} {
 		m.Pruned.WithLabelValues(t)
 	}
 	for _, r := range []string{"ok", "skipped", "error"} {
@@ -69,6 +70,8 @@ func Run(ctx context.Context, db *pgxpool.Pool, r *Policy, interval time.Duratio
 		m.Pruned.WithLabelValues("inbox").Add(float64(st.Inbox))
 		m.Pruned.WithLabelValues("effects").Add(float64(st.Effects))
 		m.Pruned.WithLabelValues("outbox").Add(float64(st.Outbox))
+		m.Pruned.WithLabelValues("admin_audit").Add(float64(st.AdminAudit))
+		m.Pruned.WithLabelValues("outbox_set_aside").Add(float64(st.SetAside))
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -79,8 +82,9 @@ func Run(ctx context.Context, db *pgxpool.Pool, r *Policy, interval time.Duratio
 			m.Runs.WithLabelValues("skipped").Inc()
 		default:
 			m.Runs.WithLabelValues("ok").Inc()
-			if st.Inbox+st.Effects+st.Outbox > 0 {
-				log.InfoContext(ctx, "retention pruned", slog.Int64("inbox", st.Inbox), slog.Int64("effects", st.Effects), slog.Int64("outbox", st.Outbox))
+			if st.Inbox+st.Effects+st.Outbox+st.AdminAudit+st.SetAside > 0 {
+				log.InfoContext(ctx, "retention pruned", slog.Int64("inbox", st.Inbox), slog.Int64("effects", st.Effects), slog.Int64("outbox", st.Outbox),
+					slog.Int64("admin_audit", st.AdminAudit), slog.Int64("outbox_set_aside", st.SetAside))
 			}
 		}
 		if ages, err := OldestAgeByClass(ctx, db, r, o.Consumer); err == nil {

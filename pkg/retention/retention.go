@@ -45,10 +45,37 @@ const lockClass = 0x0eff
 // type no class matches is kept permanently. A class's TTL shorter than the
 // horizon of a source that sends a type of that class is rejected: the
 // source could redeliver an event after its inbox row was pruned.
+//
+// Two operator records are kept by age alone, each "permanent" or a Go
+// duration: KeepAdminAudit, the console's audit of operator changes
+// (onceflow.admin_audit, default DefaultKeepAdminAudit, at least
+// MinKeepAdminAudit), and KeepResolvedSetAside, the relay's set-aside rows
+// once published or skipped (onceflow.outbox_set_aside, default
+// DefaultKeepResolvedSetAside, at least MinKeepResolvedSetAside).
 type Policy struct {
-	Classes []Class  `json:"classes"`
-	Sources []Source `json:"sources,omitempty"`
+	Classes              []Class  `json:"classes"`
+	Sources              []Source `json:"sources,omitempty"`
+	KeepAdminAudit       string   `json:"keep_admin_audit,omitempty"`
+	KeepResolvedSetAside string   `json:"keep_resolved_set_aside,omitempty"`
+
+	// 0: permanent.
+	auditTTL, setAsideTTL time.Duration
 }
+
+// Defaults and floors of the operator records' retention. The floors are
+// also enforced by the database functions that delete them (migration
+// console_set_aside), so the consumer's role cannot erase a recent operator
+// change.
+const (
+	// DefaultKeepAdminAudit keeps the audit of operator changes 90 days:
+	// long enough for an incident review a quarter later.
+	DefaultKeepAdminAudit = 90 * 24 * time.Hour
+	MinKeepAdminAudit     = 30 * 24 * time.Hour
+	// DefaultKeepResolvedSetAside keeps a resolved set-aside row (with a
+	// skipped row's copy and the operator's note) 90 days.
+	DefaultKeepResolvedSetAside = 90 * 24 * time.Hour
+	MinKeepResolvedSetAside     = 24 * time.Hour
+)
 
 // Class is one rule: event types matching Match are kept for Keep
 // ("permanent" or a Go duration).
@@ -110,6 +137,13 @@ func (r *Policy) Validate() error {
 		}
 		c.ttl = d
 	}
+	var err error
+	if r.auditTTL, err = keepOf("keep_admin_audit", r.KeepAdminAudit, DefaultKeepAdminAudit, MinKeepAdminAudit); err != nil {
+		return err
+	}
+	if r.setAsideTTL, err = keepOf("keep_resolved_set_aside", r.KeepResolvedSetAside, DefaultKeepResolvedSetAside, MinKeepResolvedSetAside); err != nil {
+		return err
+	}
 	for i := range r.Sources {
 		s := &r.Sources[i]
 		if s.Source == "" {
@@ -133,6 +167,28 @@ func (r *Policy) Validate() error {
 	}
 	return nil
 }
+
+// keepOf parses an operator record's keep: "" is def, "permanent" is 0.
+func keepOf(field, v string, def, floor time.Duration) (time.Duration, error) {
+	switch v {
+	case "":
+		return def, nil
+	case "permanent":
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < floor {
+		return 0, fmt.Errorf("retention: %s %q: want \"permanent\" or a duration of at least %s", field, v, floor)
+	}
+	return d, nil
+}
+
+// AdminAuditTTL is how long audit rows are kept (0: permanent).
+func (r *Policy) AdminAuditTTL() time.Duration { return r.auditTTL }
+
+// ResolvedSetAsideTTL is how long resolved set-aside rows are kept (0:
+// permanent).
+func (r *Policy) ResolvedSetAsideTTL() time.Duration { return r.setAsideTTL }
 
 // ClassOf returns the first class whose glob matches eventType (a source's
 // declared type may itself be a glob: it is matched as text).
@@ -216,6 +272,9 @@ type Options struct {
 // Stats counts what one Prune removed.
 type Stats struct {
 	Inbox, Effects, Outbox int64
+	// AdminAudit and SetAside count rows of onceflow.admin_audit and
+	// onceflow.outbox_set_aside.
+	AdminAudit, SetAside int64
 	// Skipped is true when another replica held the pruning lock.
 	Skipped bool
 }
@@ -238,7 +297,13 @@ const (
 //   - onceflow.effects rows with status done, in o.Consumer's scopes
 //     (ConsumerScopePrefix), whose event's inbox row was pruned in the same
 //     batch (an intent is never pruned; another consumer's rows never are);
-//   - onceflow.outbox rows already published, by published_at.
+//   - onceflow.outbox rows already published, by published_at;
+//   - onceflow.admin_audit rows of o.Consumer older than the policy's
+//     AdminAuditTTL, and onceflow.outbox_set_aside rows resolved longer ago
+//     than its ResolvedSetAsideTTL (every consumer's pruner may delete
+//     these: they are not per consumer), by the database's clock whatever
+//     o.Now says, through onceflow.prune_admin_audit (qPruneAudit) and
+//     outbox.PruneSetAside.
 //
 // Who prunes published outbox rows: the relay, always, once they are older
 // than its retention (outbox.Config.Retention, `relay -retention`), whatever
@@ -264,7 +329,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 		o.Consumer = DefaultConsumer
 	}
 	minTTL := r.minTTL()
-	if minTTL == 0 {
+	if minTTL == 0 && r.auditTTL == 0 && r.setAsideTTL == 0 {
 		return st, nil // everything permanent
 	}
 	conn, err := db.Acquire(ctx)
@@ -292,12 +357,74 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 		return st, fmt.Errorf("retention: read the database clock: %w", err)
 	}
 	p := pass{policy: r, now: now, minTTL: minTTL, batch: o.BatchSize, pause: o.Pause}
+	// The operator records, by age (first: they need no access to the
+	// outbox or the inbox, only the two functions).
+	if r.auditTTL > 0 {
+		err := batches(ctx, &p, &st.AdminAudit, func(ctx context.Context) (int64, error) {
+			return pruneAudit(ctx, conn, o.Consumer, r.auditTTL, p.batch)
+		})
+		if err != nil {
+			return st, fmt.Errorf("retention: %w", err)
+		}
+	}
+	if r.setAsideTTL > 0 {
+		err := batches(ctx, &p, &st.SetAside, func(ctx context.Context) (int64, error) {
+			return outbox.PruneSetAside(ctx, conn, r.setAsideTTL, p.batch)
+		})
+		if err != nil {
+			return st, fmt.Errorf("retention: %w", err)
+		}
+	}
+	if minTTL > 0 {
+		if err := pruneEvents(ctx, conn, &p, o.Consumer, &st); err != nil {
+			return st, fmt.Errorf("retention: %w", err)
+		}
+	}
+	return st, nil
+}
 
+// qPruneAudit deletes at most $3 finished audit rows of consumer $1 made
+// more than $2 (an interval) ago. The console (internal/admin) writes the
+// table; this function (migration console_set_aside) is its only delete: it
+// runs with its owner's rights, since the consumer's role may not delete
+// audit rows, and refuses a keep under 30 days (SQLSTATE 42501).
+const qPruneAudit = `SELECT onceflow.prune_admin_audit($1, $2::interval, $3)`
+
+func pruneAudit(ctx context.Context, conn *pgxpool.Conn, consumer string, keep time.Duration, limit int) (int64, error) {
+	var n int64
+	if err := conn.QueryRow(ctx, qPruneAudit, consumer, keep, limit).Scan(&n); err != nil {
+		return 0, fmt.Errorf("prune audit: %w", err)
+	}
+	return n, nil
+}
+
+// batches calls del, which deletes at most p.batch rows, until it deletes
+// fewer, pausing p.pause between calls, and adds what it deleted to n.
+func batches(ctx context.Context, p *pass, n *int64, del func(ctx context.Context) (int64, error)) error {
+	for {
+		d, err := del(ctx)
+		*n += d
+		if err != nil || d < int64(p.batch) {
+			return err
+		}
+		t := time.NewTimer(p.pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// pruneEvents deletes the expired inbox, effects and published outbox rows
+// (the event classes' TTLs).
+func pruneEvents(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer string, st *Stats) error {
 	// The consumer's inbox rows, and the effects of the pruned events.
-	scopePrefix := effects.ConsumerScopePrefix(o.Consumer)
-	err = keyset(ctx, &p,
+	scopePrefix := effects.ConsumerScopePrefix(consumer)
+	err := keyset(ctx, p,
 		func(ctx context.Context, before, afterAt time.Time, afterID string) ([]candidate[string], error) {
-			rows, err := inbox.ScanProcessed(ctx, conn, o.Consumer, before, afterAt, afterID, p.batch)
+			rows, err := inbox.ScanProcessed(ctx, conn, consumer, before, afterAt, afterID, p.batch)
 			out := make([]candidate[string], len(rows))
 			for i, r := range rows {
 				out[i] = candidate[string]{key: r.EventID, eventType: r.EventType, at: r.ReceivedAt}
@@ -305,7 +432,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 			return out, err
 		},
 		func(ctx context.Context, ids []string) error {
-			n, err := inbox.DeleteProcessed(ctx, conn, o.Consumer, ids)
+			n, err := inbox.DeleteProcessed(ctx, conn, consumer, ids)
 			if err != nil {
 				return err
 			}
@@ -315,11 +442,11 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 			return err
 		})
 	if err != nil {
-		return st, fmt.Errorf("retention: %w", err)
+		return err
 	}
 
 	// Published outbox rows.
-	err = keyset(ctx, &p,
+	err = keyset(ctx, p,
 		func(ctx context.Context, before, afterAt time.Time, afterID int64) ([]candidate[int64], error) {
 			rows, err := outbox.ScanPublished(ctx, conn, before, afterAt, afterID, p.batch)
 			out := make([]candidate[int64], len(rows))
@@ -333,10 +460,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 			st.Outbox += n
 			return err
 		})
-	if err != nil {
-		return st, fmt.Errorf("retention: %w", err)
-	}
-	return st, nil
+	return err
 }
 
 // pass is one pruning pass's settings.

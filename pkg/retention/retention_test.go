@@ -39,6 +39,9 @@ func TestParseRetention(t *testing.T) {
 			t.Errorf("ClassOf(%q) = %+v, want %s", et, c, want)
 		}
 	}
+	if r.AdminAuditTTL() != retention.DefaultKeepAdminAudit || r.ResolvedSetAsideTTL() != retention.DefaultKeepResolvedSetAside {
+		t.Errorf("operator records kept %s and %s by default, want 90 days", r.AdminAuditTTL(), r.ResolvedSetAsideTTL())
+	}
 	bad := map[string]string{
 		`{"classes":[]}`: "at least one",
 		`{"classes":[{"match":"[","keep":"1h"}]}`:                                           "is not a glob",
@@ -47,6 +50,9 @@ func TestParseRetention(t *testing.T) {
 		`{"classes":[{"match":"*","keep":"1h"}],"sources":[{"source":"s","horizon":"1h"}]}`: "event_types",
 		// Test 4 (library level): a TTL shorter than a source's horizon.
 		`{"classes":[{"match":"ping.*","keep":"24h"}],"sources":[{"source":"stripe-webhooks","horizon":"72h","event_types":["ping.x"]}]}`: `class "ping.*" keeps 24h0m0s, shorter than source "stripe-webhooks"'s redelivery horizon 72h0m0s`,
+		// The operator records' floors.
+		`{"classes":[{"match":"*","keep":"1h"}],"keep_admin_audit":"24h"}`:       `keep_admin_audit "24h": want "permanent" or a duration of at least 720h0m0s`,
+		`{"classes":[{"match":"*","keep":"1h"}],"keep_resolved_set_aside":"1h"}`: `keep_resolved_set_aside "1h": want "permanent" or a duration of at least 24h0m0s`,
 	}
 	for cfg, want := range bad {
 		if _, err := retention.Parse([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
@@ -153,6 +159,72 @@ func TestPrune(t *testing.T) {
 	}
 	if st, err := retention.Prune(ctx, db.Pool, r, retention.Options{}); err != nil || st.Inbox+st.Effects+st.Outbox != 0 {
 		t.Fatalf("second prune: %+v, %v", st, err)
+	}
+}
+
+// TestPruneOperatorRecords: audit rows of the pruning consumer older than
+// their keep (90 days by default) and set-aside rows resolved longer ago
+// than theirs go, in batches, even when every event class is permanent;
+// recent audit rows, another consumer's, a running one, recent resolved
+// set-aside rows and open ones (however old) stay; "permanent" keeps them
+// all.
+func TestPruneOperatorRecords(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDBUnlessShort(t)
+	ctx := context.Background()
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// id, consumer, age in days, outcome
+	exec(`INSERT INTO onceflow.admin_audit (request_id, consumer, action, actor, via, params, outcome, created_at)
+	      SELECT 'old-' || g, 'default', 'dlq.replay', 'alice', 'cli', '{}', 'ok', now() - interval '100 days' - g * interval '1 s'
+	        FROM generate_series(1, 5) g`)
+	exec(`INSERT INTO onceflow.admin_audit (request_id, consumer, action, actor, via, params, outcome, created_at) VALUES
+	      ('recent', 'default', 'gap.resolve', 'bob', 'cli', '{}', 'ok', now() - interval '89 days'),
+	      ('running', 'default', 'dlq.replay', 'bob', 'cli', '{}', 'running', now() - interval '100 days'),
+	      ('other', 'billing', 'dlq.replay', 'carol', 'cli', '{}', 'ok', now() - interval '100 days')`)
+	exec(`INSERT INTO onceflow.outbox_set_aside (outbox_id, event_id, topic, source, seq, event_type, reason, error, set_aside_at, resolved_at, resolution) VALUES
+	      (1, 'e1', 't', 's', 1, 'x', 'too_large', 'e', now() - interval '200 days', now() - interval '100 days', 'skipped'),
+	      (2, 'e2', 't', 's', 2, 'x', 'too_large', 'e', now() - interval '200 days', now() - interval '95 days', 'published'),
+	      (3, 'e3', 't', 's', 3, 'x', 'too_large', 'e', now() - interval '200 days', now() - interval '10 days', 'published'),
+	      (4, 'e4', 't', 'z', 1, 'x', 'invalid_topic', 'e', now() - interval '200 days', NULL, NULL)`)
+
+	keepAll, err := retention.Parse([]byte(`{"classes":[{"match":"*","keep":"permanent"}],"keep_admin_audit":"permanent","keep_resolved_set_aside":"permanent"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := retention.Prune(ctx, db.Pool, keepAll, retention.Options{}); err != nil || st != (retention.Stats{}) {
+		t.Fatalf("prune with everything permanent: %+v, %v", st, err)
+	}
+	r, err := retention.Parse([]byte(`{"classes":[{"match":"*","keep":"permanent"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := retention.Prune(ctx, db.Pool, r, retention.Options{BatchSize: 2, Pause: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.AdminAudit != 5 || st.SetAside != 2 || st.Inbox+st.Effects+st.Outbox != 0 {
+		t.Fatalf("pruned %+v, want admin_audit 5 (older than 90 days), outbox_set_aside 2 (resolved over 90 days ago)", st)
+	}
+	var audit, setAside []string
+	for q, into := range map[string]*[]string{
+		`SELECT request_id FROM onceflow.admin_audit ORDER BY request_id`:          &audit,
+		`SELECT outbox_id::text FROM onceflow.outbox_set_aside ORDER BY outbox_id`: &setAside,
+	} {
+		rows, err := db.Pool.Query(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if *into, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(audit, []string{"other", "recent", "running"}) || !slices.Equal(setAside, []string{"3", "4"}) {
+		t.Fatalf("left audit %q (want other, recent, running), set-aside %q (want 3: resolved 10 days ago, 4: open)", audit, setAside)
 	}
 }
 

@@ -313,8 +313,25 @@
     }
     pair("Pending rows", String(st.pending_rows));
     pair("Oldest unpublished", st.oldest_unpublished_at ? fmtAge(st.oldest_unpublished_age_seconds) + " old" : "–");
-    pair("Set aside", st.set_aside ? String(st.set_aside.count) : el("span", { class: "muted", text: st.set_aside_note || "–" }));
+    const sa = st.set_aside || { count: 0, rows: [] };
+    pair("Set aside", sa.count > 0
+      ? el("span", {}, badge("error", String(sa.count)), sa.count === 1 ? " row waits (its source is held back)" : " rows wait (their sources are held back)")
+      : "0");
     $("relay-list").replaceChildren(...items);
+    const rows = (sa.rows || []).map((r) => {
+      const reason = r.reason + (r.retry_at ? " (retried by the relay)" : "");
+      return el("tr", { "data-outbox-id": String(r.outbox_id), "data-source": r.source },
+        el("td", { class: "num mono", text: String(r.outbox_id) }),
+        el("td", { class: "mono", text: r.source }),
+        el("td", { class: "num mono", text: String(r.seq) }),
+        el("td", { class: "mono", text: r.topic }),
+        el("td", {}, badge("error", reason)),
+        el("td", { class: "mono", text: r.error, title: r.error }),
+        el("td", {}, fmtTime(r.set_aside_at)));
+    });
+    const more = sa.count > rows.length ? " (the oldest " + rows.length + " of " + sa.count + ")" : "";
+    $("set-aside-h").textContent = "Set-aside outbox rows" + more;
+    fillBody("set-aside-table", rows, "No outbox rows set aside.", 7);
   }
 
   function renderAudit(data) {
