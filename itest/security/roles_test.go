@@ -12,11 +12,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/pgtemp"
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
 // roleSet names the four roles of deploy/sql/roles.sql plus a login member
@@ -326,4 +328,41 @@ func withUser(t *testing.T, u, user string) string {
 	}
 	pu.User = url.User(user)
 	return pu.String()
+}
+
+// TestRolesConsumerPrunes: the retention pruner under the consumer's role,
+// which may not touch the outbox, prunes the consumer's expired inbox rows
+// and leaves the published outbox rows to the relay, without an error; as
+// the database owner it prunes both.
+func TestRolesConsumerPrunes(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rs := newRoles(t)
+	db := testkit.NewDB(t)
+	applyRoles(t, db.URL, rs, false)
+	createLogins(t, db, rs)
+	for _, q := range []string{inboxInsert, outboxInsert, `UPDATE onceflow.outbox SET published_at = now()`} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := retention.Parse([]byte(`{"classes":[{"match":"*","keep":"1h"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := retention.Options{Consumer: "c", Now: func() time.Time { return time.Now().Add(2 * time.Hour) }}
+	pool, err := pgxpool.New(ctx, withUser(t, db.URL, login(rs.consumer)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	st, err := retention.Prune(ctx, pool, r, o)
+	if err != nil || st.Inbox != 1 || st.Outbox != 0 || !st.OutboxNotPermitted {
+		t.Fatalf("prune as %s: %+v, %v; want the inbox row pruned and the outbox left to the relay", rs.consumer, st, err)
+	}
+	st, err = retention.Prune(ctx, db.Pool, r, o)
+	if err != nil || st.Outbox != 1 || st.OutboxNotPermitted {
+		t.Fatalf("prune as the owner: %+v, %v; want the published outbox row pruned", st, err)
+	}
 }

@@ -65,8 +65,13 @@ func Run(ctx context.Context, db *pgxpool.Pool, r *Policy, interval time.Duratio
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	saidOutbox := false
 	for {
 		st, err := Prune(ctx, db, r, o)
+		if st.OutboxNotPermitted && !saidOutbox {
+			saidOutbox = true
+			log.InfoContext(ctx, "retention leaves published outbox rows to the relay: this database role may not delete from onceflow.outbox")
+		}
 		m.Pruned.WithLabelValues("inbox").Add(float64(st.Inbox))
 		m.Pruned.WithLabelValues("effects").Add(float64(st.Effects))
 		m.Pruned.WithLabelValues("outbox").Add(float64(st.Outbox))

@@ -277,7 +277,16 @@ type Stats struct {
 	AdminAudit, SetAside int64
 	// Skipped is true when another replica held the pruning lock.
 	Skipped bool
+	// OutboxNotPermitted is true when the database role may not delete
+	// from onceflow.outbox (the consumer's least-privilege role in
+	// deploy/sql/roles.sql): published rows were left to the relay, which
+	// prunes them after its -retention anyway.
+	OutboxNotPermitted bool
 }
+
+// qMayPruneOutbox reports whether the session's role may scan and delete
+// outbox rows.
+const qMayPruneOutbox = `SELECT has_table_privilege('onceflow.outbox', 'SELECT') AND has_table_privilege('onceflow.outbox', 'DELETE')`
 
 // qPruneLock is the try-lock one pruning replica of a consumer holds (the
 // ledger's lock class; object hashtext('prune' || E'\n' || consumer), the
@@ -308,7 +317,8 @@ const (
 // Who prunes published outbox rows: the relay, always, once they are older
 // than its retention (outbox.Config.Retention, `relay -retention`), whatever
 // their class; Prune may delete them sooner, when their class's TTL is
-// shorter. A permanent class therefore protects inbox and effects rows, never
+// shorter and its role may delete outbox rows (else it leaves them and sets
+// Stats.OutboxNotPermitted). A permanent class therefore protects inbox and effects rows, never
 // outbox rows: the outbox is a queue, the inbox is the dedup record. The
 // statements are each table's own package's: inbox.ScanProcessed and
 // inbox.DeleteProcessed, effects.DeleteDone, outbox.ScanPublished and
@@ -445,7 +455,15 @@ func pruneEvents(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer stri
 		return err
 	}
 
-	// Published outbox rows.
+	// Published outbox rows, when this role may delete them.
+	var may bool
+	if err := conn.QueryRow(ctx, qMayPruneOutbox).Scan(&may); err != nil {
+		return fmt.Errorf("outbox privileges: %w", err)
+	}
+	if !may {
+		st.OutboxNotPermitted = true
+		return nil
+	}
 	err = keyset(ctx, p,
 		func(ctx context.Context, before, afterAt time.Time, afterID int64) ([]candidate[int64], error) {
 			rows, err := outbox.ScanPublished(ctx, conn, before, afterAt, afterID, p.batch)
