@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"io"
@@ -11,11 +10,11 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/logbuf"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
@@ -65,46 +64,23 @@ func TestInvalidConfigNamesTheSetting(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // -pprof-addr serves Go's profiles on an address of its own; nothing
 // listens for them by default. No database or broker is needed: the relay
 // retries connecting while the profile endpoint serves.
 func TestPprofAddr(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runRelay(ctx, []string{"-database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", "-kafka-brokers", "127.0.0.1:1",
 			"-http-addr", "", "-pprof-addr", "127.0.0.1:0"}, &logs)
 	}()
 	re := regexp.MustCompile(`"msg":"pprof listening","addr":"([^"]+)"`)
-	var addr string
-	for deadline := time.Now().Add(30 * time.Second); addr == ""; {
-		if m := re.FindStringSubmatch(logs.String()); m != nil {
-			addr = m[1]
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no pprof address logged:\n%s", logs.String())
-		} else {
-			time.Sleep(10 * time.Millisecond) // polling a condition: the log line
-		}
+	m, err := logs.Wait(re, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
+	addr := m[1]
 	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?debug=1")
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package security
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/kafkaconn"
+	"github.com/onceflow/onceflow/internal/logbuf"
 	"github.com/onceflow/onceflow/internal/testkit"
 )
 
@@ -53,27 +52,9 @@ func secureConfig(t *testing.T, mechanism, user, password string) kafkaconn.Conf
 	}
 }
 
-// syncBuffer collects log output from client goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // newClient validates cfg, builds a client from cfg.Opts with a debug
 // logger into logs, and closes it on cleanup.
-func newClient(t *testing.T, cfg kafkaconn.Config, logs *syncBuffer, extra ...kgo.Opt) *kgo.Client {
+func newClient(t *testing.T, cfg kafkaconn.Config, logs *logbuf.Buffer, extra ...kgo.Opt) *kgo.Client {
 	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("validate: %v", err)
@@ -134,7 +115,7 @@ func TestKafkaTransactionalRoundTrip(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 			defer cancel()
 			topic := secureTopic(t, uniqueName(t, "rt"), 1, nil)
-			var logs syncBuffer
+			var logs logbuf.Buffer
 
 			prod := newClient(t, secureConfig(t, mech, relayUser, relayPass), &logs,
 				kgo.TransactionalID(prefix+"txn-"+topic), kgo.DefaultProduceTopic(topic))
@@ -195,7 +176,7 @@ func TestKafkaWrongPassword(t *testing.T) {
 		t.Run(mech, func(t *testing.T) {
 			t.Parallel()
 			const wrong = "wrong-Pa55-e81f0c"
-			var logs syncBuffer
+			var logs logbuf.Buffer
 			cl := newClient(t, secureConfig(t, mech, relayUser, wrong), &logs, kgo.RequestRetries(0))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -242,7 +223,7 @@ func TestKafkaUntrustedCA(t *testing.T) {
 			t.Parallel()
 			cfg := secureConfig(t, kafkaconn.MechanismSCRAMSHA256, relayUser, relayPass)
 			tc.mutate(&cfg)
-			var logs syncBuffer
+			var logs logbuf.Buffer
 			cl := newClient(t, cfg, &logs, kgo.RequestRetries(0))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()

@@ -1,11 +1,9 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,33 +11,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/internal/logbuf"
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type relayBundle struct {
 	bundle
 	topic string
 	reg   *prometheus.Registry
-	logs  *syncBuffer
+	logs  *logbuf.Buffer
 	relay *outbox.Relay
 	done  chan error
 	stop  context.CancelFunc
@@ -52,7 +34,7 @@ func startRelay(t *testing.T, topic string, mutate ...func(*outbox.Config)) rela
 	}
 	b := setup(t)
 	ckpt := testkit.Topic(t, "ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
-	rb := relayBundle{bundle: b, topic: topic, reg: prometheus.NewRegistry(), logs: &syncBuffer{}, done: make(chan error, 1)}
+	rb := relayBundle{bundle: b, topic: topic, reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}, done: make(chan error, 1)}
 	cfg := outbox.Config{
 		CheckpointTopic:       ckpt,
 		DB:                    b.db.Pool,
