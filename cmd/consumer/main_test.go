@@ -155,16 +155,8 @@ func TestInboxFlags(t *testing.T) {
 	if err := inboxFlags.Check(fs); err != nil {
 		t.Fatal(err)
 	}
-	typ := reflect.TypeOf(inbox.Config{})
-	for i := range typ.NumField() {
-		f := typ.Field(i)
-		switch k := f.Type.Kind(); {
-		case k == reflect.Slice && f.Type.Elem().Kind() == reflect.Interface: // KafkaOpts: built from the -kafka-* flags
-		case k == reflect.Bool, k == reflect.Int, k == reflect.Int32, k == reflect.Int64, k == reflect.String, k == reflect.Slice:
-			if _, ok := inboxFlags[f.Name]; !ok && !slices.Contains(inboxUnflagged, f.Name) {
-				t.Errorf("inbox.Config.%s has no flag in inboxFlags", f.Name)
-			}
-		}
+	for _, name := range inboxFlags.Uncovered(inbox.Config{}, inboxUnflagged...) {
+		t.Errorf("inbox.Config.%s has no flag in inboxFlags", name)
 	}
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)

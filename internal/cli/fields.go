@@ -3,7 +3,9 @@ package cli
 import (
 	"flag"
 	"fmt"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 )
 
@@ -44,6 +46,26 @@ func (m Fields) Check(fs *flag.FlagSet) error {
 		}
 	}
 	return nil
+}
+
+// Uncovered lists the fields of the Config struct cfg that a flag could set
+// (booleans, integers, durations, strings and slices of them) but that
+// neither the table nor unflagged names. Slices of interfaces (client
+// options) and funcs, loggers and other values are not settings.
+func (m Fields) Uncovered(cfg any, unflagged ...string) []string {
+	var out []string
+	typ := reflect.TypeOf(cfg)
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		switch k := f.Type.Kind(); {
+		case k == reflect.Slice && f.Type.Elem().Kind() == reflect.Interface:
+		case k == reflect.Bool, k == reflect.Int, k == reflect.Int32, k == reflect.Int64, k == reflect.String, k == reflect.Slice:
+			if _, ok := m[f.Name]; !ok && !slices.Contains(unflagged, f.Name) {
+				out = append(out, f.Name)
+			}
+		}
+	}
+	return out
 }
 
 // Var defines flag name on fs for a typed setting: parse sets *p (a
