@@ -161,12 +161,12 @@ func TestRelayMissingTopic(t *testing.T) {
 		var setAside, otherPublished bool
 		_ = rb.db.Pool.QueryRow(context.Background(), `SELECT
 			EXISTS (SELECT 1 FROM onceflow.outbox_set_aside WHERE reason = 'topic_missing' AND source = 's' AND resolved_at IS NULL AND error LIKE '%UNKNOWN_TOPIC_OR_PARTITION%'),
-			EXISTS (SELECT 1 FROM onceflow.outbox WHERE source = 'o' AND published_at IS NOT NULL)`).Scan(&setAside, &otherPublished)
+			EXISTS (SELECT 1 FROM onceflow.outbox WHERE source = 'o' AND id NOT IN (SELECT id FROM onceflow.outbox_pending))`).Scan(&setAside, &otherPublished)
 		return setAside && otherPublished && strings.Contains(rb.logs.String(), missing) &&
 			testutil.ToFloat64(metricLabel(t, rb.reg, "onceflow_relay_errors_total", "topic")) >= 1
 	})
 	var unpublished int
-	if err := rb.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil || unpublished != 2 {
+	if err := rb.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&unpublished); err != nil || unpublished != 2 {
 		t.Fatalf("unpublished=%d err=%v: both rows of source s must wait", unpublished, err)
 	}
 	testkit.CreateTopic(t, missing, 1, nil)
@@ -248,7 +248,7 @@ func TestRelayListenWakes(t *testing.T) {
 	}
 	waitUntil(t, "the row to be published", func() bool {
 		var n int
-		_ = rb.db.Pool.QueryRow(rb.ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL`).Scan(&n)
+		_ = rb.db.Pool.QueryRow(rb.ctx, `SELECT count(*) FROM onceflow.outbox WHERE id NOT IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&n)
 		return n == 1
 	})
 	if took := time.Since(start); took > 10*time.Second {
