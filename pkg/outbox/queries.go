@@ -49,9 +49,14 @@ WITH m AS (
 SELECT source, last_seq FROM c`
 
 // qSelectBatch reads the oldest unpublished rows: it walks the queue
-// onceflow.outbox_pending in id order and joins each id to its outbox row.
+// onceflow.outbox_pending in id order and looks each id up in the outbox.
 // A row whose transaction commits late is still pending, so a later poll
 // finds it (R1).
+// The lookup is a LATERAL subquery the planner may not flatten (OFFSET 0):
+// as a plain join PostgreSQL, expecting much of the queue to be read,
+// prefers a merge join that walks the outbox's key from its first row,
+// through every published row the retention keeps (25 ms instead of 3 for
+// 1000 rows over 100k published ones).
 // $2 are the ids of the previous batch, committed to Kafka and being marked
 // concurrently (a hashed subplan, so the exclusion is cheap).
 // Rows of a source with a set-aside row are held back until it is resolved
@@ -81,7 +86,7 @@ const qSelectBatchFrom = `
 SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type, o.record_key, o.headers, o.payload,
        EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a WHERE a.outbox_id = o.id AND a.resolved_at IS NULL) AS retrying
   FROM onceflow.outbox_pending p
-  JOIN onceflow.outbox o ON o.id = p.id
+ CROSS JOIN LATERAL (SELECT * FROM onceflow.outbox o WHERE o.id = p.id OFFSET 0) o
  WHERE p.id NOT IN (SELECT unnest($2::bigint[]))
    AND o.source NOT IN (` + qHeldSources + `)`
 

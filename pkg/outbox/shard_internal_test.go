@@ -28,7 +28,7 @@ func TestShardStatementsWalkTheirIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	var halfIDs []int64
-	if err := db.Pool.QueryRow(ctx, `SELECT array_agg(id) FROM onceflow.outbox WHERE id % 2 = 0`).Scan(&halfIDs); err != nil {
+	if err := db.Pool.QueryRow(ctx, `SELECT array_agg(id) FROM (SELECT id FROM onceflow.outbox ORDER BY id LIMIT 50000) h`).Scan(&halfIDs); err != nil {
 		t.Fatal(err)
 	}
 	analyze := func() {
@@ -61,8 +61,9 @@ func TestShardStatementsWalkTheirIndex(t *testing.T) {
 	}{
 		{"poll", qSelectBatch, "outbox_pending_pkey", []any{1000, []int64{}}, ""},
 		{"poll, sharded", qSelectBatchShard, "outbox_pending_pkey", []any{1000, []int64{}, 4, 1}, ""},
-		// Half the rows published (the queue's dead head, as after a drain).
-		{"poll after a drain", qSelectBatchShard, "outbox_pending_pkey", []any{1000, []int64{}, 4, 1},
+		// The older half published (kept for the retention) and analyzed.
+		{"poll after a drain", qSelectBatch, "outbox_pending_pkey", []any{1000, []int64{}}, qMarkPublished},
+		{"poll after a drain, sharded", qSelectBatchShard, "outbox_pending_pkey", []any{1000, []int64{}, 4, 1},
 			qMarkPublished},
 	} {
 		if tt.before != "" {
@@ -72,7 +73,10 @@ func TestShardStatementsWalkTheirIndex(t *testing.T) {
 		}
 		analyze()
 		p := plan(tt.q, tt.args...)
-		if !strings.Contains(p, "Scan using "+tt.index) || strings.Contains(p, "Sort") {
+		// The outbox is only probed by key, never walked (a merge join
+		// would walk it from its first, long published, row).
+		if !strings.Contains(p, "Scan using "+tt.index) || strings.Contains(p, "Sort") ||
+			strings.Contains(p, "Merge Join") || strings.Contains(p, "Seq Scan on outbox ") {
 			t.Errorf("%s: the plan does not walk %s:\n%s", tt.name, tt.index, p)
 		}
 	}
