@@ -93,7 +93,7 @@ func relayDesigns(tb testing.TB, rep *report, batches int) {
 		{name: "queue (onceflow's default: a narrow table of unpublished ids, a publish log per batch)", table: "onceflow.outbox",
 			produce: produce("onceflow.outbox"),
 			fetch: `SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type, o.record_key, o.headers, o.payload
-				FROM onceflow.outbox_pending p JOIN onceflow.outbox o ON o.id = p.id ORDER BY p.id LIMIT $1`,
+				FROM onceflow.outbox_pending p CROSS JOIN LATERAL (SELECT * FROM onceflow.outbox o WHERE o.id = p.id OFFSET 0) o ORDER BY p.id LIMIT $1`,
 			mark: []string{`WITH m AS (DELETE FROM onceflow.outbox_pending WHERE id = ANY($1::bigint[]) RETURNING id)
 				INSERT INTO onceflow.outbox_published (first_id, last_id, ids) SELECT min(id), max(id), array_agg(id ORDER BY id) FROM m HAVING count(*) > 0`}},
 	}
