@@ -176,7 +176,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.BatchMaxBytes, "batch-max-bytes", outbox.DefaultBatchMaxBytes, "maximum payload bytes per Kafka transaction")
 	fs.IntVar(&o.BatchMaxRows, "batch-max-rows", outbox.DefaultBatchMaxRows, "maximum rows per Kafka transaction")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", outbox.DefaultCheckpointTopic, "compacted topic for the relay's checkpoints (created if missing)")
-	fs.BoolVar(&o.DeleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them for -retention (about 2x drain throughput)")
+	fs.BoolVar(&o.DeleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them and a publish log for -retention (a faster drain; no record of what was published)")
 	fs.StringVar(&o.HolderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
 	fs.DurationVar(&o.LeaseRenewInterval, "lease-renew-interval", outbox.DefaultLeaseRenewInterval, "how often the leader renews its lease")
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", outbox.DefaultLeaseTTL, "lease lifetime without renewal (takeover time after a leader dies)")
