@@ -27,7 +27,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -250,7 +252,9 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		if _, err := c.topics.Load(); err != nil {
 			return &cli.UsageError{Err: err}
 		}
-		if err := c.topics.CheckTopics(ctx, adm, c.outbox.CheckpointTopic); err != nil {
+		if err := checkCheckpointTopic(ctx, log, c.outbox.BackoffMax, func() error {
+			return c.topics.CheckTopics(ctx, adm, c.outbox.CheckpointTopic)
+		}); err != nil {
 			return fmt.Errorf("checkpoint topic breaks the topic spec (run `relay topics apply`): %w", err)
 		}
 		topicCheck = func(ctx context.Context, topic string) error {
@@ -323,4 +327,26 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	err = g.Wait()
 	log.InfoContext(context.WithoutCancel(ctx), "relay exiting", slog.Any("error", err))
 	return err
+}
+
+// checkCheckpointTopic runs the start-time check of the checkpoint topic
+// until it answers: a drift (or a topic that is missing) is final, but a
+// failure to ask — a broker not up yet, a topic just created that has not
+// reached every broker's metadata — is retried with backoff, logged, until
+// ctx ends.
+func checkCheckpointTopic(ctx context.Context, log *slog.Logger, maxWait time.Duration, check func() error) error {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 200 * time.Millisecond
+	bo.MaxInterval = maxWait
+	bo.MaxElapsedTime = 0
+	return backoff.RetryNotify(func() error {
+		err := check()
+		if err == nil || errors.Is(err, topics.ErrDrift) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(bo, ctx), func(err error, wait time.Duration) {
+		log.WarnContext(ctx, "checking the checkpoint topic failed; retrying",
+			slog.Any("error", err), slog.String("retry_in", wait.String()))
+	})
 }
