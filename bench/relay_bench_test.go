@@ -105,7 +105,7 @@ func relayDrain(b testing.TB, rep *report, n int, deleteOnPublish bool) {
 	waitCounter(b, reg, "onceflow_relay_published_total", 0, float64(n), 30*time.Minute)
 	for {
 		var left bool
-		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM onceflow.outbox WHERE published_at IS NULL AND topic = $1)`, topic).Scan(&left); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending) AND topic = $1)`, topic).Scan(&left); err != nil {
 			b.Fatal(err)
 		}
 		if !left {
@@ -171,7 +171,7 @@ func benchRelayLatency(b *testing.B, listen bool) {
 	}
 	for {
 		var left int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL`).Scan(&left); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&left); err != nil {
 			b.Fatal(err)
 		}
 		if left == 0 {

@@ -132,7 +132,7 @@ func relayShardsDrain(b testing.TB, rep *report, events, shards int, one float64
 	}
 	for {
 		var left bool
-		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM onceflow.outbox WHERE published_at IS NULL AND topic = $1)`, topic).Scan(&left); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending) AND topic = $1)`, topic).Scan(&left); err != nil {
 			b.Fatal(err)
 		}
 		if !left {

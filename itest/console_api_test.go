@@ -417,7 +417,7 @@ func TestConsoleAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	api.get("/api/v1/relay", &rs)
-	if rs.PendingRows != 1 || rs.Leader != "relay-a" || len(rs.Leases) != 1 || rs.OldestUnpublishedAt == nil {
+	if rs.PendingRows != 1 || rs.Leader != "relay-a" || len(rs.Leases) != 1 || rs.Leases[0].Shards != 1 || rs.OldestUnpublishedAt == nil {
 		t.Errorf("relay status: %+v", rs)
 	}
 	if sa := rs.SetAside; sa == nil || sa.Count != 1 || len(sa.Rows) != 1 || sa.Oldest == nil {

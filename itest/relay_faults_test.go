@@ -25,7 +25,7 @@ var fastLease = []string{"-lease-ttl", "1s", "-lease-renew-interval", "300ms", "
 func publishedCount(t *testing.T, ctx context.Context, e *relayEnv) int {
 	t.Helper()
 	var n int
-	if err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL`).Scan(&n); err != nil {
+	if err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE id NOT IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -40,7 +40,7 @@ func TestRelayLateCommitter(t *testing.T) {
 	// Wait until T2's row is published while T1 is still open.
 	for {
 		var published bool
-		if err := e.db.Pool.QueryRow(ctx, `SELECT id, published_at IS NOT NULL FROM onceflow.outbox WHERE event_id = $1`, early.EventID).Scan(&earlyID, &published); err != nil {
+		if err := e.db.Pool.QueryRow(ctx, `SELECT id, id NOT IN (SELECT id FROM onceflow.outbox_pending) FROM onceflow.outbox WHERE event_id = $1`, early.EventID).Scan(&earlyID, &published); err != nil {
 			t.Fatal(err)
 		}
 		if published {

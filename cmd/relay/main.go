@@ -27,7 +27,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -176,7 +178,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.BatchMaxBytes, "batch-max-bytes", outbox.DefaultBatchMaxBytes, "maximum payload bytes per Kafka transaction")
 	fs.IntVar(&o.BatchMaxRows, "batch-max-rows", outbox.DefaultBatchMaxRows, "maximum rows per Kafka transaction")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", outbox.DefaultCheckpointTopic, "compacted topic for the relay's checkpoints (created if missing)")
-	fs.BoolVar(&o.DeleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them for -retention (about 2x drain throughput)")
+	fs.BoolVar(&o.DeleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them and a publish log for -retention (a faster drain; no record of what was published)")
 	fs.StringVar(&o.HolderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
 	fs.DurationVar(&o.LeaseRenewInterval, "lease-renew-interval", outbox.DefaultLeaseRenewInterval, "how often the leader renews its lease")
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", outbox.DefaultLeaseTTL, "lease lifetime without renewal (takeover time after a leader dies)")
@@ -250,7 +252,9 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		if _, err := c.topics.Load(); err != nil {
 			return &cli.UsageError{Err: err}
 		}
-		if err := c.topics.CheckTopics(ctx, adm, c.outbox.CheckpointTopic); err != nil {
+		if err := checkCheckpointTopic(ctx, log, c.outbox.BackoffMax, func() error {
+			return c.topics.CheckTopics(ctx, adm, c.outbox.CheckpointTopic)
+		}); err != nil {
 			return fmt.Errorf("checkpoint topic breaks the topic spec (run `relay topics apply`): %w", err)
 		}
 		topicCheck = func(ctx context.Context, topic string) error {
@@ -323,4 +327,26 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	err = g.Wait()
 	log.InfoContext(context.WithoutCancel(ctx), "relay exiting", slog.Any("error", err))
 	return err
+}
+
+// checkCheckpointTopic runs the start-time check of the checkpoint topic
+// until it answers: a drift (or a topic that is missing) is final, but a
+// failure to ask — a broker not up yet, a topic just created that has not
+// reached every broker's metadata — is retried with backoff, logged, until
+// ctx ends.
+func checkCheckpointTopic(ctx context.Context, log *slog.Logger, maxWait time.Duration, check func() error) error {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 200 * time.Millisecond
+	bo.MaxInterval = maxWait
+	bo.MaxElapsedTime = 0
+	return backoff.RetryNotify(func() error {
+		err := check()
+		if err == nil || errors.Is(err, topics.ErrDrift) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(bo, ctx), func(err error, wait time.Duration) {
+		log.WarnContext(ctx, "checking the checkpoint topic failed; retrying",
+			slog.Any("error", err), slog.String("retry_in", wait.String()))
+	})
 }

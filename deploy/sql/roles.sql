@@ -8,8 +8,9 @@
 --   writer_role    producers: may only enqueue (onceflow.enqueue() or the Go
 --                  API's INSERT into onceflow.outbox + onceflow.source_seq).
 --                  Cannot read payloads, mark, delete, or touch consumer state.
---   relay_role     the relay: reads, marks (published_at) and prunes outbox
---                  rows, holds onceflow.relay_lease, binds
+--   relay_role     the relay: reads outbox rows, takes published ones off
+--                  the queue (onceflow.outbox_pending) into the publish log
+--                  (onceflow.outbox_published) and prunes them, holds onceflow.relay_lease, binds
 --                  onceflow.database_identity, sets rows aside
 --                  (onceflow.outbox_set_aside). Nothing of the inbox,
 --                  seq state, gaps or effects; cannot create events.
@@ -131,7 +132,7 @@ BEGIN
     -- Column privileges are not covered by REVOKE ... ON ALL TABLES.
     FOR r IN SELECT DISTINCT c.oid::regclass AS rel, a.attname AS col, g.rolname AS grantee
                FROM pg_class c
-               JOIN pg_attribute a ON a.attrelid = c.oid AND a.attacl IS NOT NULL
+               JOIN pg_attribute a ON a.attrelid = c.oid AND a.attacl IS NOT NULL AND NOT a.attisdropped
                CROSS JOIN LATERAL aclexplode(a.attacl) x
                JOIN pg_roles g ON g.oid = x.grantee
               WHERE c.relnamespace = 'onceflow'::regnamespace
@@ -157,8 +158,15 @@ BEGIN
     IF to_regclass('onceflow.outbox') IS NOT NULL THEN
         EXECUTE format('GRANT INSERT (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload), '
                        'SELECT (event_id, seq) ON onceflow.outbox TO %I', v_writer);
-        -- Relay: read, mark published, prune.
-        EXECUTE format('GRANT SELECT, DELETE, UPDATE (published_at) ON onceflow.outbox TO %I', v_relay);
+        -- Relay: read, prune (and -delete-on-publish). Rows are never updated.
+        EXECUTE format('GRANT SELECT, DELETE ON onceflow.outbox TO %I', v_relay);
+    END IF;
+    -- Relay: the queue of unpublished ids (filled by a trigger that runs with
+    -- its owner's rights: producers need nothing here) and the publish log
+    -- (UPDATE only for the row locks of its pruning).
+    IF to_regclass('onceflow.outbox_pending') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT, DELETE ON onceflow.outbox_pending TO %I', v_relay);
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON onceflow.outbox_published TO %I', v_relay);
     END IF;
     IF to_regclass('onceflow.relay_lease') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.relay_lease TO %I', v_relay);

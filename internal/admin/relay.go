@@ -11,7 +11,10 @@ import (
 
 // Lease is a row of onceflow.relay_lease.
 type Lease struct {
-	Shard      string    `json:"shard"`
+	Shard string `json:"shard"`
+	// Shards is the shard count of the relay holding it (1 unsharded; 0
+	// before migration relay_queue, which added it to relay_status()).
+	Shards     int       `json:"shards"`
 	Holder     string    `json:"holder"`
 	Epoch      int64     `json:"epoch"`
 	AcquiredAt time.Time `json:"acquired_at"`

@@ -543,7 +543,7 @@ func (r *run) killAndRestart(ctx context.Context) {
 func (r *run) progress(ctx context.Context, elapsed time.Duration) {
 	var published, applied, parked, openGaps, givenUp int64
 	_ = r.pool.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL),
+		(SELECT count(*) FROM onceflow.outbox WHERE id NOT IN (SELECT id FROM onceflow.outbox_pending)),
 		(SELECT count(*) FROM public.demo_effects),
 		(SELECT count(*) FROM onceflow.inbox WHERE status = 'parked'),
 		(SELECT count(*) FROM onceflow.seq_gaps WHERE state = 'open'),

@@ -16,7 +16,7 @@ func (r *run) verify(ctx context.Context) (*Summary, error) {
 	s := &Summary{Written: r.written.Load(), RolledBack: r.rolledBack.Load(), Foreign: r.foreign.Load(),
 		DuplicatesInjected: r.dupsIn.Load(), Restarts: int(r.restarts.Load())}
 	if err := r.pool.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL),
+		(SELECT count(*) FROM onceflow.outbox WHERE id NOT IN (SELECT id FROM onceflow.outbox_pending)),
 		(SELECT count(*) FROM public.demo_effects)`).Scan(&s.Published, &s.Applied); err != nil {
 		return nil, fmt.Errorf("read totals: %w", err)
 	}

@@ -2,6 +2,7 @@ package migrate_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -157,5 +158,99 @@ func TestDownStepByStep(t *testing.T) {
 	}
 	if one(qFuncs) == 0 || one(qScope) != 1 {
 		t.Fatal("up again: the fencing functions or the scope column are missing")
+	}
+}
+
+// The relay queue migration carries the rows over: unpublished rows into
+// the queue, published ones into the publish log with their time (one log
+// row per mark), and back again on the way down; a row inserted after it is
+// queued by the trigger, whoever inserts it and however.
+func TestRelayQueueMigrationCarriesRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testkit.EmptyDB(t)
+	migs, err := migrate.Load(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queue int32
+	for _, m := range migs {
+		if m.Name == "relay_queue" {
+			queue = int32(m.Version)
+		}
+	}
+	if queue == 0 {
+		t.Fatal("no relay_queue migration")
+	}
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	exec := func(q string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	text := func(q string) string {
+		t.Helper()
+		var s string
+		if err := conn.QueryRow(ctx, q).Scan(&s); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return s
+	}
+	if _, _, err := migrate.To(ctx, conn, queue-1); err != nil {
+		t.Fatal(err)
+	}
+	// Six rows: 1, 2, 5 published in one mark, 3 in another, 4 and 6 not.
+	exec(`INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload)
+	      SELECT 'e' || g, 't', 's', g, 'x', '\x00' FROM generate_series(1, 6) g`)
+	exec(`UPDATE onceflow.outbox SET published_at = '2026-01-01 00:00:00+00' WHERE seq IN (1, 2, 5)`)
+	exec(`UPDATE onceflow.outbox SET published_at = '2026-01-02 00:00:00+00' WHERE seq = 3`)
+
+	if _, _, err := migrate.To(ctx, conn, queue); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(`SELECT string_agg(o.seq::text, ',' ORDER BY o.seq) FROM onceflow.outbox_pending p JOIN onceflow.outbox o ON o.id = p.id`); got != "4,6" {
+		t.Errorf("pending after up: %s, want 4,6", got)
+	}
+	if got := text(`SELECT string_agg(to_char(published_at AT TIME ZONE 'UTC', 'MM-DD') || ':' || array_to_string(ids, '+'), ' ' ORDER BY batch) FROM onceflow.outbox_published`); got != "01-01:1+2+5 01-02:3" {
+		t.Errorf("publish log after up: %s", got)
+	}
+	if got := text(`SELECT coalesce(to_char(onceflow.outbox_published_at(3) AT TIME ZONE 'UTC', 'MM-DD'), 'null') || ' ' ||
+	                       coalesce(to_char(onceflow.outbox_published_at(4), 'MM-DD'), 'null')`); got != "01-02 null" {
+		t.Errorf("outbox_published_at(3), (4): %s", got)
+	}
+	// New rows, by a plain multi-row INSERT and by COPY, are queued; a
+	// deleted row leaves the queue; TRUNCATE empties it.
+	exec(`INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload)
+	      SELECT 'e' || g, 't', 's', g, 'x', '\x00' FROM generate_series(7, 8) g`)
+	if _, err := conn.PgConn().CopyFrom(ctx, strings.NewReader("e9\tt\ts\t9\tx\t\\\\x00\n"),
+		`COPY onceflow.outbox (event_id, topic, source, seq, event_type, payload) FROM STDIN`); err != nil {
+		t.Fatal(err)
+	}
+	exec(`DELETE FROM onceflow.outbox WHERE seq = 6`)
+	if got := text(`SELECT string_agg(o.seq::text, ',' ORDER BY o.seq) FROM onceflow.outbox_pending p JOIN onceflow.outbox o ON o.id = p.id`); got != "4,7,8,9" {
+		t.Errorf("pending after inserts and a delete: %s, want 4,7,8,9", got)
+	}
+	if got := text(`SELECT count(*)::text FROM onceflow.outbox_pending p WHERE NOT EXISTS (SELECT 1 FROM onceflow.outbox o WHERE o.id = p.id)`); got != "0" {
+		t.Errorf("%s queued ids without an outbox row", got)
+	}
+
+	// Down: published_at comes back from the log.
+	if _, _, err := migrate.To(ctx, conn, queue-1); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(`SELECT string_agg(seq::text || ':' || coalesce(to_char(published_at AT TIME ZONE 'UTC', 'MM-DD'), 'null'), ' ' ORDER BY seq) FROM onceflow.outbox`); got != "1:01-01 2:01-01 3:01-02 4:null 5:01-01 7:null 8:null 9:null" {
+		t.Errorf("after down: %s", got)
+	}
+	if _, _, err := migrate.Up(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	exec(`TRUNCATE onceflow.outbox`)
+	if got := text(`SELECT count(*)::text FROM onceflow.outbox_pending`); got != "0" {
+		t.Errorf("%s queued ids after TRUNCATE", got)
 	}
 }

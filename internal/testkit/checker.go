@@ -122,7 +122,7 @@ func (c *Checker) CommittedFrom(query string, args ...any) *Checker {
 func WaitDrained(ctx context.Context, pool *pgxpool.Pool, topic string) error {
 	for {
 		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE topic = $1 AND published_at IS NULL`, topic).Scan(&n)
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE topic = $1 AND id IN (SELECT id FROM onceflow.outbox_pending)`, topic).Scan(&n)
 		if err == nil && n == 0 {
 			return nil
 		}

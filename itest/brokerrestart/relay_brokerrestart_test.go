@@ -93,7 +93,7 @@ func TestRelayBrokerRestart(t *testing.T) {
 	}
 	published := func() int {
 		var n int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL`).Scan(&n); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE id NOT IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

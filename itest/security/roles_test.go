@@ -187,17 +187,21 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{w, "read the inbox", `SELECT * FROM onceflow.inbox`, false},
 		{w, "write the inbox", inboxInsert, false},
 		{w, "read outbox payloads", outboxPayload, false},
-		{w, "mark outbox rows", `UPDATE onceflow.outbox SET published_at = now()`, false},
+		{w, "mark outbox rows", `DELETE FROM onceflow.outbox_pending`, false},
+		{w, "write the publish log", `INSERT INTO onceflow.outbox_published (first_id, last_id, ids) VALUES (1, 1, '{1}')`, false},
 		{w, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
 		{w, "read the lease", `SELECT * FROM onceflow.relay_lease`, false},
 		{w, "read seq state", `SELECT * FROM onceflow.seq_state`, false},
 		{w, "claim an effect", effectClaim, false},
 
-		{r, "read unpublished rows", `SELECT id, event_id, topic, source, seq, event_type, content_type, record_key, headers, payload FROM onceflow.outbox WHERE published_at IS NULL ORDER BY id LIMIT 10`, true},
-		{r, "mark rows published", `UPDATE onceflow.outbox SET published_at = now() WHERE id = ANY('{1,2}'::bigint[]) AND published_at IS NULL`, true},
-		{r, "prune rows", `DELETE FROM onceflow.outbox WHERE published_at < now()`, true},
+		{r, "read unpublished rows", `SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type, o.record_key, o.headers, o.payload FROM onceflow.outbox_pending p JOIN onceflow.outbox o ON o.id = p.id ORDER BY p.id LIMIT 10`, true},
+		{r, "mark rows published", `WITH m AS (DELETE FROM onceflow.outbox_pending WHERE id = ANY('{1,2}'::bigint[]) RETURNING id) INSERT INTO onceflow.outbox_published (first_id, last_id, ids) SELECT min(id), max(id), array_agg(id) FROM m HAVING count(*) > 0`, true},
+		{r, "lock batches to prune", `SELECT batch, ids FROM onceflow.outbox_published WHERE published_at < now() FOR UPDATE SKIP LOCKED`, true},
+		{r, "prune rows", `DELETE FROM onceflow.outbox WHERE id < 0`, true},
+		{r, "prune the publish log", `DELETE FROM onceflow.outbox_published WHERE published_at < now()`, true},
+		{r, "rewrite the outbox", `UPDATE onceflow.outbox SET payload = '\x00'`, false},
 		{r, "take the lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now()) ON CONFLICT (shard) DO UPDATE SET holder = excluded.holder, epoch = onceflow.relay_lease.epoch + 1 RETURNING epoch`, true},
-		{r, "read one shard's rows", `SELECT id FROM onceflow.outbox WHERE published_at IS NULL AND onceflow.source_shard(source, 2) = 1 ORDER BY id LIMIT 10`, true},
+		{r, "read one shard's rows", `SELECT o.id FROM onceflow.outbox_pending p JOIN onceflow.outbox o ON o.id = p.id WHERE onceflow.source_shard(o.source, 2) = 1 ORDER BY p.id LIMIT 10`, true},
 		{r, "delete a settled lease", `DELETE FROM onceflow.relay_lease WHERE shard = 'x' AND shards = 2 AND expires_at <= now()`, true},
 		{w, "delete the lease", `DELETE FROM onceflow.relay_lease`, false},
 		{r, "bind the database identity", `UPDATE onceflow.database_identity SET first_used_at = coalesce(first_used_at, now()) RETURNING id`, true},
@@ -228,7 +232,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		{c, "write the outbox", outboxInsert, false},
 		{c, "enqueue() (not configured)", enqueueCall, false},
 		{c, "read the outbox", outboxPayload, false},
-		{c, "mark outbox rows", `UPDATE onceflow.outbox SET published_at = now()`, false},
+		{c, "mark outbox rows", `DELETE FROM onceflow.outbox_pending`, false},
 		{c, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
 		{c, "bump source counters", `INSERT INTO onceflow.source_seq VALUES ('s', 1)`, false},
 		{c, "take the relay lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now())`, false},
@@ -279,7 +283,7 @@ func TestRolesConsumerMayEnqueue(t *testing.T) {
 	checkPrivileges(t, db, []privCase{
 		{c, "enqueue()", enqueueCall, true},
 		{c, "read outbox payloads", outboxPayload, false},
-		{c, "mark outbox rows", `UPDATE onceflow.outbox SET published_at = now()`, false},
+		{c, "mark outbox rows", `DELETE FROM onceflow.outbox_pending`, false},
 		{c, "delete outbox rows", `DELETE FROM onceflow.outbox`, false},
 		{c, "take the relay lease", `INSERT INTO onceflow.relay_lease (shard, holder, expires_at) VALUES ('s', 'h', now())`, false},
 		{c, "write the inbox", inboxInsert, true},
@@ -342,7 +346,7 @@ func TestRolesConsumerPrunes(t *testing.T) {
 	db := testkit.NewDB(t)
 	applyRoles(t, db.URL, rs, false)
 	createLogins(t, db, rs)
-	for _, q := range []string{inboxInsert, outboxInsert, `UPDATE onceflow.outbox SET published_at = now()`} {
+	for _, q := range []string{inboxInsert, outboxInsert, `WITH m AS (DELETE FROM onceflow.outbox_pending RETURNING id) INSERT INTO onceflow.outbox_published (first_id, last_id, ids) SELECT min(id), max(id), array_agg(id) FROM m HAVING count(*) > 0`} {
 		if _, err := db.Pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}

@@ -25,7 +25,8 @@ type PublishedRow struct {
 }
 
 // ScanPublished returns up to limit published rows published before before
-// and after the cursor (afterAt, afterID), in (published_at, id) order.
+// and after the cursor (afterAt, afterID), in (published at, id) order; a
+// row's publish time is its batch's in onceflow.outbox_published.
 // Unpublished rows are never returned.
 func ScanPublished(ctx context.Context, db Conn, before, afterAt time.Time, afterID int64, limit int) ([]PublishedRow, error) {
 	rows, err := db.Query(ctx, qScanPublished, before, afterAt, afterID, limit)

@@ -800,20 +800,21 @@ func (r *Relay) stats(ctx context.Context) error {
 	return nil
 }
 
-// prune deletes published rows older than the retention in small batches,
-// at most 100 batches per call so that it yields to the publisher's
-// connection use; under steady load it keeps up as long as one call deletes
-// more than PruneInterval's worth of published rows.
+// prune deletes published rows older than the retention, whole publish
+// batches at a time (about PruneBatchRows rows per statement), at most 100
+// statements per call so that it yields to the publisher's connection use;
+// under steady load it keeps up as long as one call deletes more than
+// PruneInterval's worth of published rows. Every shard's leader prunes
+// whichever batches are due (a batch another is pruning is skipped).
 func (r *Relay) prune(ctx context.Context) error {
 	retention := max(r.cfg.Retention, 0).Seconds()
-	q, args := r.sharded(qPrune, qPruneShard, retention, r.cfg.PruneBatchRows)
 	for range 100 {
-		tag, err := r.cfg.DB.Exec(ctx, q, args...)
-		if err != nil {
+		var rows, batches int64
+		if err := r.cfg.DB.QueryRow(ctx, qPrune, retention, r.cfg.PruneBatchRows).Scan(&rows, &batches); err != nil {
 			return fmt.Errorf("prune outbox: %w", err)
 		}
-		r.m.pruned.Add(float64(tag.RowsAffected()))
-		if tag.RowsAffected() < int64(r.cfg.PruneBatchRows) {
+		r.m.pruned.Add(float64(rows))
+		if batches == 0 {
 			return nil
 		}
 	}

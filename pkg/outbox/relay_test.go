@@ -161,12 +161,12 @@ func TestRelayMissingTopic(t *testing.T) {
 		var setAside, otherPublished bool
 		_ = rb.db.Pool.QueryRow(context.Background(), `SELECT
 			EXISTS (SELECT 1 FROM onceflow.outbox_set_aside WHERE reason = 'topic_missing' AND source = 's' AND resolved_at IS NULL AND error LIKE '%UNKNOWN_TOPIC_OR_PARTITION%'),
-			EXISTS (SELECT 1 FROM onceflow.outbox WHERE source = 'o' AND published_at IS NOT NULL)`).Scan(&setAside, &otherPublished)
+			EXISTS (SELECT 1 FROM onceflow.outbox WHERE source = 'o' AND id NOT IN (SELECT id FROM onceflow.outbox_pending))`).Scan(&setAside, &otherPublished)
 		return setAside && otherPublished && strings.Contains(rb.logs.String(), missing) &&
 			testutil.ToFloat64(metricLabel(t, rb.reg, "onceflow_relay_errors_total", "topic")) >= 1
 	})
 	var unpublished int
-	if err := rb.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil || unpublished != 2 {
+	if err := rb.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&unpublished); err != nil || unpublished != 2 {
 		t.Fatalf("unpublished=%d err=%v: both rows of source s must wait", unpublished, err)
 	}
 	testkit.CreateTopic(t, missing, 1, nil)
@@ -248,10 +248,74 @@ func TestRelayListenWakes(t *testing.T) {
 	}
 	waitUntil(t, "the row to be published", func() bool {
 		var n int
-		_ = rb.db.Pool.QueryRow(rb.ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL`).Scan(&n)
+		_ = rb.db.Pool.QueryRow(rb.ctx, `SELECT count(*) FROM onceflow.outbox WHERE id NOT IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&n)
 		return n == 1
 	})
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("published after %s: the notification did not wake the relay", took)
+	}
+}
+
+// The relay's retention deletes published rows whole batches at a time,
+// once their batch is older than Retention, with the batch's log row; it
+// never deletes a pending row nor a batch still inside the retention.
+func TestRelayRetentionPrunesWholeBatches(t *testing.T) {
+	t.Parallel()
+	missing := "missing-" + strings.ReplaceAll(t.Name(), "/", "_") + "-" + time.Now().Format("150405.000000")
+	topic := testkit.Topic(t, "unit", 1, nil)
+	rb := startRelay(t, topic, func(c *outbox.Config) {
+		c.BatchMaxRows = 10
+		c.PruneBatchRows = 15
+		c.PruneInterval = 50 * time.Millisecond
+		c.Retention = time.Hour
+		c.RetrySetAsideAfter = time.Hour
+	})
+	ctx := context.Background()
+	one := func(q string) int64 {
+		t.Helper()
+		var n int64
+		if err := rb.db.Pool.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return n
+	}
+	// A row that stays pending (its topic is missing: set aside, retried
+	// in an hour), then 45 rows of another source in batches of at most 10.
+	if _, err := rb.enqueue(t, outbox.Writer{}, outbox.Message{Topic: missing, Source: "waits", EventType: "x", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	for range 45 {
+		if _, err := rb.enqueue(t, outbox.Writer{}, outbox.Message{Topic: topic, Source: "s", EventType: "x", Payload: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "45 rows published, one pending", func() bool {
+		return one(`SELECT count(*) FROM onceflow.outbox_pending`) == 1 &&
+			one(`SELECT coalesce(sum(cardinality(ids)), 0) FROM onceflow.outbox_published`) == 45
+	})
+	batches := one(`SELECT count(*) FROM onceflow.outbox_published`)
+	if batches < 5 {
+		t.Fatalf("%d log rows for 45 rows in batches of at most 10", batches)
+	}
+	// Every batch but the newest is now two hours old.
+	if _, err := rb.db.Pool.Exec(ctx, `UPDATE onceflow.outbox_published SET published_at = now() - interval '2 hours'
+	                                    WHERE batch < (SELECT max(batch) FROM onceflow.outbox_published)`); err != nil {
+		t.Fatal(err)
+	}
+	kept := one(`SELECT cardinality(ids) FROM onceflow.outbox_published ORDER BY batch DESC LIMIT 1`)
+	waitUntil(t, "the old batches pruned", func() bool {
+		return one(`SELECT count(*) FROM onceflow.outbox_published`) == 1
+	})
+	if n := one(`SELECT count(*) FROM onceflow.outbox WHERE source = 's'`); n != kept {
+		t.Errorf("%d rows of source s left, want the newest batch's %d", n, kept)
+	}
+	if n := one(`SELECT count(*) FROM onceflow.outbox o JOIN onceflow.outbox_published l ON o.id = ANY (l.ids)`); n != kept {
+		t.Errorf("%d rows left of the newest batch, want %d", n, kept)
+	}
+	if n := one(`SELECT count(*) FROM onceflow.outbox_pending p JOIN onceflow.outbox o ON o.id = p.id WHERE o.source = 'waits'`); n != 1 {
+		t.Errorf("the pending row was pruned")
+	}
+	if got := testutil.ToFloat64(metric(t, rb.reg, "onceflow_relay_pruned_total")); got != float64(45-kept) {
+		t.Errorf("onceflow_relay_pruned_total %v, want %d", got, 45-kept)
 	}
 }

@@ -258,7 +258,7 @@ func TestRelayTransactionSpan(t *testing.T) {
 	}
 	waitUntil(t, "the batch published", func() bool {
 		var n int
-		_ = rb.db.Pool.QueryRow(rb.ctx, `SELECT count(*) FROM onceflow.outbox WHERE published_at IS NOT NULL`).Scan(&n)
+		_ = rb.db.Pool.QueryRow(rb.ctx, `SELECT count(*) FROM onceflow.outbox WHERE id NOT IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&n)
 		return n == 3 && len(spansNamed(sr, "relay transaction")) > 0
 	})
 	s := spansNamed(sr, "relay transaction")[0]

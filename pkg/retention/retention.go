@@ -285,8 +285,10 @@ type Stats struct {
 }
 
 // qMayPruneOutbox reports whether the session's role may scan and delete
-// outbox rows.
-const qMayPruneOutbox = `SELECT has_table_privilege('onceflow.outbox', 'SELECT') AND has_table_privilege('onceflow.outbox', 'DELETE')`
+// published outbox rows: read the publish log and the queue, delete rows.
+const qMayPruneOutbox = `
+SELECT has_table_privilege('onceflow.outbox', 'SELECT') AND has_table_privilege('onceflow.outbox', 'DELETE')
+   AND has_table_privilege('onceflow.outbox_published', 'SELECT') AND has_table_privilege('onceflow.outbox_pending', 'SELECT')`
 
 // qPruneLock is the try-lock one pruning replica of a consumer holds (the
 // ledger's lock class; object hashtext('prune' || E'\n' || consumer), the
@@ -306,7 +308,8 @@ const (
 //   - onceflow.effects rows with status done, in o.Consumer's scopes
 //     (ConsumerScopePrefix), whose event's inbox row was pruned in the same
 //     batch (an intent is never pruned; another consumer's rows never are);
-//   - onceflow.outbox rows already published, by published_at;
+//   - onceflow.outbox rows already published, by the time of their batch
+//     in the publish log (onceflow.outbox_published);
 //   - onceflow.admin_audit rows of o.Consumer older than the policy's
 //     AdminAuditTTL, and onceflow.outbox_set_aside rows resolved longer ago
 //     than its ResolvedSetAsideTTL (every consumer's pruner may delete

@@ -102,10 +102,15 @@ func TestPrune(t *testing.T) {
 	exec(`INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status) VALUES
 	      ($1, 'event:ping-old-a', 'ping-old-a', 'done'), ($1, 'event:ping-old-b', 'ping-old-b', 'intent'), ($1, 'event:audit-old', 'audit-old', 'done'),
 	      ($2, 'event:ping-old-a', 'ping-old-a', 'done'), ('', 'event:ping-old-c', 'ping-old-c', 'done')`, mine, other)
-	exec(`INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, payload, created_at, published_at) VALUES
-	      ('o1', 't', 's', 1, 'ping.a', 'application/json', ''::bytea, '{}'::bytea, now() - interval '3h', now() - interval '2h'),
-	      ('o2', 't', 's', 2, 'ping.a', 'application/json', ''::bytea, '{}'::bytea, now() - interval '3h', NULL),
-	      ('o3', 't', 's', 3, 'audit.x', 'application/json', ''::bytea, '{}'::bytea, now() - interval '3h', now() - interval '2h')`)
+	exec(`INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, payload, created_at) VALUES
+	      ('o1', 't', 's', 1, 'ping.a', 'application/json', ''::bytea, '{}'::bytea, now() - interval '3h'),
+	      ('o2', 't', 's', 2, 'ping.a', 'application/json', ''::bytea, '{}'::bytea, now() - interval '3h'),
+	      ('o3', 't', 's', 3, 'audit.x', 'application/json', ''::bytea, '{}'::bytea, now() - interval '3h')`)
+	// o1 and o3 were published two hours ago (one batch); o2 is pending.
+	exec(`WITH m AS (DELETE FROM onceflow.outbox_pending p USING onceflow.outbox o
+	                  WHERE o.id = p.id AND o.event_id IN ('o1', 'o3') RETURNING p.id)
+	      INSERT INTO onceflow.outbox_published (published_at, first_id, last_id, ids)
+	      SELECT now() - interval '2h', min(id), max(id), array_agg(id ORDER BY id) FROM m`)
 
 	// Another replica holds the pruning lock: this one skips.
 	holder, err := db.Pool.Acquire(ctx)

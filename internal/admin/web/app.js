@@ -306,8 +306,13 @@
     if (live) {
       const left = Math.max(0, (new Date(live.expires_at) - new Date(st.db_time)) / 1000);
       pair("Leader", el("span", {}, badge("ok", "leading"), " ", el("span", { class: "mono", text: live.holder })));
-      pair("Lease", "shard " + live.shard + ", epoch " + live.epoch + ", renewed " + fmtAge(Math.max(0, (new Date(st.db_time) - new Date(live.renewed_at)) / 1000)) +
+      pair("Lease", "shard " + live.shard + (live.shards > 1 ? " of " + live.shards : "") + ", epoch " + live.epoch + ", renewed " + fmtAge(Math.max(0, (new Date(st.db_time) - new Date(live.renewed_at)) / 1000)) +
         " ago, expires in " + fmtAge(left));
+      if (live.shards > 1) {
+        const led = st.leases.filter((l) => l.live && l.shards === live.shards).length;
+        pair("Shards led", el("span", {}, badge(led === live.shards ? "ok" : "error", led + " of " + live.shards),
+          led === live.shards ? "" : " a shard without a leader publishes nothing (runbook RelayShardWithoutLeader)"));
+      }
     } else {
       pair("Leader", el("span", {}, badge("error", "none"), " no relay holds a live lease (runbook RelayNoLeader)"));
     }
