@@ -74,6 +74,17 @@ type pipe struct {
 func pipeline(tb testing.TB, rep *report, sz sizes) {
 	p := startPipe(tb)
 
+	if os.Getenv("ONCEFLOW_BENCH_LATENCY_ONLY") != "" {
+		// Experiments on the latency at 1k ev/s alone: no drain, no 50%.
+		p.openLoop(tb, rep, "1k", 1000, time.Millisecond, sz.LatencyFor, true)
+		if os.Getenv("ONCEFLOW_BENCH_HALF_RATE") != "" {
+			// and the second phase at a given rate instead of half a drain's.
+			p.openLoop(tb, rep, "half", float64(envInt(tb, "ONCEFLOW_BENCH_HALF_RATE", 1)), 5*time.Millisecond, sz.LatencyFor, false)
+		}
+		p.idleCPU(tb, rep)
+		p.stop(tb)
+		return
+	}
 	maxRate := p.drainCPU(tb, rep, sz.PipelineEvents)
 
 	// One event per transaction at 1k ev/s; at half the maximum,
@@ -88,10 +99,41 @@ func pipeline(tb testing.TB, rep *report, sz sizes) {
 		rep.measure()(figure{Name: "peak RSS: " + pr.Name + " binary, pipeline run", Value: vmHWM(tb, pr.Cmd.Process.Pid), Unit: "MiB",
 			Notes: []string{"VmHWM after the pipeline drain and both latency phases, default flags"}})
 	}
+	p.stop(tb)
+}
+
+// idleCPU, with ONCEFLOW_BENCH_IDLE_SECONDS set, records the CPU the relay
+// and consumer binaries use per second while nothing is enqueued.
+func (p *pipe) idleCPU(tb testing.TB, rep *report) {
+	secs := os.Getenv("ONCEFLOW_BENCH_IDLE_SECONDS")
+	if secs == "" {
+		return
+	}
+	d := time.Duration(envInt(tb, "ONCEFLOW_BENCH_IDLE_SECONDS", 1)) * time.Second
+	time.Sleep(2 * time.Second) // the last batches settle
+	before := p.cpu(tb)
+	time.Sleep(d) // measuring an idle interval
+	after := p.cpu(tb)
+	for _, proc := range []string{"relay", "consumer", "kafka"} {
+		rep.measure()(figure{Name: "idle CPU: " + proc, Value: (after[proc] - before[proc]) / d.Seconds() * 1000, Unit: "ms/s",
+			Notes: []string{fmt.Sprintf("CPU ms per second over %s with nothing enqueued", d)}})
+	}
+}
+
+// stop stops both binaries (SIGTERM) and waits for them.
+func (p *pipe) stop(tb testing.TB) {
 	for _, pr := range []*testkit.Proc{p.relay, p.consumer} {
 		pr.Signal(syscall.SIGTERM)
 		if err := pr.Wait(30 * time.Second); err != nil {
 			tb.Logf("%s: %v", pr.Name, err)
+		}
+		// ONCEFLOW_BENCH_PIPE_LOGS=dir keeps each binary's log (with
+		// ONCEFLOW_BENCH_RELAY_ARGS="-log-level debug": the relay's
+		// per-batch times).
+		if dir := os.Getenv("ONCEFLOW_BENCH_PIPE_LOGS"); dir != "" {
+			if err := os.WriteFile(filepath.Join(dir, pr.Name+".log"), []byte(pr.Output()), 0o644); err != nil {
+				tb.Logf("keep %s log: %v", pr.Name, err)
+			}
 		}
 	}
 }
@@ -165,6 +207,10 @@ func startPipe(tb testing.TB) *pipe {
 		p.relayPprof, p.consumerPprof = freeAddr(tb), freeAddr(tb)
 		relayExtra, consumerExtra = []string{"-pprof-addr", p.relayPprof}, []string{"-pprof-addr", p.consumerPprof}
 	}
+	// Extra flags for experiments (e.g. ONCEFLOW_BENCH_RELAY_ARGS="-listen"):
+	// appended last, so that they override the ones above.
+	relayExtra = append(relayExtra, strings.Fields(os.Getenv("ONCEFLOW_BENCH_RELAY_ARGS"))...)
+	consumerExtra = append(consumerExtra, strings.Fields(os.Getenv("ONCEFLOW_BENCH_CONSUMER_ARGS"))...)
 	p.relay = testkit.Start(tb, "relay", testkit.Binary(tb, "relay"), nil, append([]string{"run",
 		"-database-url", p.db.URL, "-kafka-brokers", brokers, "-checkpoint-topic", ckpt,
 		"-transactional-id-prefix", "bench-" + p.topic + "-", "-http-addr", "", "-log-level", "warn"}, relayExtra...)...)

@@ -136,7 +136,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ConsumerName, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
 	fs.StringVar(&o.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
 	cli.Int32Var(fs, &o.FetchMaxBytes, "fetch-max-bytes", inbox.DefaultFetchMaxBytes, "most bytes (compressed, as stored) one fetch from a broker brings; with -fetch-max-partition-bytes, -batch-max-records and the queue depth it bounds memory")
-	fs.DurationVar(&o.FetchMaxWait, "fetch-max-wait", inbox.DefaultFetchMaxWait, "longest a broker holds a fetch that finds nothing new (a transaction's commit does not end the wait: this bounds an idle partition's latency)")
+	fs.DurationVar(&o.FetchMaxWait, "fetch-max-wait", inbox.DefaultFetchMaxWait, "longest a broker holds a fetch that finds nothing new (a transaction's commit ends the wait; this bounds when a partition resumed after a pause is fetched again, and the idle requests)")
 	cli.Int32Var(fs, &o.FetchMaxPartitionBytes, "fetch-max-partition-bytes", inbox.DefaultFetchMaxPartitionBytes, "most bytes of one partition in one fetch (a broker still returns at least one record batch)")
 	fs.DurationVar(&o.GapCheckInterval, "gap-check-interval", inbox.DefaultGapCheckInterval, "how often the gap timer gives up expired gaps and refreshes the guard gauges")
 	registerGuardFlags(fs, &o.FirstSeen, &o.GapTimeout, &o.GapTimeouts, &o.MaxParked)

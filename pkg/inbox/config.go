@@ -71,10 +71,12 @@ type Config struct {
 	FetchMaxPartitionBytes int32
 
 	// FetchMaxWait is how long a broker holds a fetch that finds nothing
-	// new (default 50ms). A read_committed fetch is not answered early when
-	// a transaction's commit makes waiting records visible, so this bounds
-	// what an idle partition adds to an event's latency; each idle wait
-	// costs one small request.
+	// new (default 50ms). It does not delay arriving events: the broker
+	// answers a waiting read_committed fetch as soon as a transaction's
+	// commit marker makes records visible. It bounds how long a partition
+	// whose fetching resumes after a pause (QueueDepth) waits for the fetch
+	// in flight to return before it is fetched again, and each idle wait
+	// costs one small request (docs/performance.md measures the idle CPU).
 	FetchMaxWait time.Duration
 
 	// FirstSeen is the sequence guard's start policy for a source seen for

@@ -404,9 +404,14 @@ func (w *worker) enqueue(cl *kgo.Client, f fetched, depth int) {
 	}
 }
 
-// next takes the oldest queued batch, resuming the partition's fetching
-// when the queue has room again; ok is false when the queue is empty.
-func (w *worker) next(cl *kgo.Client, depth int) (f fetched, ok bool) {
+// next takes the oldest queued batch and, while their records fit in
+// maxRecords together, the batches queued behind it that were polled under
+// the same assignment from the same topic ID: batches that waited for the
+// worker are applied in one transaction instead of one each (a backlog of
+// small polls costs one transaction's round trips and commit, not one per
+// poll). It resumes the partition's fetching when the queue has room again;
+// ok is false when the queue is empty.
+func (w *worker) next(cl *kgo.Client, depth, maxRecords int) (f fetched, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.queue) == 0 {
@@ -415,6 +420,17 @@ func (w *worker) next(cl *kgo.Client, depth int) (f fetched, ok bool) {
 	f = w.queue[0]
 	w.queue[0] = fetched{}
 	w.queue = w.queue[1:]
+	for len(w.queue) > 0 {
+		h := w.queue[0]
+		if h.gen != f.gen || h.topicID != f.topicID || len(f.recs)+len(h.recs) > maxRecords {
+			break
+		}
+		// A new slice: the polled slices belong to the client's fetch.
+		f.recs = append(slices.Clip(f.recs), h.recs...)
+		f.hw = h.hw
+		w.queue[0] = fetched{}
+		w.queue = w.queue[1:]
+	}
 	if w.paused && len(w.queue) < depth && cl != nil {
 		w.paused = false
 		cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
@@ -567,7 +583,7 @@ func deref(s *string) string {
 func (c *Consumer) runWorker(cl *kgo.Client, w *worker) {
 	defer close(w.done)
 	for {
-		f, ok := w.next(cl, c.cfg.QueueDepth)
+		f, ok := w.next(cl, c.cfg.QueueDepth, c.cfg.BatchMaxRecords)
 		if !ok {
 			select {
 			case <-w.stop:

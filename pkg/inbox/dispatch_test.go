@@ -46,7 +46,7 @@ func TestDispatchNeverReachesALaterWorker(t *testing.T) {
 	}
 
 	c.dispatch(pollGen(c), []polledPartition{{tp: tp{"t", 1}, recs: offsets(150, 199)}, {tp: tp{"t", 0}, recs: offsets(7, 9)}})
-	f, ok := fresh.next(nil, 2)
+	f, ok := fresh.next(nil, 2, 500)
 	if !ok || f.recs[0].Offset != 150 || f.gen < fresh.gen {
 		t.Fatalf("the new worker's first batch: %+v %v", f, ok)
 	}
@@ -70,4 +70,46 @@ func mustMetrics(t *testing.T) *metrics {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// TestNextMergesQueuedBatches: the batches that waited for a busy worker are
+// taken together, in offset order, up to BatchMaxRecords records; a batch
+// polled under another assignment or from another topic ID is never merged
+// with them, and the polled slices are not written to.
+func TestNextMergesQueuedBatches(t *testing.T) {
+	t.Parallel()
+	w := newWorker(tp{"t", 1}, 1)
+	first := append(make([]*kgo.Record, 0, 8), offsets(0, 2)...) // room to append in place
+	w.queue = []fetched{
+		{recs: first, hw: 10, gen: 1},
+		{recs: offsets(3, 5), hw: 11, gen: 1},
+		{recs: offsets(6, 8), hw: 12, gen: 1},
+		{recs: offsets(9, 9), hw: 13, gen: 1, topicID: [16]byte{1}},
+		{recs: offsets(10, 10), hw: 14, gen: 2, topicID: [16]byte{1}},
+	}
+	want := func(f fetched, ok bool, from, to, hw int64) {
+		t.Helper()
+		if !ok || len(f.recs) != int(to-from+1) || f.hw != hw {
+			t.Fatalf("got %d records (ok %v, hw %d), want %d-%d with hw %d", len(f.recs), ok, f.hw, from, to, hw)
+		}
+		for i, r := range f.recs {
+			if r.Offset != from+int64(i) {
+				t.Fatalf("record %d has offset %d, want %d", i, r.Offset, from+int64(i))
+			}
+		}
+	}
+	f, ok := w.next(nil, 2, 8) // 3 + 3 fit in 8, the third batch does not
+	want(f, ok, 0, 5, 11)
+	if first[:4][3] != nil {
+		t.Fatal("the polled slice was written to")
+	}
+	f, ok = w.next(nil, 2, 500) // another topic ID follows
+	want(f, ok, 6, 8, 12)
+	f, ok = w.next(nil, 2, 500) // another assignment follows
+	want(f, ok, 9, 9, 13)
+	f, ok = w.next(nil, 2, 500)
+	want(f, ok, 10, 10, 14)
+	if _, ok := w.next(nil, 2, 500); ok {
+		t.Fatal("a batch from an empty queue")
+	}
 }
