@@ -31,7 +31,7 @@ FOR UPDATE`
 	// was nearly empty is kept while it grows (until the next autovacuum),
 	// 12–80 ms per batch at 1000 sources. A custom plan sees the sources as
 	// a constant (a hashed lookup in a sequential scan, or an index probe
-	// per source) and the table's current size, for about 0.2 ms of
+	// per source) and the table's current size, for about 0.3 ms of
 	// planning. Only this statement changes mode: the previous mode is put
 	// back right after it (SET LOCAL semantics: it never outlives the
 	// transaction).
