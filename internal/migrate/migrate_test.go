@@ -129,11 +129,24 @@ func TestDownStepByStep(t *testing.T) {
 	if _, _, err := migrate.Up(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
+	body := func() string {
+		t.Helper()
+		var src string
+		if err := conn.QueryRow(ctx, `SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = 'onceflow' AND p.proname = 'enqueue_batch'`).Scan(&src); err != nil {
+			t.Fatalf("enqueue_batch: %v", err)
+		}
+		return src
+	}
 	sawProtocol := false
+	var fastDown string // enqueue_batch's body after the down of enqueue_batch_fast
 	for i := len(migs) - 1; i >= 0; i-- {
 		m := migs[i]
 		if _, to, err := migrate.To(ctx, conn, int32(m.Version-1)); err != nil || to != int32(m.Version-1) {
 			t.Fatalf("down from %d (%s): to %d, %v", m.Version, m.Name, to, err)
+		}
+		if m.Name == "enqueue_batch_fast" {
+			fastDown = body()
 		}
 		if m.Name == "effects_protocol" {
 			sawProtocol = true
@@ -152,6 +165,22 @@ func TestDownStepByStep(t *testing.T) {
 		one(`SELECT count(*) FROM pg_type t WHERE t.typnamespace = 'onceflow'::regnamespace AND t.typtype IN ('c', 'e', 'd')
 		      AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind <> 'c')`); n != 0 {
 		t.Errorf("%d functions or types left in schema onceflow at version 0", n)
+	}
+	// The down of enqueue_batch_fast puts back the body that enqueue_batch
+	// (migration 010) creates.
+	if fastDown == "" {
+		t.Fatal("no enqueue_batch_fast migration")
+	}
+	for _, m := range migs {
+		if m.Name != "enqueue_batch" {
+			continue
+		}
+		if _, to, err := migrate.To(ctx, conn, int32(m.Version)); err != nil || to != int32(m.Version) {
+			t.Fatalf("up to %d: to %d, %v", m.Version, to, err)
+		}
+		if body() != fastDown {
+			t.Error("the down of enqueue_batch_fast did not restore enqueue_batch's body of migration enqueue_batch")
+		}
 	}
 	if _, to, err := migrate.Up(ctx, conn); err != nil || to != int32(len(migs)) {
 		t.Fatalf("up again: to %d, %v", to, err)

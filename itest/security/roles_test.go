@@ -149,9 +149,12 @@ func checkPrivileges(t *testing.T, db *testkit.DB, cases []privCase) {
 
 const (
 	// The ledger protocol: claim, then give the key back in the same statement.
-	effectClaim   = `SELECT onceflow.effect_release('k-claim', '') FROM onceflow.effect_claim('k-claim')`
-	handlerTable  = `CREATE TABLE public.sec_handler_effects (event_id text PRIMARY KEY, n integer NOT NULL)`
-	enqueueCall   = `SELECT * FROM onceflow.enqueue('orders', 'order-1', 'order.created', '{"total": 1}'::jsonb)`
+	effectClaim  = `SELECT onceflow.effect_release('k-claim', '') FROM onceflow.effect_claim('k-claim')`
+	handlerTable = `CREATE TABLE public.sec_handler_effects (event_id text PRIMARY KEY, n integer NOT NULL)`
+	enqueueCall  = `SELECT * FROM onceflow.enqueue('orders', 'order-1', 'order.created', '{"total": 1}'::jsonb)`
+	// A given event_id (its uniqueness check reads the outbox's event_id) and a generated one.
+	enqueueBatchCall = `SELECT * FROM onceflow.enqueue_batch('[{"topic": "orders", "source": "order-2", "event_type": "order.created", "payload": {"total": 2}, "event_id": "batch-1"},
+		{"topic": "orders", "source": "order-2", "event_type": "order.created", "payload": {}}]'::jsonb)`
 	inboxInsert   = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status) VALUES ('c', 'e1', 's', 1, 't', 'orders', 0, 0, 'processed')`
 	outboxInsert  = `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('x1', 'orders', 's', 1, 't', '\x7b7d')`
 	outboxPayload = `SELECT payload FROM onceflow.outbox`
@@ -184,6 +187,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	w, r, c := rs.writer, rs.relay, rs.consumer
 	checkPrivileges(t, db, []privCase{
 		{w, "enqueue()", enqueueCall, true},
+		{w, "enqueue_batch()", enqueueBatchCall, true},
 		{w, "read the inbox", `SELECT * FROM onceflow.inbox`, false},
 		{w, "write the inbox", inboxInsert, false},
 		{w, "read outbox payloads", outboxPayload, false},

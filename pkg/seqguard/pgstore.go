@@ -122,6 +122,7 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now tim
 	states := make(map[string]State, len(srcs))
 	b := &pgx.Batch{}
 	b.Queue(qEnsureState, c, srcs, now)
+	b.Queue(qCustomPlans)
 	b.Queue(qLockState, c, srcs).Query(func(rows pgx.Rows) error {
 		var src string
 		var last, first *int64
@@ -138,6 +139,7 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now tim
 		})
 		return err
 	})
+	b.Queue(qRestorePlans)
 	b.Queue(qLoadParked, c, srcs).Query(func(rows pgx.Rows) error {
 		var src string
 		var seq int64
@@ -225,39 +227,43 @@ func (l *Locked) State(source string) (State, bool) {
 func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error {
 	c := l.store.Consumer
 	states := make(map[string]State, len(srcs))
-	var args []any
-	if lockSQL == qLockState {
-		args = []any{c, srcs}
-	} else {
-		args = []any{c, srcs[0]}
+	var locked []string
+	scan := func(rows pgx.Rows) error {
+		var src string
+		var last, first *int64
+		_, err := pgx.ForEachRow(rows, []any{&src, &last, &first, &l.dbNow}, func() error {
+			st := State{}
+			if last != nil {
+				st.Started, st.LastApplied = true, *last
+			}
+			if first != nil && last != nil {
+				st.First = *first
+			}
+			states[src] = st
+			locked = append(locked, src)
+			return nil
+		})
+		return err
 	}
-	rows, err := l.tx.Query(ctx, lockSQL, args...)
+	var err error
+	if lockSQL == qLockState {
+		// With a custom plan, as in Lock (see qCustomPlans).
+		b := &pgx.Batch{}
+		b.Queue(qCustomPlans)
+		b.Queue(qLockState, c, srcs).Query(scan)
+		b.Queue(qRestorePlans)
+		err = l.tx.SendBatch(ctx, b).Close()
+	} else {
+		var rows pgx.Rows
+		if rows, err = l.tx.Query(ctx, lockSQL, c, srcs[0]); err == nil {
+			err = scan(rows)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("lock seq state: %w", err)
 	}
-	var locked []string
-	for rows.Next() {
-		var src string
-		var last, first *int64
-		if err := rows.Scan(&src, &last, &first, &l.dbNow); err != nil {
-			rows.Close()
-			return fmt.Errorf("lock seq state: %w", err)
-		}
-		st := State{}
-		if last != nil {
-			st.Started, st.LastApplied = true, *last
-		}
-		if first != nil && last != nil {
-			st.First = *first
-		}
-		states[src] = st
-		locked = append(locked, src)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("lock seq state: %w", err)
-	}
 	if len(locked) > 0 {
-		rows, err = l.tx.Query(ctx, qLoadParked, c, locked)
+		rows, err := l.tx.Query(ctx, qLoadParked, c, locked)
 		if err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}

@@ -1,0 +1,112 @@
+package seqguard
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+)
+
+// The seq_state lock runs with a custom plan, in Lock's round trip and in
+// Reload, even in a session that forces generic plans, and the session's
+// plan mode is back right after it. A generic plan of the lock searches the
+// batch's sources linearly for every row of a small table, or keeps a plan
+// made while the table was nearly empty (see qCustomPlans). The plans are
+// read from auto_explain, which the test loads into its session and asks to
+// send every plan to the client as a NOTICE.
+func TestLockStateRunsWithACustomPlan(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO onceflow.seq_state (consumer, source, last_applied)
+		SELECT 'c', 'src-' || g, 1 FROM generate_series(1, 1000) g`); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var plans []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(n.Message, "LockRows") {
+			plans = append(plans, n.Message)
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`LOAD 'auto_explain'`, // needs a superuser and the contrib module, as the test database has
+		`SET auto_explain.log_min_duration = 0`,
+		`SET auto_explain.log_level = notice`,
+		`SET plan_cache_mode = force_generic_plan`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v (the test reads plans through auto_explain)", q, err)
+		}
+	}
+	srcs := make([]string, 250)
+	for i := range srcs {
+		srcs[i] = fmt.Sprintf("src-%d", 4*i+1)
+	}
+	store := &PGStore{Consumer: "c"}
+	const runs = 7 // more than the five custom plans PostgreSQL makes before it may go generic
+	for range runs {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = func() error {
+			l, err := store.Lock(ctx, tx, srcs, time.Now())
+			if err != nil {
+				return err
+			}
+			if len(l.states) != len(srcs) {
+				return fmt.Errorf("locked %d sources, want %d", len(l.states), len(srcs))
+			}
+			if err := l.Reload(ctx); err != nil {
+				return err
+			}
+			var mode string
+			if err := tx.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil {
+				return err
+			}
+			if mode != "force_generic_plan" {
+				return fmt.Errorf("plan_cache_mode is %q after the lock, want the session's force_generic_plan", mode)
+			}
+			return nil
+		}()
+		if rerr := tx.Rollback(ctx); err == nil {
+			err = rerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(plans) != 2*runs {
+		t.Fatalf("%d plans of the lock (Lock and Reload), want %d", len(plans), 2*runs)
+	}
+	for _, p := range plans {
+		if strings.Contains(p, "ANY ($2") {
+			t.Fatalf("the lock ran a generic plan (the sources a parameter):\n%s", p)
+		}
+	}
+}
