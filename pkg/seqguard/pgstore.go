@@ -124,20 +124,7 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now tim
 	b.Queue(qEnsureState, c, srcs, now)
 	b.Queue(qCustomPlans)
 	b.Queue(qLockState, c, srcs).Query(func(rows pgx.Rows) error {
-		var src string
-		var last, first *int64
-		_, err := pgx.ForEachRow(rows, []any{&src, &last, &first, &l.dbNow}, func() error {
-			st := State{}
-			if last != nil {
-				st.Started, st.LastApplied = true, *last
-			}
-			if first != nil && last != nil {
-				st.First = *first
-			}
-			states[src] = st
-			return nil
-		})
-		return err
+		return scanLockedStates(rows, &l.dbNow, func(src string, st State) { states[src] = st })
 	})
 	b.Queue(qRestorePlans)
 	b.Queue(qLoadParked, c, srcs).Query(func(rows pgx.Rows) error {
@@ -229,21 +216,10 @@ func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error 
 	states := make(map[string]State, len(srcs))
 	var locked []string
 	scan := func(rows pgx.Rows) error {
-		var src string
-		var last, first *int64
-		_, err := pgx.ForEachRow(rows, []any{&src, &last, &first, &l.dbNow}, func() error {
-			st := State{}
-			if last != nil {
-				st.Started, st.LastApplied = true, *last
-			}
-			if first != nil && last != nil {
-				st.First = *first
-			}
+		return scanLockedStates(rows, &l.dbNow, func(src string, st State) {
 			states[src] = st
 			locked = append(locked, src)
-			return nil
 		})
-		return err
 	}
 	var err error
 	if lockSQL == qLockState {
@@ -614,4 +590,23 @@ func (s *PGStore) ResolveGap(ctx context.Context, q Querier, source string, from
 		return 0, ErrGapNotFound
 	}
 	return ct.RowsAffected(), nil
+}
+
+// scanLockedStates reads the rows of qLockState (or a one-source lock):
+// each source's state, and the database's clock into dbNow.
+func scanLockedStates(rows pgx.Rows, dbNow *time.Time, each func(src string, st State)) error {
+	var src string
+	var last, first *int64
+	_, err := pgx.ForEachRow(rows, []any{&src, &last, &first, dbNow}, func() error {
+		st := State{}
+		if last != nil {
+			st.Started, st.LastApplied = true, *last
+		}
+		if first != nil && last != nil {
+			st.First = *first
+		}
+		each(src, st)
+		return nil
+	})
+	return err
 }
