@@ -130,16 +130,7 @@ func relayShardsDrain(b testing.TB, rep *report, events, shards int, one float64
 		}
 		time.Sleep(2 * time.Millisecond) // polling a condition
 	}
-	for {
-		var left bool
-		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending) AND topic = $1)`, topic).Scan(&left); err != nil {
-			b.Fatal(err)
-		}
-		if !left {
-			break
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition: the last mark
-	}
+	waitMarked(b, db, topic)
 	rate := float64(events) / time.Since(t0).Seconds()
 	c1 := cpu()
 

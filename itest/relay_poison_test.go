@@ -166,7 +166,7 @@ func TestRelayPoisonRow(t *testing.T) {
 	t0 := time.Now()
 
 	unpublished := func() (n int) {
-		if err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&n); err != nil {
+		if err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox_pending`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

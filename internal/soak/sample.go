@@ -57,7 +57,7 @@ func (r *run) sample(ctx context.Context) {
 		x := sample{T: r.elapsed().Seconds(), Committed: r.led.n.Load(), OnTopic: r.topic.seen.Load(), Applied: -1, RelayLag: -1, ConsumerLag: -1}
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		var unpublished int64
-		if err := r.pool.QueryRow(qctx, `SELECT count(*) FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending)`).Scan(&unpublished); err == nil {
+		if err := r.pool.QueryRow(qctx, `SELECT count(*) FROM onceflow.outbox_pending`).Scan(&unpublished); err == nil {
 			if applied, err := ac.count(qctx, r.pool); err == nil {
 				x.Applied, x.RelayLag = applied, unpublished
 				x.ConsumerLag = max(x.OnTopic-applied, 0)

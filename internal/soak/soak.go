@@ -429,7 +429,7 @@ func (r *run) drain(ctx context.Context) (bool, time.Duration) {
 	committed := int(r.led.n.Load())
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		var unpublished, applied int
-		err := r.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM onceflow.outbox WHERE id IN (SELECT id FROM onceflow.outbox_pending)),
+		err := r.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM onceflow.outbox_pending),
 			(SELECT count(DISTINCT event_id) FROM soak.effects)`).Scan(&unpublished, &applied)
 		if err == nil && unpublished == 0 && applied >= committed && r.topic.distinct() >= committed {
 			return true, time.Since(t0)
