@@ -92,6 +92,7 @@ func service(name, envVar string) (string, error) {
 // DatabaseURL is the admin URL of the test PostgreSQL server.
 func DatabaseURL(t testing.TB) string {
 	t.Helper()
+	SkipIfShort(t, "PostgreSQL")
 	u, err := service("pg", EnvDatabaseURL)
 	if err != nil {
 		t.Fatalf("PostgreSQL for tests: %v", err)
@@ -102,6 +103,7 @@ func DatabaseURL(t testing.TB) string {
 // KafkaBrokers is the comma-separated seed broker list of the test Kafka.
 func KafkaBrokers(t testing.TB) string {
 	t.Helper()
+	SkipIfShort(t, "Apache Kafka")
 	b, err := service("kafka", EnvKafkaBrokers)
 	if err != nil {
 		t.Fatalf("Apache Kafka for tests: %v", err)
