@@ -28,6 +28,7 @@ import (
 	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/failpoint"
+	"github.com/onceflow/onceflow/internal/horizon"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/obs"
@@ -97,6 +98,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(horizon.NewCollector(pool, "consumer", log))
 	icfg := cfg.Inbox
 	icfg.BatchHandler = handler
 	icfg.Hooks = inbox.Hooks{
