@@ -39,7 +39,7 @@ func TestConsumerHTTPSecretsNeverShown(t *testing.T) {
 		if strings.HasPrefix(r.URL.Path, "/hooks/") {
 			auth := r.Header.Get("Authorization")
 			w.WriteHeader(http.StatusBadRequest)
-			fmt.Fprintf(w, "%s%s; x-api-key %s; url %s", strings.Repeat(".", 200-len(auth)/2), auth, r.Header.Get("X-Api-Key"), r.URL.String())
+			fmt.Fprintf(w, "%s%s; x-api-key %s; url %s", strings.Repeat(".", 204-len(auth)), auth, r.Header.Get("X-Api-Key"), r.URL.String())
 			return
 		}
 		w.WriteHeader(http.StatusInternalServerError)

@@ -156,8 +156,20 @@ func apiHeaders(next http.Handler) http.Handler {
 
 // pageHeaders: the page runs only its own script and style, is never
 // framed, and sends no referrer.
+//
+// The sign-in form is a POST, so that a submit the script does not catch
+// (a script error, a programmatic form.submit()) puts the token in a body,
+// never in the URL, the history or a proxy's access log; such a POST is
+// answered, unread, with a redirect to the page (303: the browser GETs it).
 func pageHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			// Relative, so that it holds behind a proxy's path prefix.
+			w.Header().Set("Location", "./")
+			w.Header().Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusSeeOther)
+			return
+		}
 		h := w.Header()
 		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
 			"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
