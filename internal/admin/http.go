@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"crypto/tls"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -96,16 +97,21 @@ func NewRelayHandler(pool *pgxpool.Pool, self func() RelaySelf, tokens *Tokens, 
 	return root
 }
 
-// Serve listens on addr and serves h until ctx ends, then shuts down
-// gracefully (a bulk replay in flight stops between two events and records
-// what it did). It logs "admin listening" with the bound address.
-func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
+// Serve listens on f.Addr and serves h (over TLS with
+// -admin-tls-cert-file) until ctx ends, then shuts down gracefully (a bulk
+// replay in flight stops between two events and records what it did). It
+// logs "admin listening" with the bound address.
+func Serve(ctx context.Context, f Flags, h http.Handler, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
 		return err
 	}
+	tc := f.tlsConfig()
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
+	}
 	if log != nil {
-		log.InfoContext(ctx, "admin listening", slog.String("addr", ln.Addr().String()))
+		log.InfoContext(ctx, "admin listening", slog.String("addr", ln.Addr().String()), slog.Bool("tls", tc != nil))
 	}
 	srv := &http.Server{
 		Handler:           h,
