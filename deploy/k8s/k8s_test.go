@@ -1008,7 +1008,9 @@ func TestProdOverlayEncrypts(t *testing.T) {
 	if np == nil {
 		t.Fatal("overlays/prod: no NetworkPolicy onceflow")
 	}
-	dns := func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.IntValue() == 53 && p.EndPort == nil }
+	dns := func(p networkingv1.NetworkPolicyPort) bool {
+		return p.Port != nil && p.Port.IntValue() == 53 && p.EndPort == nil
+	}
 	ports := map[int]bool{}
 	for _, rule := range np.Spec.Egress {
 		if len(rule.Ports) > 0 && !slices.ContainsFunc(rule.Ports, func(p networkingv1.NetworkPolicyPort) bool { return !dns(p) }) {
