@@ -1194,9 +1194,9 @@ func (r *Relay) sharded(whole, shard string, args ...any) (string, []any) {
 
 // isolate shortens a batch so that a suspect row (refused in an earlier
 // transaction, being retried after it was set aside, over the byte budget,
-// or with a topic name Kafka would refuse) is published (or set aside) alone: the batch stops before the first
-// suspect, and a batch that starts with one holds only it. Every row before
-// it is older, so order is kept.
+// or with a topic name Kafka would refuse) is published, or set aside,
+// alone: the batch stops before the first suspect, and a batch that starts
+// with one holds only it. Every row before it is older, so order is kept.
 func isolate(rows []row, suspects map[int64]refused) []row {
 	for i, w := range rows {
 		_, suspect := suspects[w.id]
