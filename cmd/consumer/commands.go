@@ -129,7 +129,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer closeAdmin()
 		g.Go(func() error {
-			if err := admin.Serve(gctx, cfg.Admin.Addr, h, log); err != nil {
+			if err := admin.Serve(gctx, cfg.Admin, h, log); err != nil {
 				return fmt.Errorf("admin server: %w", err)
 			}
 			return nil

@@ -320,7 +320,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if c.admin.Enabled {
 		h := admin.NewRelayHandler(pool, func() admin.RelaySelf { return admin.RelaySelf{Role: relay.Role()} }, tokens, log)
 		g.Go(func() error {
-			if err := admin.Serve(gctx, c.admin.Addr, h, log); err != nil {
+			if err := admin.Serve(gctx, c.admin, h, log); err != nil {
 				return fmt.Errorf("admin server: %w", err)
 			}
 			return nil

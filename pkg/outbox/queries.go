@@ -62,11 +62,20 @@ SELECT source, last_seq FROM c`
 // Rows of a source with a set-aside row are held back until it is resolved
 // or its retry time comes (R2, I3); retrying tells the relay to try such a
 // row alone.
-const qSelectBatch = qSelectBatchFrom + `
+//
+// $3 is the batch's byte budget (Config.BatchMaxBytes), and the relay's
+// memory is bounded by it whatever a row holds (I6). The size of each row
+// (rowSize: payload, key, headers, names, read from the stored lengths
+// without reading the values) comes first: a row over the budget is
+// returned without its payload, key and headers, and with its names cut,
+// so that the relay sets it aside unread; the batch ends before the row
+// that would take it over budget (upto, the running sum of what is
+// returned, in id order), so no more than the budget crosses the wire.
+const qSelectBatch = qSelectBatchHead + `
  ORDER BY p.id
- LIMIT $1`
+ LIMIT $1` + qSelectBatchTail
 
-// qSelectBatchShard is qSelectBatch for shard $4 of $3 (Config.Shards > 1):
+// qSelectBatchShard is qSelectBatch for shard $5 of $4 (Config.Shards > 1):
 // it walks the pending ids in order and keeps the rows of its own sources.
 //
 // The shard test is wrapped in a CASE on purpose, here and in the other
@@ -77,18 +86,46 @@ const qSelectBatch = qSelectBatchFrom + `
 // id order and stopping at the limit (2.5 ms). A boolean expression it
 // cannot look into is estimated at 50 %, which is the truth for 2 shards
 // and close enough for more.
-const qSelectBatchShard = qSelectBatchFrom + `
-   AND CASE WHEN onceflow.source_shard(o.source, $3) = $4 THEN true ELSE false END
+const qSelectBatchShard = qSelectBatchHead + `
+   AND CASE WHEN onceflow.source_shard(o.source, $4) = $5 THEN true ELSE false END
  ORDER BY p.id
- LIMIT $1`
+ LIMIT $1` + qSelectBatchTail
 
-const qSelectBatchFrom = `
-SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type, o.record_key, o.headers, o.payload,
-       EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a WHERE a.outbox_id = o.id AND a.resolved_at IS NULL) AS retrying
+// rowSize is what a row weighs against Config.BatchMaxBytes. octet_length
+// reads a stored value's length from its header (compressed or not) and
+// does not detoast it; only the headers (jsonb) are measured as the text
+// the relay receives.
+const rowSize = `(octet_length(o.payload)::bigint + coalesce(octet_length(o.record_key), 0)
+                 + octet_length(o.headers::text) + octet_length(o.event_id) + octet_length(o.topic)
+                 + octet_length(o.source) + octet_length(o.event_type) + octet_length(o.content_type) + 64)`
+
+const qSelectBatchHead = `
+SELECT id, event_id, topic, source, seq, event_type, content_type, record_key, headers, payload, retrying, size
+  FROM (
+SELECT o.id, o.seq, o.size,
+       CASE WHEN o.size <= $3 THEN o.event_id ELSE left(o.event_id, 200) END AS event_id,
+       CASE WHEN o.size <= $3 THEN o.topic ELSE left(o.topic, 250) END AS topic,
+       CASE WHEN o.size <= $3 THEN o.source ELSE left(o.source, 200) END AS source,
+       CASE WHEN o.size <= $3 THEN o.event_type ELSE left(o.event_type, 200) END AS event_type,
+       CASE WHEN o.size <= $3 THEN o.content_type ELSE left(o.content_type, 200) END AS content_type,
+       CASE WHEN o.size <= $3 THEN o.record_key END AS record_key,
+       CASE WHEN o.size <= $3 THEN o.headers END AS headers,
+       CASE WHEN o.size <= $3 THEN o.payload END AS payload,
+       EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a WHERE a.outbox_id = o.id AND a.resolved_at IS NULL) AS retrying,
+       sum(CASE WHEN o.size <= $3 THEN o.size ELSE 1024 END) OVER (ORDER BY p.id ROWS UNBOUNDED PRECEDING)::bigint AS upto
   FROM onceflow.outbox_pending p
- CROSS JOIN LATERAL (SELECT * FROM onceflow.outbox o WHERE o.id = p.id OFFSET 0) o
+ CROSS JOIN LATERAL (SELECT o.*, ` + rowSize + ` AS size FROM onceflow.outbox o WHERE o.id = p.id OFFSET 0) o
  WHERE p.id NOT IN (SELECT unnest($2::bigint[]))
    AND o.source NOT IN (` + qHeldSources + `)`
+
+// qSelectBatchTail keeps the rows within the byte budget $3: the first
+// row always (it weighs at most $3 as returned), then up to the budget.
+// It has no ORDER BY of its own: one would sort what the walk returns in
+// order already (PostgreSQL does not see it), so fetch sorts the few rows
+// it gets instead.
+const qSelectBatchTail = `
+) b
+ WHERE b.upto <= $3 OR b.upto = CASE WHEN b.size <= $3 THEN b.size ELSE 1024 END`
 
 // qHeldSources are the sources the relay publishes nothing of: their
 // set-aside row waits for an operator or for its retry time.
@@ -333,6 +370,10 @@ UPDATE onceflow.outbox_set_aside
    SET retry_at = now(), retried_at = now(), retried_by = current_user, note = coalesce(nullif($2, ''), note)
  WHERE outbox_id = $1 AND resolved_at IS NULL`
 
+// skipCopyMax bounds the values qSetAsideSkip copies into skipped_row
+// (16 MiB).
+const skipCopyMax = `16777216`
+
 // qSetAsideSkip* run in one transaction: lock the open entry (refusing
 // one whose retry is due: the relay may be publishing its row), copy and
 // delete the outbox row, resolve the entry.
@@ -340,11 +381,24 @@ const qSetAsideSkipLock = `
 SELECT retry_at IS NOT NULL AND retry_at <= now()
   FROM onceflow.outbox_set_aside WHERE outbox_id = $1 AND resolved_at IS NULL FOR UPDATE`
 
+// The copy is the whole row up to skipCopyMax bytes of payload, key and
+// headers; a larger row (set aside as too large, possibly past what a jsonb
+// value can hold) keeps its other columns, the sizes of those three and the
+// payload's SHA-256.
 const qSetAsideSkip = `
 WITH d AS (
     DELETE FROM onceflow.outbox o
      WHERE o.id = $1 AND EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o.id)
-    RETURNING to_jsonb(o.*) AS row
+    RETURNING CASE
+        WHEN octet_length(o.payload)::bigint + coalesce(octet_length(o.record_key), 0) + octet_length(o.headers::text)
+             <= ` + skipCopyMax + ` THEN to_jsonb(o.*)
+        ELSE jsonb_build_object('id', o.id, 'event_id', left(o.event_id, 1000), 'topic', left(o.topic, 1000),
+                 'source', left(o.source, 1000), 'seq', o.seq, 'event_type', left(o.event_type, 1000),
+                 'content_type', left(o.content_type, 1000), 'created_at', o.created_at,
+                 'payload_bytes', octet_length(o.payload), 'payload_sha256', encode(sha256(o.payload), 'hex'),
+                 'record_key_bytes', octet_length(o.record_key), 'headers_bytes', octet_length(o.headers::text),
+                 'omitted', 'payload, record_key and headers: over ' || ` + skipCopyMax + ` || ' bytes')
+    END AS row
 )
 UPDATE onceflow.outbox_set_aside
    SET resolved_at = now(), resolution = 'skipped', resolved_by = current_user, note = $2,
