@@ -245,7 +245,7 @@ func TestStreamSeqIDOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer t1.Rollback(ctx) //nolint:errcheck
+	defer t1.Rollback(ctx)                                       //nolint:errcheck
 	if _, err := outbox.Enqueue(ctx, t1, msg("s")); err != nil { // seq 1; t1 holds the stream's counter
 		t.Fatal(err)
 	}
