@@ -19,9 +19,9 @@ END
 $do$;
 
 DROP TRIGGER outbox_assign_seq ON onceflow.outbox;
-DROP TRIGGER outbox_commit_seq ON onceflow.outbox;
+DROP TRIGGER outbox_check_seq ON onceflow.outbox;
 DROP FUNCTION onceflow.outbox_assign_seq();
-DROP FUNCTION onceflow.outbox_commit_seq();
+DROP FUNCTION onceflow.outbox_check_seq();
 
 ALTER TABLE onceflow.outbox DROP CONSTRAINT outbox_source_topic_seq_key;
 ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_source_seq_key UNIQUE (source, seq);
@@ -326,3 +326,5 @@ BEGIN
      ORDER BY m.ord;
 END
 $fn$;
+
+DROP FUNCTION onceflow.next_seqs(text[], text[]);

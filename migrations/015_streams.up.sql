@@ -1,4 +1,4 @@
--- Streams (docs/contract.md, "Streams and seq"): a seq is a sequence per
+-- Streams (docs/contract.md, "What `seq` means"): a seq is a sequence per
 -- (source, topic) — per stream, with the relay's `producer` header naming the
 -- database — instead of one per source across topics, and only the database
 -- hands it out.
@@ -11,26 +11,30 @@
 -- with a seq of its choosing, or wind back, max out or lock another source's
 -- counter.
 --
--- Now:
+-- Now onceflow.source_seq has one row per (source, topic): the stream's last
+-- seq as of the end of the last statement that wrote to it, and a row lock
+-- that serializes the stream's producers until commit. Producers hold no
+-- privilege on it; three functions that run with their owner's rights
+-- (SECURITY DEFINER, pinned search_path) lock and move it:
 --
---   * onceflow.source_seq has one row per (source, topic): the stream's
---     last seq as of the last commit that wrote to it, and a row lock that
---     serializes the stream's producers until commit;
---   * the trigger outbox_assign_seq (BEFORE INSERT, each row) gives every
---     inserted row its seq, whatever the statement (the Go API, the SQL
---     functions, a hand-written INSERT or COPY) and whatever seq it named:
---     a supplied seq is overwritten, never trusted. It locks the stream's
---     counter row (FOR UPDATE) and takes one more than the larger of the
---     counter and the stream's highest seq in the outbox (the rows this
---     transaction inserted so far). When the row's id is not above that
---     highest row's id (its id was drawn before it waited for the lock), it
---     draws a new id, so that per stream id order stays seq order (R2);
---   * the deferred constraint trigger outbox_commit_seq brings the counter up
---     to the stream's highest seq at commit: one counter update per stream
---     and transaction, not per row (updating one row again and again in one
---     transaction costs time quadratic in the number of updates);
---   * both run with their owner's rights (SECURITY DEFINER, pinned
---     search_path); producers hold no privilege on the counters at all.
+--   * onceflow.next_seqs(sources, topics) locks the counters of the given
+--     streams, in (source, topic) order, and returns each stream's next seq.
+--     The batch statements (EnqueueBatch, onceflow.enqueue_batch) call it and
+--     insert their rows with the seqs that follow, so no per-row trigger
+--     runs for them;
+--   * the trigger outbox_assign_seq (BEFORE INSERT, each row, only for a
+--     row that names no seq: a hand-written INSERT or COPY that leaves seq
+--     out, Enqueue, onceflow.enqueue) locks the stream's counter and gives the
+--     row one more than the larger of the counter and the stream's highest seq
+--     in the outbox (the rows of this statement so far). A row whose id was
+--     drawn before it waited for the lock gets a new id, so that per stream id
+--     order stays seq order (R2);
+--   * the trigger outbox_check_seq (AFTER INSERT, each statement) checks every
+--     stream the statement wrote: its rows, in id order, must carry exactly
+--     the counter's next seqs, and come after the stream's previous row; then
+--     it moves the counter to the last of them. A statement naming any other
+--     seq (a forged 999, a stale guess) is refused with SQLSTATE 23514, and
+--     nothing of it is stored.
 --
 -- A row that is not inserted (rolled back, refused by a constraint, skipped
 -- by ON CONFLICT DO NOTHING) takes no seq: the next row gets the same one.
@@ -86,6 +90,45 @@ $do$;
 ALTER TABLE onceflow.outbox DROP CONSTRAINT outbox_source_seq_key;
 ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_source_topic_seq_key UNIQUE (source, topic, seq);
 
+-- onceflow.next_seqs locks the counter rows of the given streams (creating
+-- each on first use, after the source's legacy counter if it has one), in
+-- (source, topic) order, and returns each stream's next seq. The locks hold
+-- until the transaction ends. The triggers below lock a counter the same way.
+CREATE FUNCTION onceflow.next_seqs(sources text[], topics text[])
+RETURNS TABLE (source text, topic text, next_seq bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+#variable_conflict use_column
+DECLARE
+    r      record;
+    v_last bigint;
+BEGIN
+    IF cardinality(next_seqs.sources) IS DISTINCT FROM cardinality(next_seqs.topics) THEN
+        RAISE EXCEPTION 'onceflow.next_seqs: sources and topics must be arrays of the same length' USING ERRCODE = '22023';
+    END IF;
+    -- The fixed lock order: by source, then topic.
+    FOR r IN SELECT DISTINCT u.s, u.t FROM unnest(next_seqs.sources, next_seqs.topics) AS u(s, t)
+              WHERE u.s IS NOT NULL AND u.t IS NOT NULL
+              ORDER BY u.s, u.t LOOP
+        SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
+         WHERE c.source = r.s AND c.topic = r.t
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            INSERT INTO onceflow.source_seq AS c (source, topic, last_seq)
+            VALUES (r.s, r.t, coalesce((SELECT l.last_seq FROM onceflow.source_seq_legacy l WHERE l.source = r.s), 0))
+            ON CONFLICT (source, topic) DO NOTHING;
+            SELECT c.last_seq INTO STRICT v_last FROM onceflow.source_seq c
+             WHERE c.source = r.s AND c.topic = r.t
+               FOR UPDATE;
+        END IF;
+        source := r.s;
+        topic := r.t;
+        next_seq := v_last + 1;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+REVOKE ALL ON FUNCTION onceflow.next_seqs(text[], text[]) FROM PUBLIC;
+
 CREATE FUNCTION onceflow.outbox_assign_seq() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -98,14 +141,11 @@ BEGIN
     IF NEW.source IS NULL OR NEW.topic IS NULL THEN
         RETURN NEW;
     END IF;
-    -- The stream's counter row, locked until the transaction ends: the
-    -- stream's producers serialize here. Created on first use, continuing
-    -- after the source's legacy (per-source) counter, if it has one.
     SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
      WHERE c.source = NEW.source AND c.topic = NEW.topic
        FOR UPDATE;
     IF NOT FOUND THEN
-        INSERT INTO onceflow.source_seq (source, topic, last_seq)
+        INSERT INTO onceflow.source_seq AS c (source, topic, last_seq)
         VALUES (NEW.source, NEW.topic,
                 coalesce((SELECT l.last_seq FROM onceflow.source_seq_legacy l WHERE l.source = NEW.source), 0))
         ON CONFLICT (source, topic) DO NOTHING;
@@ -113,8 +153,8 @@ BEGIN
          WHERE c.source = NEW.source AND c.topic = NEW.topic
            FOR UPDATE;
     END IF;
-    -- The counter is the stream's last seq as of the last commit that wrote
-    -- it (outbox_commit_seq); this transaction's own rows come after it.
+    -- The counter is current as of the end of the last statement; this
+    -- statement's earlier rows of the stream come after it.
     SELECT o.seq, o.id INTO v_top, v_top_id FROM onceflow.outbox o
      WHERE o.source = NEW.source AND o.topic = NEW.topic
      ORDER BY o.seq DESC
@@ -128,30 +168,71 @@ END
 $fn$;
 REVOKE ALL ON FUNCTION onceflow.outbox_assign_seq() FROM PUBLIC;
 
-CREATE FUNCTION onceflow.outbox_commit_seq() RETURNS trigger
+CREATE FUNCTION onceflow.outbox_check_seq() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r      record;
+    v_last bigint;
+    v_prev bigint;
 BEGIN
-    -- Once per stream and transaction: the first of its rows to get here
-    -- moves the counter to the stream's highest seq; the others find it
-    -- there already.
-    UPDATE onceflow.source_seq c
-       SET last_seq = greatest(NEW.seq, (SELECT max(o.seq) FROM onceflow.outbox o
-                                          WHERE o.source = NEW.source AND o.topic = NEW.topic))
-     WHERE c.source = NEW.source AND c.topic = NEW.topic AND c.last_seq < NEW.seq;
+    -- Per stream the statement wrote, in the lock order: its seqs in id
+    -- order, and whether each is one more than the one before.
+    FOR r IN SELECT x.source, x.topic, min(x.seq) AS lo, max(x.seq) AS hi, min(x.id) AS first_id,
+                    bool_and(x.next) AS in_order
+               FROM (SELECT n.source, n.topic, n.seq, n.id,
+                            coalesce(n.seq = lag(n.seq) OVER (PARTITION BY n.source, n.topic ORDER BY n.id) + 1, true) AS next
+                       FROM outbox_new n) x
+              GROUP BY x.source, x.topic
+              ORDER BY x.source, x.topic LOOP
+        SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
+         WHERE c.source = r.source AND c.topic = r.topic
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            INSERT INTO onceflow.source_seq AS c (source, topic, last_seq)
+            VALUES (r.source, r.topic,
+                    coalesce((SELECT l.last_seq FROM onceflow.source_seq_legacy l WHERE l.source = r.source), 0))
+            ON CONFLICT (source, topic) DO NOTHING;
+            SELECT c.last_seq INTO STRICT v_last FROM onceflow.source_seq c
+             WHERE c.source = r.source AND c.topic = r.topic
+               FOR UPDATE;
+        END IF;
+        SELECT o.id INTO v_prev FROM onceflow.outbox o
+         WHERE o.source = r.source AND o.topic = r.topic AND o.seq = v_last;
+        IF r.lo <> v_last + 1 OR NOT r.in_order OR v_prev >= r.first_id THEN
+            RAISE EXCEPTION 'onceflow.outbox: source % on topic %: the rows carry seqs % to %, but the stream''s next seqs are % on, in id order',
+                quote_literal(r.source), quote_literal(r.topic), r.lo, r.hi, v_last + 1
+                USING ERRCODE = '23514',
+                      HINT = 'Leave seq out: the database gives each row its seq (onceflow.next_seqs tells a batch its seqs).';
+        END IF;
+        UPDATE onceflow.source_seq c SET last_seq = r.hi
+         WHERE c.source = r.source AND c.topic = r.topic;
+    END LOOP;
     RETURN NULL;
 END
 $fn$;
-REVOKE ALL ON FUNCTION onceflow.outbox_commit_seq() FROM PUBLIC;
+REVOKE ALL ON FUNCTION onceflow.outbox_check_seq() FROM PUBLIC;
 
 -- The functions belong to the table's owner (when the migrator may hand
--- them over), so that they run with the owner's rights.
+-- them over), so that they run with the owner's rights; next_seqs may be
+-- called by whoever may call enqueue_batch.
 DO $do$
 DECLARE
     v_owner oid := (SELECT relowner FROM pg_class WHERE oid = 'onceflow.outbox'::regclass);
+    v_acl   aclitem[] := (SELECT proacl FROM pg_proc WHERE oid = 'onceflow.enqueue_batch(jsonb)'::regprocedure);
     v_fn    text;
+    r       record;
 BEGIN
+    IF v_acl IS NULL THEN -- the default: PUBLIC may execute
+        GRANT EXECUTE ON FUNCTION onceflow.next_seqs(text[], text[]) TO PUBLIC;
+    END IF;
+    FOR r IN SELECT a.grantee FROM aclexplode(v_acl) AS a
+              WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> v_owner LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.next_seqs(text[], text[]) TO %s',
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END);
+    END LOOP;
     IF v_owner <> (SELECT oid FROM pg_roles WHERE rolname = current_user) THEN
-        FOREACH v_fn IN ARRAY ARRAY['onceflow.outbox_assign_seq()', 'onceflow.outbox_commit_seq()'] LOOP
+        FOREACH v_fn IN ARRAY ARRAY['onceflow.next_seqs(text[], text[])', 'onceflow.outbox_assign_seq()',
+                                    'onceflow.outbox_check_seq()'] LOOP
             BEGIN
                 EXECUTE format('ALTER FUNCTION %s OWNER TO %s', v_fn, quote_ident(pg_get_userbyid(v_owner)));
             EXCEPTION WHEN insufficient_privilege THEN
@@ -162,11 +243,13 @@ BEGIN
 END
 $do$;
 
+-- A row that names a seq skips outbox_assign_seq (the WHEN is evaluated
+-- without calling it); outbox_check_seq checks every row.
 CREATE TRIGGER outbox_assign_seq BEFORE INSERT ON onceflow.outbox
-    FOR EACH ROW EXECUTE FUNCTION onceflow.outbox_assign_seq();
-CREATE CONSTRAINT TRIGGER outbox_commit_seq AFTER INSERT ON onceflow.outbox
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW EXECUTE FUNCTION onceflow.outbox_commit_seq();
+    FOR EACH ROW WHEN (NEW.seq IS NULL) EXECUTE FUNCTION onceflow.outbox_assign_seq();
+CREATE TRIGGER outbox_check_seq AFTER INSERT ON onceflow.outbox
+    REFERENCING NEW TABLE AS outbox_new
+    FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_check_seq();
 
 -- onceflow.enqueue and onceflow.enqueue_batch: what they accept, refuse and
 -- return is unchanged (the same checks, messages and SQLSTATEs); they no
@@ -408,26 +491,31 @@ BEGIN
     v_ms := lpad(to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0');
     v_idprefix := substr(v_ms, 1, 8) || '-' || substr(v_ms, 9, 4) || '-7';
 
-    -- Rows inserted sorted by source, topic, then position: the trigger
-    -- outbox_assign_seq locks the streams' counters in that order (so two
-    -- batches cannot deadlock each other) and gives each row its stream's
-    -- next seq, so the events of one stream take consecutive seqs in their
-    -- order in the array.
+    -- The streams' counters, locked in (source, topic) order by
+    -- onceflow.next_seqs, give each stream's next seq; the events of a stream
+    -- take the seqs that follow in their order in the array, and are inserted
+    -- sorted by source, topic, then position, so that per stream id order is
+    -- seq order (the trigger outbox_check_seq checks both).
     RETURN QUERY
     WITH m AS (
         SELECT coalesce(m.eid, v_idprefix || substr(gen_random_uuid()::text, 16)) AS eid, m.topic, m.source,
-               m.event_type, m.record_key, m.headers, m.payload, m.ord
+               m.event_type, m.record_key, m.headers, m.payload, m.ord,
+               row_number() OVER (PARTITION BY m.source, m.topic ORDER BY m.ord) - 1 AS k
           FROM unnest(a_ord, a_eid, a_topic, a_source, a_type, a_key, a_headers, a_payload)
                AS m(ord, eid, topic, source, event_type, record_key, headers, payload)
+    ), s AS (
+        SELECT n.source, n.topic, n.next_seq
+          FROM (SELECT array_agg(d.source) AS sources, array_agg(d.topic) AS topics
+                  FROM (SELECT DISTINCT m.source, m.topic FROM m) d) a
+         CROSS JOIN LATERAL onceflow.next_seqs(a.sources, a.topics) n
     ), ins AS (
-        INSERT INTO onceflow.outbox AS o (event_id, topic, source, event_type, content_type, record_key, headers, payload)
-        SELECT m.eid, m.topic, m.source, m.event_type, 'application/json', m.record_key, m.headers, m.payload
-          FROM m
+        INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload)
+        SELECT m.eid, m.topic, m.source, s.next_seq + m.k, m.event_type, 'application/json', m.record_key, m.headers, m.payload
+          FROM m JOIN s ON s.source = m.source AND s.topic = m.topic
          ORDER BY m.source, m.topic, m.ord
-        RETURNING o.event_id, o.seq
     )
-    SELECT m.eid, ins.seq
-      FROM m JOIN ins ON ins.event_id = m.eid
+    SELECT m.eid, s.next_seq + m.k
+      FROM m JOIN s ON s.source = m.source AND s.topic = m.topic
      ORDER BY m.ord;
 END
 $fn$;

@@ -148,13 +148,15 @@ BEGIN
     -- so the writer holds exactly what it (and the Go API's single INSERT)
     -- does: insert the event, read back the event id and seq (column SELECT
     -- on those two only: payloads stay unreadable). The seq comes from the
-    -- stream's counter in onceflow.source_seq, locked and bumped by the
-    -- outbox's trigger with its owner's rights (migration 015): the writer
-    -- holds nothing on the counters, so it can neither choose a seq nor
-    -- wind back, max out or lock another stream's counter. A seq it names in
-    -- an INSERT is overwritten.
+    -- stream's counter in onceflow.source_seq, locked and moved only by
+    -- functions with their owner's rights (migration 015: the outbox's
+    -- triggers, and onceflow.next_seqs, which locks a batch's counters and
+    -- tells it its seqs): the writer holds nothing on the counters, so it
+    -- can neither choose a seq (an INSERT naming a seq other than the
+    -- stream's next is refused) nor wind back, max out or lock another
+    -- stream's counter outside enqueueing.
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
-              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch')
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch', 'next_seqs')
     LOOP
         EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_writer);
     END LOOP;

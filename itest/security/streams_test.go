@@ -2,17 +2,20 @@ package security
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 // TestRolesWriterCannotForgeSeq: a producer role (onceflow_writer) that
-// writes the outbox by hand cannot choose a seq: the row gets its stream's
-// next seq from the counter, whatever it named. It cannot read, bump, wind
+// writes the outbox by hand cannot choose a seq: a row naming none gets its
+// stream's next seq from the counter, a row naming another than the next is
+// refused. It cannot read, bump, wind
 // back, max out, delete, truncate or lock the counters (of its own streams
 // or another source's), old or new, so another source's next seq stays
 // what its counter says.
@@ -47,25 +50,30 @@ func TestRolesWriterCannotForgeSeq(t *testing.T) {
 		{w, "bump a legacy counter", `UPDATE onceflow.source_seq_legacy SET last_seq = 0`, false},
 		{w, "read the legacy counters", `SELECT * FROM onceflow.source_seq_legacy`, false},
 		{w, "call the seq trigger's function", `SELECT onceflow.outbox_assign_seq()`, false},
+		{w, "ask a batch's next seqs (locks, moves nothing)", `SELECT * FROM onceflow.next_seqs(ARRAY['victim'], ARRAY['orders'])`, true},
 	})
 
-	// A hand-written INSERT naming seq 999 (and one naming the victim's next
-	// seq, 4, on the victim's stream) gets the counter's seq.
+	// A hand-written INSERT naming seq 999, or the victim's seq 1, is
+	// refused; one naming no seq gets the counter's.
+	for _, q := range []string{
+		`INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('forged', 'orders', 'mine', 999, 'x', '\x7b7d')`,
+		`INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('as-victim', 'orders', 'victim', 1, 'x', '\x7b7d')`,
+		`INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('ahead-of-victim', 'orders', 'victim', 9223372036854775807, 'x', '\x7b7d')`,
+	} {
+		err := execAs(ctx, db, w, q)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || (pe.Code != "23514" && pe.Code != "23505") {
+			t.Errorf("%s: %s: %v, want refused (23514, or 23505 for a seq the stream has)", w, q, err)
+		}
+	}
 	err := asRole(ctx, db, w, func(tx pgx.Tx) error {
-		var forged, victim int64
-		if err := tx.QueryRow(ctx, `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload)
-			VALUES ('forged', 'orders', 'mine', 999, 'x', '\x7b7d') RETURNING seq`).Scan(&forged); err != nil {
+		var seq int64
+		if err := tx.QueryRow(ctx, `INSERT INTO onceflow.outbox (event_id, topic, source, event_type, payload)
+			VALUES ('mine-1', 'orders', 'mine', 'x', '\x7b7d') RETURNING seq`).Scan(&seq); err != nil {
 			return err
 		}
-		if forged != 1 {
-			t.Errorf("an INSERT naming seq 999 stored seq %d, want 1 (the counter's)", forged)
-		}
-		if err := tx.QueryRow(ctx, `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload)
-			VALUES ('as-victim', 'orders', 'victim', 1, 'x', '\x7b7d') RETURNING seq`).Scan(&victim); err != nil {
-			return err
-		}
-		if victim != 4 {
-			t.Errorf("an INSERT naming seq 1 on the victim's stream stored seq %d, want 4 (the counter's)", victim)
+		if seq != 1 {
+			t.Errorf("an INSERT naming no seq stored seq %d, want 1", seq)
 		}
 		return nil
 	})

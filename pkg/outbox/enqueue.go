@@ -149,26 +149,31 @@ func (w Writer) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (re
 	if err != nil {
 		return nil, interpretEnqueueError(err, "")
 	}
-	seqs := make(map[string]int64, n)
+	// Each stream's first seq; its messages took it and the ones after it,
+	// in their order.
+	type stream struct{ source, topic string }
+	next := map[stream]int64{}
 	for rows.Next() {
-		var id string
+		var st stream
 		var seq int64
-		if err := rows.Scan(&id, &seq); err != nil {
+		if err := rows.Scan(&st.source, &st.topic, &seq); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("enqueue: %w", err)
 		}
-		seqs[id] = seq
+		next[st] = seq
 	}
 	if err := rows.Err(); err != nil {
 		return nil, interpretEnqueueError(err, "")
 	}
 	res = make([]Result, n)
-	for i, id := range eventIDs {
-		seq, ok := seqs[id]
+	for i := range msgs {
+		st := stream{sources[i], topics[i]}
+		seq, ok := next[st]
 		if !ok {
-			return nil, fmt.Errorf("enqueue: no seq allocated for event %q", id)
+			return nil, fmt.Errorf("enqueue: no seq allocated for source %q on topic %q", st.source, st.topic)
 		}
-		res[i] = Result{EventID: id, Seq: seq}
+		res[i] = Result{EventID: eventIDs[i], Seq: seq}
+		next[st] = seq + 1
 	}
 	return res, nil
 }

@@ -3,12 +3,14 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
@@ -51,7 +53,8 @@ func oneToN(seqs []int64, n int) bool {
 // TestStreamSeqPerTopic: one source (an aggregate) writes 10 events
 // alternating between two topics, through every way into the outbox: the Go
 // API (Enqueue, EnqueueBatch), the SQL functions (enqueue, enqueue_batch), a
-// hand-written INSERT naming a seq of its own and one naming none, and COPY.
+// hand-written INSERT naming the seqs onceflow.next_seqs gave and one naming
+// none, and COPY naming none.
 // Each topic's seqs are 1..5, in id order, with no gap for the other topic's
 // events; what each call returned is what was stored.
 func TestStreamSeqPerTopic(t *testing.T) {
@@ -112,12 +115,13 @@ func TestStreamSeqPerTopic(t *testing.T) {
 			}
 			return pgx.CollectRows(rows, pgx.RowTo[int64])
 		},
-		"INSERT naming seq 999": func(src string) ([]int64, error) {
+		"INSERT naming the seqs onceflow.next_seqs gave": func(src string) ([]int64, error) {
 			var seqs []int64
 			for i := range n {
 				var seq int64
-				if err := b.db.Pool.QueryRow(b.ctx, `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload)
-					VALUES (gen_random_uuid()::text, $1, $2, 999, 'x', '\x7b7d') RETURNING seq`, topic(i), src).Scan(&seq); err != nil {
+				if err := b.db.Pool.QueryRow(b.ctx, `WITH s AS (SELECT next_seq FROM onceflow.next_seqs(ARRAY[$2], ARRAY[$1]))
+					INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload)
+					SELECT gen_random_uuid()::text, $1, $2, s.next_seq, 'x', '\x7b7d' FROM s RETURNING seq`, topic(i), src).Scan(&seq); err != nil {
 					return nil, err
 				}
 				seqs = append(seqs, seq)
@@ -137,7 +141,7 @@ func TestStreamSeqPerTopic(t *testing.T) {
 		"COPY": func(src string) ([]int64, error) {
 			var in strings.Builder
 			for i := range n {
-				fmt.Fprintf(&in, "copy-%s-%d\t%s\t%s\t%d\tx\t\\\\x7b7d\n", src, i, topic(i), src, 1) // seq 1 for all: overwritten
+				fmt.Fprintf(&in, "copy-%s-%d\t%s\t%s\tx\t\\\\x7b7d\n", src, i, topic(i), src)
 			}
 			conn, err := b.db.Pool.Acquire(b.ctx)
 			if err != nil {
@@ -145,7 +149,7 @@ func TestStreamSeqPerTopic(t *testing.T) {
 			}
 			defer conn.Release()
 			if _, err := conn.Conn().PgConn().CopyFrom(b.ctx, strings.NewReader(in.String()),
-				`COPY onceflow.outbox (event_id, topic, source, seq, event_type, payload) FROM STDIN`); err != nil {
+				`COPY onceflow.outbox (event_id, topic, source, event_type, payload) FROM STDIN`); err != nil {
 				return nil, err
 			}
 			rows, err := b.db.Pool.Query(b.ctx, `SELECT seq FROM onceflow.outbox WHERE source = $1 ORDER BY event_id`, src)
@@ -180,6 +184,42 @@ func TestStreamSeqPerTopic(t *testing.T) {
 		  JOIN (SELECT source, topic, max(seq) m FROM onceflow.outbox GROUP BY source, topic) o USING (source, topic)
 		 WHERE s.last_seq <> o.m`).Scan(&bad); err != nil || bad != 0 {
 		t.Fatalf("%d streams whose counter is not their last seq (%v)", bad, err)
+	}
+}
+
+// TestStreamSeqForgedRefused: a statement naming a seq that is not its
+// stream's next (ahead, behind, repeated, or out of id order) is refused with
+// SQLSTATE 23514 and stores nothing; the stream goes on from its counter.
+func TestStreamSeqForgedRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for range 2 {
+		if _, err := b.enqueue(t, outbox.Writer{}, msg("s")); err != nil { // seqs 1, 2
+			t.Fatal(err)
+		}
+	}
+	for what, q := range map[string]string{
+		"ahead (999)":       `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('f1', 'orders', 's', 999, 'x', '\x7b7d')`,
+		"behind (1)":        `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('f2', 'orders', 's', 1, 'x', '\x7b7d')`,
+		"a gap (3 and 5)":   `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('f3', 'orders', 's', 3, 'x', '\x7b7d'), ('f4', 'orders', 's', 5, 'x', '\x7b7d')`,
+		"out of id order":   `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('f5', 'orders', 's', 4, 'x', '\x7b7d'), ('f6', 'orders', 's', 3, 'x', '\x7b7d')`,
+		"a new stream at 7": `INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload) VALUES ('f7', 'emails', 's', 7, 'x', '\x7b7d')`,
+	} {
+		_, err := b.db.Pool.Exec(b.ctx, q)
+		var pe *pgconn.PgError
+		switch {
+		case what == "behind (1)" && errors.As(err, &pe) && pe.Code == "23505":
+			// A seq the stream has: the unique key refuses it first.
+		case !errors.As(err, &pe) || pe.Code != "23514" || !strings.Contains(pe.Message, "the stream's next seqs are"):
+			t.Errorf("%s: %v, want SQLSTATE 23514 naming the stream's next seq", what, err)
+		}
+	}
+	r, err := b.enqueue(t, outbox.Writer{}, msg("s"))
+	if err != nil || r.Seq != 3 {
+		t.Fatalf("after the refused statements: seq %d (%v), want 3", r.Seq, err)
+	}
+	if got := b.streamSeqs(t, "s"); len(got) != 1 || !oneToN(got["orders"], 3) {
+		t.Fatalf("stored %v, want orders 1 2 3 only", got)
 	}
 }
 
@@ -245,8 +285,9 @@ func TestStreamSeqIDOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer t1.Rollback(ctx)                                       //nolint:errcheck
-	if _, err := outbox.Enqueue(ctx, t1, msg("s")); err != nil { // seq 1; t1 holds the stream's counter
+	defer t1.Rollback(ctx) //nolint:errcheck
+	// Seq 1; t1 holds the stream's counter.
+	if _, err := outbox.Enqueue(ctx, t1, msg("s")); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
