@@ -84,9 +84,12 @@ BEGIN
 END
 $do$;
 
--- One unique key per stream and seq. Source first: the source-only lookups
--- (set-aside and console queries filter on it) keep a usable index, and the
--- trigger's "highest seq of the stream" is one backward step in it.
+-- One unique key per stream and seq. Source first, as the old key had it:
+-- a lookup by source alone (an operator's query) can still use it, and the
+-- triggers' look-ups (a stream's highest seq, its row with a given seq) are
+-- one index descent each. No statement of the relay or the retention uses the
+-- key (they reach rows by id). Building it holds the outbox's lock for a time
+-- that grows with the rows the outbox keeps (the retention window).
 ALTER TABLE onceflow.outbox DROP CONSTRAINT outbox_source_seq_key;
 ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_source_topic_seq_key UNIQUE (source, topic, seq);
 
