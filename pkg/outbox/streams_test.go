@@ -305,10 +305,18 @@ func TestStreamSeqIDOrder(t *testing.T) {
 			return err
 		})
 	}()
+	received := false
+	defer func() { // before conn is released
+		if !received {
+			_ = t1.Rollback(ctx)
+			cancel()
+			<-done
+		}
+	}()
 	// Wait until the second producer is blocked on t1's lock.
 	for {
 		var waiting bool
-		if err := b.db.Pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting); err != nil {
+		if err := b.db.Pool.QueryRow(ctx, `SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting {
@@ -326,7 +334,9 @@ func TestStreamSeqIDOrder(t *testing.T) {
 	if err := t1.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
+	err = <-done
+	received = true
+	if err != nil {
 		t.Fatal(err)
 	}
 	if got := b.streamSeqs(t, "s"); !oneToN(got["orders"], 3) {
