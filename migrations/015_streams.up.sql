@@ -31,9 +31,8 @@
 --     order stays seq order (R2);
 --   * the trigger outbox_check_seq (AFTER INSERT, each statement) checks every
 --     stream the statement wrote: its rows, in id order, must carry exactly
---     the counter's next seqs, and come after the stream's previous row (the
---     counter keeps its id); then it moves the counter to the last of them,
---     in one UPDATE per stream when all is well. A statement naming any other
+--     the counter's next seqs, and come after the stream's previous row; then
+--     it moves the counter to the last of them. A statement naming any other
 --     seq (a forged 999, a stale guess) is refused with SQLSTATE 23514, and
 --     nothing of it is stored.
 --
@@ -55,13 +54,10 @@
 ALTER TABLE onceflow.source_seq RENAME TO source_seq_legacy;
 ALTER INDEX onceflow.source_seq_pkey RENAME TO source_seq_legacy_pkey;
 
--- last_id is the outbox id of the stream's row with seq last_seq (0: none
--- since migration 015): a statement's rows of the stream must come after it.
 CREATE TABLE onceflow.source_seq (
     source   text   NOT NULL,
     topic    text   NOT NULL,
     last_seq bigint NOT NULL CHECK (last_seq >= 0),
-    last_id  bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (source, topic)
 );
 
@@ -178,27 +174,20 @@ REVOKE ALL ON FUNCTION onceflow.outbox_assign_seq() FROM PUBLIC;
 CREATE FUNCTION onceflow.outbox_check_seq() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    r         record;
-    v_last    bigint;
-    v_last_id bigint;
+    r      record;
+    v_last bigint;
+    v_prev bigint;
 BEGIN
     -- Per stream the statement wrote, in the lock order: its seqs in id
     -- order, and whether each is one more than the one before.
     FOR r IN SELECT x.source, x.topic, min(x.seq) AS lo, max(x.seq) AS hi, min(x.id) AS first_id,
-                    max(x.id) AS last_id, bool_and(x.next) AS in_order
+                    bool_and(x.next) AS in_order
                FROM (SELECT n.source, n.topic, n.seq, n.id,
                             coalesce(n.seq = lag(n.seq) OVER (PARTITION BY n.source, n.topic ORDER BY n.id) + 1, true) AS next
                        FROM outbox_new n) x
               GROUP BY x.source, x.topic
               ORDER BY x.source, x.topic LOOP
-        -- The common case in one statement: the rows continue the counter.
-        UPDATE onceflow.source_seq c SET last_seq = r.hi, last_id = r.last_id
-         WHERE c.source = r.source AND c.topic = r.topic
-           AND c.last_seq = r.lo - 1 AND c.last_id < r.first_id AND r.in_order;
-        CONTINUE WHEN FOUND;
-        -- A stream without a counter row yet (its rows all named their
-        -- seqs), or seqs that do not continue it.
-        SELECT c.last_seq, c.last_id INTO v_last, v_last_id FROM onceflow.source_seq c
+        SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
          WHERE c.source = r.source AND c.topic = r.topic
            FOR UPDATE;
         IF NOT FOUND THEN
@@ -206,17 +195,19 @@ BEGIN
             VALUES (r.source, r.topic,
                     coalesce((SELECT l.last_seq FROM onceflow.source_seq_legacy l WHERE l.source = r.source), 0))
             ON CONFLICT (source, topic) DO NOTHING;
-            SELECT c.last_seq, c.last_id INTO STRICT v_last, v_last_id FROM onceflow.source_seq c
+            SELECT c.last_seq INTO STRICT v_last FROM onceflow.source_seq c
              WHERE c.source = r.source AND c.topic = r.topic
                FOR UPDATE;
         END IF;
-        IF r.lo <> v_last + 1 OR NOT r.in_order OR v_last_id >= r.first_id THEN
+        SELECT o.id INTO v_prev FROM onceflow.outbox o
+         WHERE o.source = r.source AND o.topic = r.topic AND o.seq = v_last;
+        IF r.lo <> v_last + 1 OR NOT r.in_order OR v_prev >= r.first_id THEN
             RAISE EXCEPTION 'onceflow.outbox: source % on topic %: the rows carry seqs % to %, but the stream''s next seqs are % on, in id order',
                 quote_literal(r.source), quote_literal(r.topic), r.lo, r.hi, v_last + 1
                 USING ERRCODE = '23514',
                       HINT = 'Leave seq out: the database gives each row its seq (onceflow.next_seqs tells a batch its seqs).';
         END IF;
-        UPDATE onceflow.source_seq c SET last_seq = r.hi, last_id = r.last_id
+        UPDATE onceflow.source_seq c SET last_seq = r.hi
          WHERE c.source = r.source AND c.topic = r.topic;
     END LOOP;
     RETURN NULL;
