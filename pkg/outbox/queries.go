@@ -3,50 +3,46 @@ package outbox
 // Every statement the package runs, in one place, named q<What>. Every
 // table is schema-qualified.
 
-// qEnqueue allocates the next seq of the source by upserting its counter row
-// and inserts the outbox row in the same statement: the counter row stays
-// locked until the producer's transaction ends, so producers of one source
-// serialize, seqs are gap-free (a rollback burns nothing) and, per source, id
-// order is seq order.
+// qEnqueue inserts one outbox row and names no seq: the trigger
+// outbox_assign_seq (migration 015) gives it the next seq of its stream
+// (source, topic), locking the stream's counter row until the producer's
+// transaction ends, so producers of one stream serialize, seqs are gap-free
+// per stream (a rollback burns nothing) and, per stream, id order is seq
+// order.
 const qEnqueue = `
-WITH s AS (
-    INSERT INTO onceflow.source_seq AS c (source, last_seq) VALUES ($3, 1)
-    ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + 1
-    RETURNING c.last_seq
-)
-INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload)
-SELECT coalesce($1, gen_random_uuid()::text), $2, $3, s.last_seq, $4, $5, $6, $7, $8 FROM s
+INSERT INTO onceflow.outbox (event_id, topic, source, event_type, content_type, record_key, headers, payload)
+VALUES (coalesce($1, gen_random_uuid()::text), $2, $3, $4, $5, $6, $7, $8)
 RETURNING event_id, seq`
 
-// qEnqueueBatch is qEnqueue for a whole batch in one statement. Per
-// source, the counter row is upserted once, bumped by the source's number of
-// messages, in source order (the lock order, so that batches cannot deadlock
-// each other); the rows then take last_seq - count + 1 … last_seq in their
-// order in the batch, and are inserted sorted by source, then position, so
-// that per source id order is seq order. It returns each source's new
-// last_seq, from which the caller knows every message's seq.
+// qEnqueueBatch is qEnqueue for a whole batch in one statement, without a
+// trigger call per row: onceflow.next_seqs locks the counters of the batch's
+// streams in (source, topic) order (the lock order, so that batches cannot
+// deadlock each other) and returns each stream's next seq; the messages of a
+// stream take the seqs that follow in their order in the batch, and rows are
+// inserted sorted by source, topic, then position, so that per stream id
+// order is seq order. The trigger outbox_check_seq checks the seqs and moves
+// the counters. It returns each stream's first seq, from which the caller
+// knows every message's seq.
 // $1 event ids, $2 topics, $3 sources, $4 event types, $5 content types,
 // $6 record keys (NULL: the source), $7 headers (JSON text), $8 payloads.
 const qEnqueueBatch = `
 WITH m AS (
-    SELECT m.*, row_number() OVER (PARTITION BY m.source ORDER BY m.ord) AS k
+    SELECT m.*, row_number() OVER (PARTITION BY m.source, m.topic ORDER BY m.ord) - 1 AS k
       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::bytea[])
            WITH ORDINALITY AS m(event_id, topic, source, event_type, content_type, record_key, headers, payload, ord)
-), n AS (
-    SELECT source, count(*) AS n FROM m GROUP BY source
-), c AS (
-    INSERT INTO onceflow.source_seq AS c (source, last_seq)
-    SELECT source, n FROM n ORDER BY source
-    ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq
-    RETURNING c.source, c.last_seq
+), s AS (
+    SELECT n.source, n.topic, n.next_seq
+      FROM (SELECT array_agg(d.source) AS sources, array_agg(d.topic) AS topics
+              FROM (SELECT DISTINCT source, topic FROM m) d) a
+     CROSS JOIN LATERAL onceflow.next_seqs(a.sources, a.topics) n
 ), ins AS (
     INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload)
-    SELECT m.event_id, m.topic, m.source, c.last_seq - n.n + m.k,
+    SELECT m.event_id, m.topic, m.source, s.next_seq + m.k,
            m.event_type, m.content_type, m.record_key, m.headers::jsonb, m.payload
-      FROM m JOIN n USING (source) JOIN c USING (source)
-     ORDER BY m.source, m.k
+      FROM m JOIN s USING (source, topic)
+     ORDER BY m.source, m.topic, m.ord
 )
-SELECT source, last_seq FROM c`
+SELECT source, topic, next_seq FROM s`
 
 // qSelectBatch reads the oldest unpublished rows: it walks the queue
 // onceflow.outbox_pending in id order and looks each id up in the outbox.

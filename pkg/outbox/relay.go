@@ -977,8 +977,8 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 		return 0, &IdentityError{
 			Problem: fmt.Sprintf("%s names outbox ids up to %d, but this database's outbox sequence has handed out ids only up to %s: "+
 				"the database was restored to an earlier point (or the sequence reset) after the relay had published those rows", where, top, handed),
-			Fix: "events published after the restore point are on Kafka but no longer here, and their sources' seqs will be handed out again: " +
-				"raise those sources' onceflow.source_seq counters past what consumers saw, then run `relay identity reset -note …` " +
+			Fix: "events published after the restore point are on Kafka but no longer here, and their streams' seqs will be handed out again: " +
+				"raise those streams' counters in onceflow.source_seq (a row per source and topic) past what consumers saw, then run `relay identity reset -note …` " +
 				"(docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
