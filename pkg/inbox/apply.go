@@ -258,6 +258,7 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, next
 	seqs := make([]int64, 0, n)
 	types := make([]string, 0, n)
 	offsets := make([]int64, 0, n)
+	producers := make([]string, 0, n)
 	for i := range items {
 		if items[i].bad != nil {
 			continue
@@ -268,10 +269,11 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, next
 		seqs = append(seqs, ev.Seq)
 		types = append(types, ev.EventType)
 		offsets = append(offsets, ev.Offset)
+		producers = append(producers, ev.Producer)
 	}
 	first := items[0].rec
 	rows, err := tx.Query(ctx, qInsertBatch, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID))
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}

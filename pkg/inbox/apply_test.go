@@ -310,7 +310,7 @@ func TestReplayThroughGuard(t *testing.T) {
 	// Source b's gap is given up (its deadline is past for this clock):
 	// b3 is applied without b2.
 	gone, err := s.app.giveUpExpired(ctx, s.app.guard.(*seqGuard), time.Now().Add(time.Hour), nil)
-	if err != nil || gone.processed != 1 || len(gone.guard.givenUp) != 1 || gone.guard.givenUp[0].source != "b" {
+	if err != nil || gone.processed != 1 || len(gone.guard.givenUp) != 1 || gone.guard.givenUp[0].stream.Source != "b" {
 		t.Fatalf("give up b: %+v %v", gone, err)
 	}
 	if res, err := Replay(ctx, s.db.Pool, "c1", s.rec, "bad-b2"); err != nil || res != ReplayedLate {

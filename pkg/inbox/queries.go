@@ -17,10 +17,10 @@ WITH next_offset AS (
     DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()
 )
 INSERT INTO onceflow.inbox
-    (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
-SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now()
-FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[])
-    AS e(event_id, source, seq, event_type, kafka_offset)
+    (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer)
+SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now(), e.producer
+FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $12::text[])
+    AS e(event_id, source, seq, event_type, kafka_offset, producer)
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id`
 
@@ -73,9 +73,9 @@ const qReplayFailed = `
 UPDATE onceflow.inbox SET attempts = attempts + 1, last_error = $3
 WHERE consumer = $1 AND event_id = $2`
 
-// qHasSeqState reports whether the sequence guard tracks a source.
+// qHasSeqState reports whether the sequence guard tracks a stream.
 const qHasSeqState = `
-SELECT EXISTS (SELECT 1 FROM onceflow.seq_state WHERE consumer = $1 AND source = $2)`
+SELECT EXISTS (SELECT 1 FROM onceflow.seq_state WHERE consumer = $1 AND source = $2 AND producer = $3 AND topic = $4)`
 
 // qReplayAdmit makes a dead row look like a just-inserted one before the
 // sequence guard sees it (it keeps headers and payload for parking).
@@ -94,7 +94,8 @@ WHERE consumer = $1 AND event_id = $2`
 // (the events that waited behind it).
 const qGapTraceIDs = `
 UPDATE onceflow.seq_gaps SET trace_ids = $5
-WHERE consumer = $1 AND source = $2 AND from_seq = $3 AND to_seq = $4 AND state = 'given_up' AND trace_ids IS NULL`
+WHERE consumer = $1 AND source = $2 AND producer = $6 AND topic = $7
+  AND from_seq = $3 AND to_seq = $4 AND state = 'given_up' AND trace_ids IS NULL`
 
 // Dead-letter search and grouping (dlqfilter.go). The error key and the
 // group id are computed here and nowhere else; docs/console.md states the

@@ -28,6 +28,15 @@ type bundle struct {
 	store *seqguard.PGStore
 }
 
+// legacy is the legacy streams of sources.
+func legacy(sources ...string) []seqguard.Stream {
+	out := make([]seqguard.Stream, len(sources))
+	for i, s := range sources {
+		out[i] = seqguard.Stream{Source: s}
+	}
+	return out
+}
+
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	return &bundle{db: testkit.NewDB(t), store: &seqguard.PGStore{Consumer: consumer}}
@@ -55,15 +64,15 @@ func (b *bundle) deliver(t *testing.T, pool *pgxpool.Pool, now time.Time, p seqg
 	ctx := context.Background()
 	var outs []seqguard.Outcome
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var srcs []string
+		var srcs []seqguard.Stream
 		for _, ev := range evs {
 			if _, err := tx.Exec(ctx, `
-INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', $9)`,
-				consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset, now); err != nil {
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', $9, $10)`,
+				consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset, now, ev.Producer); err != nil {
 				return err
 			}
-			srcs = append(srcs, ev.Source)
+			srcs = append(srcs, ev.Stream())
 		}
 		l, err := b.store.Lock(ctx, tx, srcs, now)
 		if err != nil {
@@ -120,7 +129,7 @@ func givenUp(outs ...seqguard.Outcome) []string {
 	var s []string
 	for _, o := range outs {
 		for _, g := range o.GivenUp() {
-			s = append(s, fmt.Sprintf("%s %v %s", o.Source, g.Gap, g.Reason))
+			s = append(s, fmt.Sprintf("%s %v %s", o.Stream.Source, g.Gap, g.Reason))
 		}
 	}
 	return s
@@ -399,11 +408,11 @@ func TestPGStoreSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(second.Close)
 	err = pgx.BeginFunc(ctx, second, func(tx pgx.Tx) error {
-		l, err := again.store.Lock(ctx, tx, []string{"acct-1"}, at(1))
+		l, err := again.store.Lock(ctx, tx, legacy("acct-1"), at(1))
 		if err != nil {
 			return err
 		}
-		st, _ := l.State("acct-1")
+		st, _ := l.State(seqguard.Stream{Source: "acct-1"})
 		if st.LastApplied != 2 || !slices.Equal(st.Parked, []int64{4, 5}) || len(st.Gaps) != 1 || st.Gaps[0].From != 3 ||
 			!st.Gaps[0].Deadline.Equal(at(30)) {
 			t.Errorf("state after restart %+v", st)
@@ -454,7 +463,7 @@ VALUES ($1, $2, $3, $4, 't', 'x', $5, 0, 'processed')`, consumer, ev.EventID, ev
 							return err
 						}
 					}
-					l, err := b.store.Lock(ctx, tx, srcs, at(0))
+					l, err := b.store.Lock(ctx, tx, legacy(srcs...), at(0))
 					if err != nil {
 						return err
 					}
@@ -473,7 +482,7 @@ VALUES ($1, $2, $3, $4, 't', 'x', $5, 0, 'processed')`, consumer, ev.EventID, ev
 				}
 				mu.Lock()
 				for _, o := range outs {
-					order[o.Source] = append(order[o.Source], applied(o)...)
+					order[o.Stream.Source] = append(order[o.Stream.Source], applied(o)...)
 				}
 				mu.Unlock()
 			}
@@ -549,7 +558,7 @@ func TestPGStoreLockWithoutReceive(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		_, err := b.store.Lock(ctx, tx, []string{"acct-1"}, at(0))
+		_, err := b.store.Lock(ctx, tx, legacy("acct-1"), at(0))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -565,7 +574,7 @@ func TestPGStoreReceiveErrors(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		l, err := b.store.Lock(ctx, tx, []string{"acct-1"}, at(0))
+		l, err := b.store.Lock(ctx, tx, legacy("acct-1"), at(0))
 		if err != nil {
 			return err
 		}
@@ -619,13 +628,13 @@ func TestPGStoreOperatorFunctions(t *testing.T) {
 	if got := list(true, at(0)); !slices.Equal(got, all) {
 		t.Errorf("gaps %v, want %v", got, all)
 	}
-	if n, err := b.store.ResolveGap(ctx, pool, "acct-2", 1, 4, "replayed from the ledger", at(60)); err != nil || n != 2 {
+	if n, err := b.store.ResolveGap(ctx, pool, seqguard.Stream{Source: "acct-2"}, 1, 4, "replayed from the ledger", at(60)); err != nil || n != 2 {
 		t.Fatalf("resolve: %d, %v", n, err)
 	}
-	if _, err := b.store.ResolveGap(ctx, pool, "acct-2", 1, 4, "again", at(61)); !errors.Is(err, seqguard.ErrGapNotFound) {
+	if _, err := b.store.ResolveGap(ctx, pool, seqguard.Stream{Source: "acct-2"}, 1, 4, "again", at(61)); !errors.Is(err, seqguard.ErrGapNotFound) {
 		t.Errorf("resolve twice: %v, want ErrGapNotFound", err)
 	}
-	if _, err := b.store.ResolveGap(ctx, pool, "acct-1", 1, 2, "", at(61)); err == nil {
+	if _, err := b.store.ResolveGap(ctx, pool, seqguard.Stream{Source: "acct-1"}, 1, 2, "", at(61)); err == nil {
 		t.Error("resolve without a note succeeded")
 	}
 	// Resolved gaps given up before since drop out of the list.
@@ -696,7 +705,7 @@ func TestPGStoreDeferInOrder(t *testing.T) {
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', now())`, consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset); err != nil {
 			return err
 		}
-		l, err := b.store.Lock(ctx, tx, []string{"a"}, at(3))
+		l, err := b.store.Lock(ctx, tx, legacy("a"), at(3))
 		if err != nil {
 			return err
 		}
