@@ -91,7 +91,7 @@ func rec(id string, seq, offset int64) *kgo.Record {
 func items(recs ...*kgo.Record) []item {
 	out := make([]item, len(recs))
 	for i, r := range recs {
-		out[i] = decodeItem(r, 0)
+		out[i] = decodeItem(r, 0, "")
 	}
 	return out
 }
@@ -448,7 +448,7 @@ func TestReplayUsesGuardSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []*kgo.Record{srcRec("r", "bad-r3", 3, 1), srcRec("m", "bad-m4", 4, 4)} {
-		it := decodeItem(r, 0)
+		it := decodeItem(r, 0, "")
 		if _, err := s.app.deadLetterTx(ctx, &it, 1, "nope"); err != nil {
 			t.Fatal(err)
 		}

@@ -25,17 +25,27 @@ ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id`
 
 // qKnown finds which of a batch's keys the inbox already has (committed
-// rows only): the read-only fast path for a batch of redeliveries.
+// rows only): the read-only fast path for a batch of redeliveries. (A
+// malformed record dead-lettered under the older key form is not known
+// here; the transaction's qInsertDead finds it.)
 const qKnown = `
 SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND event_id = ANY($2::text[])`
 
 // qInsertDead records a dead letter (a malformed record, or an event whose
-// handler kept failing), keeping headers and payload for replay.
+// handler kept failing), keeping headers and payload for replay. $13, when
+// not NULL, is the older-form key of a malformed record: a row under it
+// with the same headers and payload is this record's, which is then a
+// duplicate (nothing inserted).
 const qInsertDead = `
 INSERT INTO onceflow.inbox
     (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset,
-     status, attempts, last_error, headers, payload)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'dead', $9, $10, $11, $12)
+     status, attempts, last_error, headers, payload, producer)
+SELECT $1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text, $7::integer, $8::bigint,
+    'dead', $9::integer, $10::text, $11::jsonb, $12::bytea, $14::text
+WHERE $13::text IS NULL OR NOT EXISTS (
+    SELECT 1 FROM onceflow.inbox o
+    WHERE o.consumer = $1 AND o.event_id = $13
+      AND o.headers IS NOT DISTINCT FROM $11::jsonb AND coalesce(o.payload, ''::bytea) = coalesce($12::bytea, ''::bytea))
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id`
 
