@@ -264,3 +264,79 @@ func TestStreamsOneSourceTwoTopicsRelay(t *testing.T) {
 	}
 	checkStreamOrder(t, db, n)
 }
+
+// malformedRecord is a record without a seq header (malformed) whose
+// payload is tag.
+func malformedRecord(topic, tag string) *kgo.Record {
+	e := envelope.Envelope{EventID: "m-" + tag, Source: "m", Seq: 1, EventType: "x.y", Payload: fmt.Appendf(nil, `{"tag":%q}`, tag)}
+	r := e.Record(topic)
+	r.Headers = dropHeader(r.Headers, envelope.HeaderSeq)
+	return r
+}
+
+// TestConsumerMalformedAcrossTopicRecreation: a malformed record's inbox key
+// names its topic's ID, so that after the topic is deleted and recreated a
+// new malformed record at a reused offset is dead-lettered too, not taken
+// for the old one. A row under the older key form (no topic ID, as
+// consumers wrote before) still makes a redelivery of its record a
+// duplicate; a different record at that position is dead-lettered.
+//
+// Before, the key was malformed:<topic>:<partition>:<offset>: the recreated
+// topic's record at offset 0 was counted as a duplicate of the old one, and
+// one dead letter stood for two records.
+func TestConsumerMalformedAcrossTopicRecreation(t *testing.T) {
+	t.Parallel()
+	db := consumerDB(t)
+	topic := testkit.Topic(t, "malformed-recreate", 1, nil)
+	dead := func() int { return count(t, db, `SELECT count(*) FROM onceflow.inbox WHERE status = 'dead'`) }
+
+	// The old topic: A at offset 0, B at offset 1, both dead-lettered.
+	produceRecords(t, testkit.Client(t), malformedRecord(topic, "A"), malformedRecord(topic, "B"))
+	e := startEngine(t, inbox.Config{Pool: db.Pool, Group: "g1-" + topic, Topics: []string{topic}, BatchHandler: sqlHandler(t)})
+	eventually(t, 30*time.Second, "A and B dead-lettered", func() (bool, string) {
+		return dead() == 2, fmtState(dead(), " dead")
+	})
+	e.stop(t)
+	var oldID string
+	if err := db.Pool.QueryRow(context.Background(), `SELECT topic_id FROM onceflow.consumer_offsets WHERE topic = $1`, topic).Scan(&oldID); err != nil {
+		t.Fatal(err)
+	}
+	// B's row as a consumer before topic IDs in keys wrote it.
+	if n := count(t, db, `WITH u AS (UPDATE onceflow.inbox SET event_id = $1 WHERE event_id = $2 RETURNING 1) SELECT count(*) FROM u`,
+		fmt.Sprintf("malformed:%s:0:1", topic), fmt.Sprintf("malformed:%s:%s:0:1", topic, oldID)); n != 1 {
+		t.Fatalf("B's row under its new-form key: %d rows, want 1", n)
+	}
+
+	// Redelivered (a new group reads from the start): both duplicates.
+	e2 := startEngine(t, inbox.Config{Pool: db.Pool, Group: "g2-" + topic, Topics: []string{topic}, BatchHandler: sqlHandler(t)})
+	eventually(t, 30*time.Second, "A and B redelivered as duplicates", func() (bool, string) {
+		d := e2.metric("onceflow_consumer_duplicates_total")
+		return d == 2, fmtState(d, " duplicates, ", dead(), " dead")
+	})
+	e2.stop(t)
+	if n := dead(); n != 2 || e2.metric("onceflow_consumer_dead_lettered_total") != 0 {
+		t.Fatalf("after the redelivery: %d dead rows, %v dead-lettered; want 2 and 0", n, e2.metric("onceflow_consumer_dead_lettered_total"))
+	}
+
+	// The topic recreated: C at offset 0, D at offset 1 (where B's old-form
+	// row is): both new, both dead-lettered.
+	newID := recreateTopic(t, topic, 1)
+	produceRecords(t, testkit.Client(t), malformedRecord(topic, "C"), malformedRecord(topic, "D"))
+	e3 := startEngine(t, inbox.Config{Pool: db.Pool, Group: "g3-" + topic, Topics: []string{topic}, BatchHandler: sqlHandler(t)})
+	eventually(t, 60*time.Second, "C and D dead-lettered", func() (bool, string) {
+		return dead() == 4, fmtState(dead(), " dead, ", e3.metric("onceflow_consumer_duplicates_total"), " duplicates")
+	})
+	e3.stop(t)
+	for _, tag := range []string{"C", "D"} {
+		off := map[string]int{"C": 0, "D": 1}[tag]
+		key := fmt.Sprintf("malformed:%s:%s:0:%d", topic, newID, off)
+		if n := count(t, db, `SELECT count(*) FROM onceflow.inbox WHERE event_id = $1 AND status = 'dead' AND convert_from(payload, 'UTF8') LIKE $2`,
+			key, `%"`+tag+`"%`); n != 1 {
+			t.Errorf("%s: no dead row %s with its payload", tag, key)
+		}
+	}
+	if d := e3.metric("onceflow_consumer_duplicates_total"); d != 0 {
+		t.Errorf("%v duplicates after the recreation, want 0", d)
+	}
+	t.Logf("old topic %s: 2 dead letters, 2 duplicates on redelivery (one under an old-form key); recreated %s: 2 more dead letters", oldID, newID)
+}

@@ -20,9 +20,9 @@ type ResolveRequest struct {
 	// a legacy stream.
 	Producer string `json:"producer,omitempty"`
 	Topic    string `json:"topic,omitempty"`
-	From      int64  `json:"from"`
-	To        int64  `json:"to"`
-	Note      string `json:"note"`
+	From     int64  `json:"from"`
+	To       int64  `json:"to"`
+	Note     string `json:"note"`
 }
 
 // ResolveOutcome is the answer to a ResolveRequest (stored in the audit).
