@@ -303,12 +303,12 @@ func TestStreamsMigrationCarriesGuardState(t *testing.T) {
 	}
 	var streams int32
 	for _, m := range migs {
-		if m.Name == "streams" {
+		if m.Name == "stream_guards" {
 			streams = int32(m.Version)
 		}
 	}
 	if streams == 0 {
-		t.Fatal("no streams migration")
+		t.Fatal("no stream_guards migration")
 	}
 	conn, err := pgx.Connect(ctx, db.URL)
 	if err != nil {
