@@ -289,7 +289,7 @@ func TestRelayQueueMigrationCarriesRows(t *testing.T) {
 
 // The streams migration carries a deployment's guard state over: seq_state
 // rows, an open gap and its parked event become legacy streams (producer
-// and topic ''); afterwards a producer's first event continues its source's
+// and topic ”); afterwards a producer's first event continues its source's
 // legacy state without a gap, the legacy gap fills with legacy events and
 // releases the parked one, and the enqueue functions refuse a "producer"
 // header. The down path goes back to one state per source.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -725,5 +726,102 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', now())`, consumer, ev.Event
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// sev is event(source, seq) of producer on topic (producer "": a legacy
+// stream's event), with an event id unique across streams.
+func sev(producer, topic, source string, seq int64) seqguard.Event {
+	e := event(source, seq)
+	e.Producer, e.Topic = producer, topic
+	e.EventID = fmt.Sprintf("%s/%s/%s-%d", producer, topic, source, seq)
+	return e
+}
+
+// Streams are ordered apart: two producers of one source name, and one
+// producer's source on two topics, never count each other's seqs as
+// duplicates, never park behind each other's gaps, and a gap given up is
+// its own stream's only. A legacy stream stays one stream across topics.
+func TestStreamsAreIndependent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := seqguard.Policy{GapTimeout: 10 * time.Second}
+	pool := b.db.Pool
+	// A's order-1: 1, 2. B's order-1: 1, 3 (parks behind 2).
+	got := applied(b.deliver(t, pool, at(0), p,
+		sev("A", "orders", "order-1", 1), sev("B", "orders", "order-1", 1), sev("A", "orders", "order-1", 2),
+		sev("B", "orders", "order-1", 3))...)
+	if strings.Join(got, ",") != "1,1,2" {
+		t.Fatalf("applied %v, want A 1, B 1, A 2 (B 3 parked)", got)
+	}
+	// A's order-1 on emails starts at 1 of its own; A's orders stream goes on.
+	got = applied(b.deliver(t, pool, at(1), p, sev("A", "emails", "order-1", 1), sev("A", "orders", "order-1", 3))...)
+	if strings.Join(got, ",") != "1,3" {
+		t.Fatalf("applied %v, want emails 1 and orders 3", got)
+	}
+	// A legacy stream of the same source is one more stream, across topics.
+	got = applied(b.deliver(t, pool, at(2), p, sev("", "orders", "order-1", 1), sev("", "emails", "order-1", 2))...)
+	if strings.Join(got, ",") != "1,2" {
+		t.Fatalf("legacy: applied %v, want 1,2", got)
+	}
+	// B's gap is given up alone, and releases only B's parked 3.
+	outs := b.giveUp(t, pool, at(30))
+	if g := givenUp(outs...); len(g) != 1 || outs[0].Stream != (seqguard.Stream{Producer: "B", Topic: "orders", Source: "order-1"}) {
+		t.Fatalf("given up %v (%+v), want B's 2-2 only", g, outs)
+	}
+	if got := applied(outs...); strings.Join(got, ",") != "3p" {
+		t.Fatalf("released %v, want B's 3", got)
+	}
+	gaps, err := b.store.ListGaps(context.Background(), pool, true, time.Time{})
+	if err != nil || len(gaps) != 1 || gaps[0].Producer != "B" || gaps[0].Topic != "orders" {
+		t.Fatalf("ListGaps = %+v, %v; want B's gap with its producer and topic", gaps, err)
+	}
+	if _, err := b.store.ResolveGap(context.Background(), pool, seqguard.Stream{Source: "order-1"}, 2, 2, "x", at(40)); !errors.Is(err, seqguard.ErrGapNotFound) {
+		t.Fatalf("resolving the legacy stream's 2-2: %v, want not found (the gap is B's)", err)
+	}
+	if n, err := b.store.ResolveGap(context.Background(), pool, gaps[0].Stream(), 2, 2, "x", at(40)); err != nil || n != 1 {
+		t.Fatalf("resolving B's 2-2: %d, %v", n, err)
+	}
+}
+
+// A producer's stream adopts its source's legacy state on its first event
+// when that event lies above it (the upgrade: no gap), and starts by the
+// start policy when it does not (another producer that shared the source
+// name). Adoption is written: a later transaction sees it.
+func TestStreamAdoptsLegacyState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := seqguard.Policy{GapTimeout: 10 * time.Second}
+	pool := b.db.Pool
+	b.deliver(t, pool, at(0), p, sev("", "orders", "s", 1), sev("", "orders", "s", 2), sev("", "orders", "s", 3))
+	// In order after the legacy 3, with the store deferring (as the consumer does).
+	b.store.DeferInOrder = true
+	if got := applied(b.deliver(t, pool, at(1), p, sev("P", "orders", "s", 4))...); strings.Join(got, ",") != "4" {
+		t.Fatalf("P's first event: applied %v, want 4", got)
+	}
+	b.store.DeferInOrder = false
+	if got := applied(b.deliver(t, pool, at(2), p, sev("P", "orders", "s", 5))...); strings.Join(got, ",") != "5" {
+		t.Fatalf("P's second event: applied %v, want 5", got)
+	}
+	// Above with a hole: adopted, and the hole is a gap of P's stream.
+	outs := b.deliver(t, pool, at(3), p, sev("Q", "emails", "s", 6))
+	if got := applied(outs...); len(got) != 0 || seqguard.Count(outs[0].Steps).GapsOpened != 1 {
+		t.Fatalf("Q's first event 6 over legacy 3: applied %v, steps %v; want it parked behind the gap 4-5", got, outs[0].Steps)
+	}
+	// At or below: not adopted (expect-first-seq-1: 1 applies).
+	if got := applied(b.deliver(t, pool, at(4), p, sev("R", "orders", "s", 1))...); strings.Join(got, ",") != "1" {
+		t.Fatalf("R's first event 1 under legacy 3: applied %v, want 1", got)
+	}
+	var states []string
+	rows, err := pool.Query(context.Background(), `SELECT producer || ':' || topic || ':' || coalesce(last_applied::text, '-') || ':' || coalesce(first_seq::text, '-')
+		FROM onceflow.seq_state WHERE source = 's' ORDER BY producer, topic`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if states, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(states, " ") != "::3:1 P:orders:5:1 Q:emails:3:1 R:orders:1:1" {
+		t.Fatalf("seq_state rows %v", states)
 	}
 }
