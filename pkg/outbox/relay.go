@@ -1290,10 +1290,19 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 		env := envelope.Envelope{
 			EventID: w.eventID, Source: w.source, Seq: w.seq, EventType: w.eventType,
 			ContentType: w.contentType, Key: w.key, Payload: w.payload,
+			// The stream's producer: this database's identity (I5).
+			Producer: r.identity,
 		}
 		if tp, ok := w.headers[envelope.HeaderTraceparent]; ok {
 			env.Traceparent = tp
 			delete(w.headers, envelope.HeaderTraceparent)
+		}
+		for k := range w.headers {
+			// A row stored before "producer" was reserved may carry it as an
+			// application header; the envelope's own value wins.
+			if strings.EqualFold(k, envelope.HeaderProducer) {
+				delete(w.headers, k)
+			}
 		}
 		env.Headers = w.headers
 		rec := env.Record(w.topic)
