@@ -275,6 +275,17 @@ const qCheckpointRows = `
 SELECT o.id, o.event_id, o.source, EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o.id)
   FROM onceflow.outbox o WHERE o.id = ANY($1::bigint[])`
 
+// qCheckpointStreams reads, for each stream a checkpoint names ($1 topics,
+// $2 sources, $3 seqs; ord is the position, from 1), the row holding that
+// seq (NULL: pruned, deleted, or never written here) and the stream's
+// counter (NULL: none). It is the one statement that knows how streams are
+// keyed: the counter by source, a seq unique per source.
+const qCheckpointStreams = `
+SELECT h.ord, o.id, o.event_id, c.last_seq
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS h(topic, source, seq, ord)
+  LEFT JOIN onceflow.outbox o ON o.source = h.source AND o.seq = h.seq
+  LEFT JOIN onceflow.source_seq c ON c.source = h.source`
+
 // Legacy checkpoints (settleLegacy, identity.go).
 const qLegacyList = `
 SELECT shard, noted_at, decision, decided_at, decided_by, settled_at, outcome

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -402,7 +401,7 @@ type leaderSession struct {
 // markJob is a batch's mark, running concurrently with the next batch.
 type markJob struct {
 	ids  []int64
-	ckpt map[int64]uint32 // id -> event id fingerprint
+	ckpt ckptSet
 	done chan error
 }
 
@@ -491,7 +490,7 @@ func (s *leaderSession) round(ctx context.Context) (done bool, err error) {
 		s.cl = c
 	}
 	var unmarked []int64
-	var unmarkedCkpt map[int64]uint32
+	var unmarkedCkpt ckptSet
 	if s.inflight != nil {
 		unmarked, unmarkedCkpt = s.inflight.ids, s.inflight.ckpt
 	}
@@ -569,10 +568,10 @@ func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
 
 // publish commits rows in one Kafka transaction, then starts their mark
 // once the previous batch's mark finished.
-func (s *leaderSession) publish(ctx context.Context, rows []row, unmarkedCkpt map[int64]uint32, tFetch time.Time) (done bool, err error) {
+func (s *leaderSession) publish(ctx context.Context, rows []row, unmarkedCkpt ckptSet, tFetch time.Time) (done bool, err error) {
 	r, log := s.r, s.log
 	tPublish := time.Now()
-	txn := r.startTxn(s.opCtx, rows, len(unmarkedCkpt))
+	txn := r.startTxn(s.opCtx, rows, len(unmarkedCkpt.fps))
 	err = r.publish(txn.ctx, s.cl, rows, unmarkedCkpt)
 	txn.end(err)
 	if err != nil {
@@ -617,10 +616,10 @@ func (s *leaderSession) publish(ctx context.Context, rows []row, unmarkedCkpt ma
 		return false, nil
 	}
 	ids := make([]int64, len(rows))
-	ckpt := make(map[int64]uint32, len(rows))
+	ckpt := newCkptSet(len(rows))
 	for i, w := range rows {
 		ids[i] = w.id
-		ckpt[w.id] = w.fp
+		ckpt.add(w)
 		delete(s.suspects, w.id)
 	}
 	job := &markJob{ids: ids, ckpt: ckpt, done: make(chan error, 1)}
@@ -964,6 +963,9 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 				"(docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
+	if err := r.checkStreams(ctx, c, where); err != nil {
+		return 0, err
+	}
 	rows, err := r.cfg.DB.Query(ctx, qCheckpointRows, c.ids)
 	if err != nil {
 		return 0, fmt.Errorf("read checkpointed rows: %w", err)
@@ -1015,6 +1017,60 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 		return 0, fmt.Errorf("mark checkpointed rows: %w", err)
 	}
 	return marked, nil
+}
+
+// checkStreams proves, for every stream c's hi field names, that this
+// database has not lost the event it names: the row holding that seq is
+// there with the same event, or it is gone (pruned, deleted on publish,
+// skipped) and the stream's counter has reached the seq. A counter never goes
+// backwards but by a restore, so this does not depend on how far ahead
+// PostgreSQL logged the outbox's id sequence. A database restored to before
+// the checkpoint's last rows fails it (an *IdentityError), whether or not
+// new events were written since.
+func (r *Relay) checkStreams(ctx context.Context, c checkpoint, where string) error {
+	if len(c.hi) == 0 {
+		return nil
+	}
+	topics, sources, seqs := make([]string, len(c.hi)), make([]string, len(c.hi)), make([]int64, len(c.hi))
+	for i, h := range c.hi {
+		topics[i], sources[i], seqs[i] = h.topic, h.source, h.seq
+	}
+	rows, err := r.cfg.DB.Query(ctx, qCheckpointStreams, topics, sources, seqs)
+	if err != nil {
+		return fmt.Errorf("read checkpointed streams: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ord int64
+		var id, counter *int64
+		var eventID *string
+		if err := rows.Scan(&ord, &id, &eventID, &counter); err != nil {
+			return fmt.Errorf("read checkpointed streams: %w", err)
+		}
+		h := c.hi[ord-1]
+		fix := "events published after the restore point are on Kafka but no longer here, and their sources' seqs will be handed out again: " +
+			"raise those sources' onceflow.source_seq counters past what consumers saw, then run `relay identity reset -note …` " +
+			"(docs/relay.md, \"Restored or copied databases\")"
+		switch {
+		case eventID != nil && fingerprint(*eventID) != h.fp:
+			return &IdentityError{
+				Problem: fmt.Sprintf("%s names seq %d of source %q on topic %q (outbox row %d), but this database holds another event, %q (row %d), at that seq: "+
+					"the database was restored to an earlier point after the relay had published that event, and written to since", where, h.seq, h.source, h.topic, h.id, *eventID, *id),
+				Fix: fix,
+			}
+		case eventID == nil && (counter == nil || *counter < h.seq):
+			have := "no counter"
+			if counter != nil {
+				have = "a counter at " + strconv.FormatInt(*counter, 10)
+			}
+			return &IdentityError{
+				Problem: fmt.Sprintf("%s names seq %d of source %q on topic %q (outbox row %d), but this database has neither that row nor a seq that high (%s): "+
+					"the database was restored to an earlier point (or the counter reset) after the relay had published that event", where, h.seq, h.source, h.topic, h.id, have),
+				Fix: fix,
+			}
+		}
+	}
+	return rows.Err()
 }
 
 // settleLegacy deals, once, with the checkpoint a relay of this shard wrote
@@ -1230,7 +1286,7 @@ var errUnknownOutcome = errors.New("kafka transaction outcome unknown")
 // and commits it. A nil error means committed. A *refusedError means Kafka
 // refused some records for good (and nothing was committed); unmarked are
 // the ids and fingerprints of the previous batch, whose mark is running.
-func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarked map[int64]uint32) error {
+func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarked ckptSet) error {
 	if !r.leaseValid() {
 		return ErrLeadershipLost
 	}
@@ -1243,10 +1299,10 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 	// The checkpoint names every id that may be on Kafka but unmarked once
 	// this transaction commits: this batch and the previous one, whose mark
 	// is still running.
-	ckpt := make(map[int64]uint32, len(rows)+len(unmarked))
-	maps.Copy(ckpt, unmarked)
+	ckpt := newCkptSet(len(rows) + len(unmarked.fps))
+	ckpt.merge(unmarked)
 	for _, w := range rows {
-		ckpt[w.id] = w.fp
+		ckpt.add(w)
 		env := envelope.Envelope{
 			EventID: w.eventID, Source: w.source, Seq: w.seq, EventType: w.eventType,
 			ContentType: w.contentType, Key: w.key, Payload: w.payload,
@@ -1260,7 +1316,7 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 		rowOf[rec] = w.id
 		recs = append(recs, rec)
 	}
-	recs = append(recs, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: []byte(r.ckptKey), Value: encodeCheckpoint(r.identity, ckpt)})
+	recs = append(recs, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: []byte(r.ckptKey), Value: encodeCheckpointSet(r.identity, ckpt)})
 
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout)
 	defer cancel()
