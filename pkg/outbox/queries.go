@@ -198,13 +198,16 @@ const qLeaseLock = `SELECT pg_advisory_xact_lock(8027229195717407589)`
 // seconds) stands by and tries again.
 const qLeaseTryLock = `SELECT pg_try_advisory_xact_lock(8027229195717407589)`
 
-// qOtherLayoutLeases lists the leases taken by relays with another shard
-// count than $1, and whether each is still live.
+// qOtherLayoutLeases lists the leases taken by relays of another layout
+// than shard $2 of $1, and whether each is still live: another shard count,
+// or, with one shard, another shard name (the one shard of a database has
+// one lease, whatever a relay calls it: two names would be two leaders).
 const qOtherLayoutLeases = `
-SELECT shard, shards, holder, expires_at > now() FROM onceflow.relay_lease WHERE shards <> $1 ORDER BY shard`
+SELECT shard, shards, holder, expires_at > now() FROM onceflow.relay_lease
+ WHERE shards <> $1 OR ($1 = 1 AND shard <> $2) ORDER BY shard`
 
-// qDropLayoutLease deletes an expired lease of another shard count once its
-// last checkpoint is settled.
+// qDropLayoutLease deletes an expired lease of another layout once its last
+// checkpoint is settled.
 const qDropLayoutLease = `DELETE FROM onceflow.relay_lease WHERE shard = $1 AND shards = $2 AND expires_at <= now()`
 
 // qAcquireLease takes the shard's lease when it is free, expired, or held

@@ -164,19 +164,33 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 		switch {
 		case err == nil && len(others) == 0:
 			r.setReady(nil)
+			r.m.layoutConflict.Set(0)
 			r.validUntil.Store(int64(t0 + r.cfg.LeaseTTL))
 			return epoch, nil
 		case err == nil && others.live():
-			// Another shard count leads: this relay waits, ready (a
-			// rolling update replacing those relays must go on).
+			// Another layout leads: this relay waits, ready (a rolling
+			// update replacing those relays must go on), counted in
+			// onceflow_relay_layout_conflict.
 			r.setReady(nil)
+			r.m.layoutConflict.Set(1)
 			if desc := others.String(); desc != layoutLogged {
 				r.m.errors.WithLabelValues(errKindLease).Inc()
-				r.log.ErrorContext(ctx, "standing by: relays with another shard count hold leases; "+
-					"this relay takes none until they stop (every relay of a database must run with the same -shards)",
-					slog.Int("shards", r.cfg.Shards), slog.String("leases", desc))
+				if others.sameCount(r.cfg.Shards) {
+					r.log.ErrorContext(ctx, "standing by: a relay with another -shard name leads this database; "+
+						"this relay takes no lease until it stops (with -shards 1 a database has one leader, "+
+						"so every relay of it must run with the same -shard: set -shard, or ONCEFLOW_SHARD, alike on all of them)",
+						slog.String("leases", desc))
+				} else {
+					r.log.ErrorContext(ctx, "standing by: relays with another shard count hold leases; "+
+						"this relay takes none until they stop (every relay of a database must run with the same -shards)",
+						slog.Int("shards", r.cfg.Shards), slog.String("leases", desc))
+				}
 				layoutLogged = desc
 			}
+			if err := sleep(ctx, r.cfg.StandbyInterval); err != nil {
+				return 0, err
+			}
+			continue
 		case err == nil:
 			// Only expired leases of another count: settle their last
 			// checkpoints, then try again at once.
@@ -231,7 +245,7 @@ func (r *Relay) tryAcquire(ctx context.Context) (epoch int64, others otherLeases
 		if !locked {
 			return errLeaseLockBusy
 		}
-		if others, err = readOtherLeases(ctx, tx, r.cfg.Shards); err != nil || len(others) > 0 {
+		if others, err = readOtherLeases(ctx, tx, r.cfg.Shards, r.cfg.Shard); err != nil || len(others) > 0 {
 			return err
 		}
 		return tx.QueryRow(ctx, qAcquireLease, r.cfg.Shard, r.cfg.HolderID, r.cfg.LeaseTTL.Seconds(), r.cfg.Shards).Scan(&epoch)
@@ -271,8 +285,16 @@ func (ls otherLeases) String() string {
 	return b.String()
 }
 
-func readOtherLeases(ctx context.Context, tx pgx.Tx, shards int) (otherLeases, error) {
-	rows, err := tx.Query(ctx, qOtherLayoutLeases, shards)
+// sameCount reports whether a lease is of shard count shards (with one
+// shard: another shard name).
+func (ls otherLeases) sameCount(shards int) bool {
+	return slices.ContainsFunc(ls, func(l otherLease) bool { return l.live && l.shards == shards })
+}
+
+// readOtherLeases reads the leases of another layout than shard of shards
+// (qOtherLayoutLeases).
+func readOtherLeases(ctx context.Context, tx pgx.Tx, shards int, shard string) (otherLeases, error) {
+	rows, err := tx.Query(ctx, qOtherLayoutLeases, shards, shard)
 	if err != nil {
 		return nil, fmt.Errorf("read leases: %w", err)
 	}
@@ -305,7 +327,7 @@ func (r *Relay) settleLayout(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, qLeaseLock); err != nil {
 			return err
 		}
-		others, err := readOtherLeases(ctx, tx, r.cfg.Shards)
+		others, err := readOtherLeases(ctx, tx, r.cfg.Shards, r.cfg.Shard)
 		if err != nil || others.live() {
 			return err // a live one: acquire waits for it
 		}
