@@ -1,0 +1,2 @@
+-- Placeholder (see 015_placeholder.up.sql).
+SELECT 1;
