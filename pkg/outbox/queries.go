@@ -90,6 +90,43 @@ SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type,
  WHERE p.id NOT IN (SELECT unnest($2::bigint[]))
    AND o.source NOT IN (` + qHeldSources + `)`
 
+// qSweep queues the outbox rows with ids in ($1, $2] that are neither
+// queued nor in the publish log (sweep.go). It returns how many it queued,
+// their lowest and highest id, how many of them have a later row of their
+// source that is neither queued nor among them (published already: they
+// come out of order), and the newest outbox id.
+const qSweep = qSweepHead + qSweepTail
+
+// qSweepShard is qSweep for the sources of shard $4 of $3.
+const qSweepShard = qSweepHead + `
+       AND CASE WHEN onceflow.source_shard(o.source, $3) = $4 THEN true ELSE false END` + qSweepTail
+
+const qSweepHead = `
+WITH r AS (
+    SELECT o.id, o.source, o.seq FROM onceflow.outbox o
+     WHERE o.id > $1 AND o.id <= $2
+       AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o.id)`
+
+const qSweepTail = `
+), l AS (
+    SELECT u.id FROM onceflow.outbox_published l CROSS JOIN LATERAL unnest(l.ids) AS u(id)
+     WHERE int8range(l.first_id, l.last_id, '[]') && int8range($1::bigint, $2::bigint, '(]')
+), f AS (
+    INSERT INTO onceflow.outbox_pending (id)
+    SELECT id FROM r WHERE id NOT IN (SELECT id FROM l)
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM f), coalesce((SELECT min(id) FROM f), 0), coalesce((SELECT max(id) FROM f), 0),
+       (SELECT count(*) FROM f JOIN r USING (id)
+         WHERE EXISTS (SELECT 1 FROM onceflow.outbox o2
+                        WHERE o2.source = r.source AND o2.seq > r.seq AND o2.id NOT IN (SELECT id FROM f)
+                          AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o2.id))),
+       coalesce((SELECT max(id) FROM onceflow.outbox), 0)`
+
+// qOutboxMaxID is the newest visible outbox id (0: none).
+const qOutboxMaxID = `SELECT coalesce(max(id), 0) FROM onceflow.outbox`
+
 // qHeldSources are the sources the relay publishes nothing of: their
 // set-aside row waits for an operator or for its retry time.
 const qHeldSources = `SELECT h.source FROM onceflow.outbox_set_aside h

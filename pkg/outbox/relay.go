@@ -380,6 +380,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		epoch:    epoch,
 		log:      r.log.With(slog.Int64("epoch", epoch)),
 		suspects: map[int64]refused{},
+		sweep:    newSweeper(),
 	}
 	return s.run(ctx)
 }
@@ -418,6 +419,8 @@ type leaderSession struct {
 	// mark finished, so the last committed checkpoint always covers every
 	// row that may be on Kafka but unmarked.
 	inflight *markJob
+	// sweep is the state of the sweep for unqueued rows (sweep.go).
+	sweep *sweeper
 }
 
 // markJob is a batch's mark, running concurrently with the next batch.
@@ -517,7 +520,7 @@ func (s *leaderSession) round(ctx context.Context) (done bool, err error) {
 		unmarked, unmarkedCkpt = s.inflight.ids, s.inflight.ckpt
 	}
 	tFetch := time.Now()
-	rows, err := r.fetch(s.stop, unmarked)
+	rows, err := s.sweepAndFetch(s.stop, unmarked)
 	if err != nil {
 		if s.stop.Err() == nil {
 			s.fail(ctx, errKindPostgres, "read outbox", err)
@@ -1196,12 +1199,12 @@ type row struct {
 }
 
 // fetch reads the next batch, bounded by BatchMaxRows and BatchMaxBytes.
-func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
+func (r *Relay) fetch(ctx context.Context, tx pgx.Tx, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}
 	q, args := r.sharded(qSelectBatch, qSelectBatchShard, r.cfg.BatchMaxRows, exclude)
-	rs, err := r.cfg.DB.Query(ctx, q, args...)
+	rs, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
