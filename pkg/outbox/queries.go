@@ -387,9 +387,23 @@ UPDATE onceflow.outbox_set_aside
 // qSetAsideSkip* run in one transaction: lock the open entry (refusing
 // one whose retry is due: the relay may be publishing its row), copy and
 // delete the outbox row, resolve the entry.
+// "Due" is measured by the clock when the lock is held, not by the
+// transaction's start (now()): a retry that came due while the skip's
+// transaction waited or ran must refuse the skip, since the relay may have
+// claimed the row (qSetAsideClaim) meanwhile.
 const qSetAsideSkipLock = `
-SELECT retry_at IS NOT NULL AND retry_at <= now()
+SELECT retry_at IS NOT NULL AND retry_at <= clock_timestamp()
   FROM onceflow.outbox_set_aside WHERE outbox_id = $1 AND resolved_at IS NULL FOR UPDATE`
+
+// qSetAsideClaim is the relay's claim on a set-aside row it is about to
+// publish again: it returns the row only while its entry is open and its
+// retry due. Its lock waits for a skip that holds the entry (qSetAsideSkipLock)
+// and then sees the skip's outcome; a skip that locks the entry after the
+// claim finds the retry due and refuses. So a row is never both skipped and
+// published.
+const qSetAsideClaim = `
+SELECT outbox_id FROM onceflow.outbox_set_aside
+ WHERE outbox_id = $1 AND resolved_at IS NULL AND retry_at <= now() FOR UPDATE`
 
 const qSetAsideSkip = `
 WITH d AS (

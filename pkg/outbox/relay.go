@@ -534,6 +534,22 @@ func (s *leaderSession) round(ctx context.Context) (done bool, err error) {
 	if rows = s.screen(ctx, rows); len(rows) == 0 {
 		return false, nil
 	}
+	if rows[0].retrying {
+		// A set-aside row goes alone (isolate); claim it first, so that an
+		// operator's skip and this retry cannot both happen.
+		var id int64
+		err := r.cfg.DB.QueryRow(s.stop, qSetAsideClaim, rows[0].id).Scan(&id)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			s.log.InfoContext(ctx, "set-aside row skipped (or no longer due) before its retry: not published", slog.Int64("outbox_id", rows[0].id))
+			return false, nil
+		case err != nil:
+			if s.stop.Err() == nil {
+				s.fail(ctx, errKindPostgres, "claim set-aside row for its retry", err)
+			}
+			return false, nil
+		}
+	}
 	return s.publish(ctx, rows, unmarkedCkpt, tFetch)
 }
 
