@@ -124,6 +124,9 @@ SELECT (SELECT count(*) FROM f), coalesce((SELECT min(id) FROM f), 0), coalesce(
                           AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o2.id))),
        coalesce((SELECT max(id) FROM onceflow.outbox), 0)`
 
+// qServerEncoding is the database's encoding.
+const qServerEncoding = `SELECT current_setting('server_encoding')`
+
 // qOutboxMaxID is the newest visible outbox id (0: none).
 const qOutboxMaxID = `SELECT coalesce(max(id), 0) FROM onceflow.outbox`
 

@@ -120,6 +120,24 @@ func (r *Relay) setReady(err error) {
 // lease, when it cannot prove that the database or a checkpoint is its own:
 // publishing on would risk marking rows that were never published.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.cfg.Shards > 1 {
+		var enc string
+		if err := r.retry(ctx, errKindPostgres, "read the database encoding", func() error {
+			return r.cfg.DB.QueryRow(ctx, qServerEncoding).Scan(&enc)
+		}); err != nil {
+			return nil // ctx cancelled
+		}
+		// onceflow.source_shard hashes the database's bytes of a source,
+		// SourceShard its UTF-8 bytes: they agree only where the two are
+		// the same.
+		if enc != "UTF8" && enc != "SQL_ASCII" {
+			err := &ConfigError{Field: "Shards", Reason: fmt.Sprintf("must be 1 on a database whose encoding is %s: "+
+				"onceflow.source_shard hashes a source's bytes in that encoding and SourceShard its UTF-8 bytes, "+
+				"so a source with a non-ASCII character would belong to two shards, or none (docs/relay.md, \"Shards\")", enc)}
+			r.log.ErrorContext(ctx, "relay stopped: "+err.Error())
+			return err
+		}
+	}
 	if err := r.retry(ctx, errKindKafka, "ensure checkpoint topic", func() error {
 		cl, err := kgo.NewClient(r.cfg.KafkaOpts...)
 		if err != nil {
