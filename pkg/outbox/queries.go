@@ -334,7 +334,7 @@ const qLegacyList = `
 SELECT shard, noted_at, decision, decided_at, decided_by, settled_at, outcome
   FROM onceflow.relay_legacy_checkpoint ORDER BY shard`
 
-const qLegacyPending = `SELECT decision FROM onceflow.relay_legacy_checkpoint WHERE shard = $1 AND settled_at IS NULL`
+const qLegacyPendingAll = `SELECT shard, decision FROM onceflow.relay_legacy_checkpoint WHERE settled_at IS NULL ORDER BY shard`
 
 const qLegacyDecide = `
 UPDATE onceflow.relay_legacy_checkpoint SET decision = $2, decided_at = now(), decided_by = current_user

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -1132,33 +1133,73 @@ func (r *Relay) checkStreams(ctx context.Context, c checkpoint, where string) er
 	return rows.Err()
 }
 
-// settleLegacy deals, once, with the checkpoint a relay of this shard wrote
-// before databases had identities (under the bare shard name, which every
-// database's relay shared). It first fences the old transactional.id (any
-// relay of the previous version still running stops publishing) and then
-// reads that checkpoint to its measured end:
-//   - none there, or it names no row that is unpublished here: settled;
-//   - an operator decided "adopt" (`relay identity legacy adopt`): its rows
-//     are marked, after the sequence check (no fingerprints in version 1);
-//   - "discard": settled; its rows are published again (duplicates that
-//     consumers drop by event id, never a loss);
-//   - no decision: an *IdentityError naming both commands.
+// settleLegacy deals, once, with every checkpoint a relay wrote before
+// databases had identities (under the bare shard name, which every
+// database's relay shared), whatever shard layout runs now: the legacy
+// relay's shard names ("default", …) need not be shards of this layout
+// (from one relay to -shards N, or a renamed shard), and the rows its last
+// checkpoint names may belong to any shard now. Each is settled by
+// settleLegacyShard; the first that cannot be is returned.
 func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	if r.legacySettled {
 		return nil
 	}
-	var decision *string
-	err := r.cfg.DB.QueryRow(ctx, qLegacyPending, r.cfg.Shard).Scan(&decision)
-	if errors.Is(err, pgx.ErrNoRows) {
-		r.legacySettled = true
-		return nil
-	}
+	rows, err := r.cfg.DB.Query(ctx, qLegacyPendingAll)
 	if err != nil {
 		return fmt.Errorf("read legacy checkpoint state: %w", err)
 	}
-	legacyTxn := r.cfg.TransactionalIDPrefix + r.cfg.Shard
+	type pending struct {
+		shard    string
+		decision *string
+	}
+	ps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (pending, error) {
+		var p pending
+		err := row.Scan(&p.shard, &p.decision)
+		return p, err
+	})
+	if err != nil {
+		return fmt.Errorf("read legacy checkpoint state: %w", err)
+	}
+	// This relay's own shard first: its refusal is the one its operator
+	// expects.
+	slices.SortStableFunc(ps, func(a, b pending) int {
+		return cmp.Compare(boolInt(a.shard != r.cfg.Shard), boolInt(b.shard != r.cfg.Shard))
+	})
+	for _, p := range ps {
+		if err := r.settleLegacyShard(ctx, log, p.shard, deref(p.decision)); err != nil {
+			return err
+		}
+	}
+	r.legacySettled = true
+	return nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// settleLegacyShard settles the legacy checkpoint of shard name. It first
+// fences the old transactional.id (any relay of the previous version still
+// running stops publishing) and then reads that checkpoint to its measured
+// end:
+//   - none there, or it names no row that is unpublished here: settled;
+//   - an operator decided "adopt" (`relay identity legacy adopt`): its rows
+//     are marked (all of them, whichever shard owns their source now), after
+//     the sequence check (no fingerprints in version 1);
+//   - "discard": settled; its rows are published again (duplicates that
+//     consumers drop by event id, never a loss);
+//   - no decision: an *IdentityError naming both commands.
+//
+// Relays of several shards may settle the same name at once: fencing twice
+// and marking twice are harmless, and the first to record the outcome wins.
+func (r *Relay) settleLegacyShard(ctx context.Context, log *slog.Logger, name, decision string) error {
+	log = log.With(slog.String("legacy_shard", name))
+	legacyTxn := r.cfg.TransactionalIDPrefix + name
 	if r.cfg.TransactionalIDPrefix == "" {
-		legacyTxn = "onceflow-relay-" + r.cfg.Shard
+		legacyTxn = "onceflow-relay-" + name
 	}
 	// Initialising the old transactional.id fences a relay of the previous
 	// version still running and ends its open transaction, so that the
@@ -1169,25 +1210,24 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	}
 	cl.Close()
 	settle := func(outcome string) error {
-		if _, err := r.cfg.DB.Exec(ctx, qLegacySettle, r.cfg.Shard, outcome); err != nil {
+		if _, err := r.cfg.DB.Exec(ctx, qLegacySettle, name, outcome); err != nil {
 			return fmt.Errorf("settle legacy checkpoint: %w", err)
 		}
 		log.InfoContext(ctx, "legacy checkpoint settled", slog.String("outcome", outcome))
-		r.legacySettled = true
 		return nil
 	}
-	rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, r.cfg.Shard)
+	rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, name)
 	if err != nil {
 		return fmt.Errorf("read legacy checkpoint: %w", err)
 	}
 	if rec == nil {
-		return settle(fmt.Sprintf("no checkpoint under the legacy key %q in %s", r.cfg.Shard, r.cfg.CheckpointTopic))
+		return settle(fmt.Sprintf("no checkpoint under the legacy key %q in %s", name, r.cfg.CheckpointTopic))
 	}
 	c, err := decodeCheckpoint(rec.Value)
 	if err != nil || c.fps != nil {
 		return &IdentityError{
-			Problem: fmt.Sprintf("legacy checkpoint record %s[%d]@%d under key %q is not a version 1 checkpoint (%v)", rec.Topic, rec.Partition, rec.Offset, r.cfg.Shard, err),
-			Fix:     fmt.Sprintf("run `relay identity legacy discard -shard %s` once you know what wrote it", r.cfg.Shard),
+			Problem: fmt.Sprintf("legacy checkpoint record %s[%d]@%d under key %q is not a version 1 checkpoint (%v)", rec.Topic, rec.Partition, rec.Offset, name, err),
+			Fix:     fmt.Sprintf("run `relay identity legacy discard -shard %s` once you know what wrote it", name),
 		}
 	}
 	var unpublished int64
@@ -1198,9 +1238,9 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	switch {
 	case unpublished == 0:
 		return settle(desc + ": names no row unpublished here, nothing to do")
-	case deref(decision) == "discard":
+	case decision == "discard":
 		return settle(fmt.Sprintf("%s: discarded; %d rows it names are published again", desc, unpublished))
-	case deref(decision) == "adopt":
+	case decision == "adopt":
 		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint", nil)
 		if err != nil {
 			return err
@@ -1213,7 +1253,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 		Fix: fmt.Sprintf("if no other database's relay ever used -checkpoint-topic %s with -shard %s, run `relay identity legacy adopt -shard %s` "+
 			"(its rows are marked, nothing is published twice); otherwise run `relay identity legacy discard -shard %s` "+
 			"(its rows are published again; consumers drop the duplicates by event id) (docs/relay.md, \"Upgrading\")",
-			r.cfg.CheckpointTopic, r.cfg.Shard, r.cfg.Shard, r.cfg.Shard),
+			r.cfg.CheckpointTopic, name, name, name),
 	}
 }
 
