@@ -94,7 +94,9 @@ SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type,
 // queued nor in the publish log (sweep.go). It returns how many it queued,
 // their lowest and highest id, how many of them have a later row of their
 // source that is neither queued nor among them (published already: they
-// come out of order), and the newest outbox id.
+// come out of order), and the newest outbox id. (The later-row test is a
+// LATERAL … LIMIT 1, so that it probes the (source, seq) key once per row
+// found instead of joining the whole outbox.)
 const qSweep = qSweepHead + qSweepTail
 
 // qSweepShard is qSweep for the sources of shard $4 of $3.
@@ -116,12 +118,15 @@ const qSweepTail = `
     SELECT id FROM r WHERE id NOT IN (SELECT id FROM l)
     ON CONFLICT DO NOTHING
     RETURNING id
+), fr AS MATERIALIZED (
+    SELECT r.source, r.seq FROM f JOIN r USING (id)
 )
 SELECT (SELECT count(*) FROM f), coalesce((SELECT min(id) FROM f), 0), coalesce((SELECT max(id) FROM f), 0),
-       (SELECT count(*) FROM f JOIN r USING (id)
-         WHERE EXISTS (SELECT 1 FROM onceflow.outbox o2
-                        WHERE o2.source = r.source AND o2.seq > r.seq AND o2.id NOT IN (SELECT id FROM f)
-                          AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o2.id))),
+       (SELECT count(*) FROM fr
+         CROSS JOIN LATERAL (SELECT 1 FROM onceflow.outbox o2
+                              WHERE o2.source = fr.source AND o2.seq > fr.seq AND o2.id NOT IN (SELECT id FROM f)
+                                AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o2.id)
+                              LIMIT 1) later),
        coalesce((SELECT max(id) FROM onceflow.outbox), 0)`
 
 // qServerEncoding is the database's encoding.

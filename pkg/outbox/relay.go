@@ -1273,7 +1273,7 @@ type row struct {
 }
 
 // fetch reads the next batch, bounded by BatchMaxRows and BatchMaxBytes.
-func (r *Relay) fetch(ctx context.Context, tx pgx.Tx, exclude []int64) ([]row, error) {
+func (r *Relay) fetch(ctx context.Context, tx querier, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}

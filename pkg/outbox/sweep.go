@@ -23,7 +23,8 @@ import (
 // other.
 //
 // Two walks, each bounded:
-//   - the tail, before every poll, in the poll's own snapshot: the ids above
+//   - the tail, before every poll that finds rows (and once a second when
+//     idle), in the poll's own snapshot: the ids above
 //     the highest id it saw the time before, less sweepMargin. A later row
 //     of a source is only visible once the source's earlier rows committed
 //     (a source's writers serialize on its counter), so a row found here is
@@ -40,12 +41,15 @@ const (
 	sweepMargin       = 1000
 	sweepChunk        = 5000
 	sweepFullInterval = time.Second
+	sweepIdleInterval = time.Second
 )
 
 // sweeper is a leader session's sweep state.
 type sweeper struct {
-	tailFrom int64 // the tail walks ids above this; -1: not yet known
-	fullFrom int64 // the full walk's next step starts above this
+	tailFrom int64     // the tail walks ids above this; -1: not yet known
+	tailAt   time.Time // the last tail sweep
+	busy     bool      // the last poll found rows
+	fullFrom int64     // the full walk's next step starts above this
 	fullAt   time.Time
 }
 
@@ -65,15 +69,31 @@ func (r *Relay) sweepRange(ctx context.Context, q pgx.Tx, lo, hi int64) (sweepRe
 	return res, err
 }
 
-// sweepAndFetch runs the sweep (the tail always, a full-walk step when due)
-// and reads the next batch in one REPEATABLE READ transaction, so that the
-// batch holds no row the sweep could not see.
+// querier is what a read needs: a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// sweepAndFetch reads the next batch after sweeping: the tail always, a
+// full-walk step when due, both in the batch's REPEATABLE READ snapshot, so
+// that the batch holds no row the sweep could not see. An idle relay (the
+// last poll found nothing) first polls alone, and sweeps only when that
+// poll finds rows or sweepIdleInterval has passed: its idle polls stay one
+// statement.
 func (s *leaderSession) sweepAndFetch(ctx context.Context, exclude []int64) ([]row, error) {
 	r := s.r
+	sw := s.sweep
+	now := time.Now()
+	if !sw.busy && now.Sub(sw.tailAt) < sweepIdleInterval {
+		rows, err := r.fetch(ctx, r.cfg.DB, exclude)
+		if err != nil || len(rows) == 0 {
+			return rows, err
+		}
+	}
 	var rows []row
 	err := pgx.BeginTxFunc(ctx, r.cfg.DB, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
 		t0 := time.Now()
-		sw := s.sweep
 		if sw.tailFrom < 0 {
 			// The first sweep of a tenure starts the tail just below the
 			// newest id; the full walk covers the rest.
@@ -88,7 +108,7 @@ func (s *leaderSession) sweepAndFetch(ctx context.Context, exclude []int64) ([]r
 			return fmt.Errorf("sweep for unqueued rows: %w", err)
 		}
 		s.reportSweep(ctx, "tail", tail)
-		if now := time.Now(); now.Sub(sw.fullAt) >= sweepFullInterval {
+		if now.Sub(sw.fullAt) >= sweepFullInterval {
 			sw.fullAt = now
 			if sw.fullFrom >= tail.maxSeen {
 				sw.fullFrom = 0
@@ -106,8 +126,10 @@ func (s *leaderSession) sweepAndFetch(ctx context.Context, exclude []int64) ([]r
 			return err
 		}
 		sw.tailFrom = max(sw.tailFrom, tail.maxSeen-sweepMargin)
+		sw.tailAt = now
 		return nil
 	})
+	sw.busy = err == nil && len(rows) > 0
 	return rows, err
 }
 
