@@ -234,6 +234,7 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 			continue
 		case errors.Is(err, pgx.ErrNoRows):
 			r.setReady(nil)
+			r.m.layoutConflict.Set(0)
 			if !logged {
 				r.log.InfoContext(ctx, "standing by: another relay holds the lease")
 				logged = true
