@@ -991,8 +991,10 @@ func (r *Relay) initProducer(ctx context.Context, txnID string) (*kgo.Client, er
 // unpublished rows it names. The proof: the record carries this database's
 // identity; no id it names is above what the outbox's sequence has handed
 // out (else the database was restored to an earlier point after those rows
-// were published); and every named row still in the table holds the event
-// the checkpoint recorded for it. Anything else is an *IdentityError: the
+// were published); every named row still in the table holds the event
+// the checkpoint recorded for it; and every stream the record names still
+// has the event at its highest seq, or a counter that reached it
+// (checkStreams). Anything else is an *IdentityError: the
 // relay stops rather than mark a row on a guess. With own set, a row whose
 // source own rejects is checked but left unmarked: recovery touches only
 // its own shard's rows.
@@ -1023,9 +1025,6 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 				"raise those sources' onceflow.source_seq counters past what consumers saw, then run `relay identity reset -note …` " +
 				"(docs/relay.md, \"Restored or copied databases\")",
 		}
-	}
-	if err := r.checkStreams(ctx, c, where); err != nil {
-		return 0, err
 	}
 	rows, err := r.cfg.DB.Query(ctx, qCheckpointRows, c.ids)
 	if err != nil {
@@ -1069,6 +1068,11 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 	}
 	if mismatch != nil {
 		return 0, mismatch
+	}
+	// The rows still here hold the checkpoint's events; the streams' seqs
+	// prove that the ones no longer here were not lost to a restore.
+	if err := r.checkStreams(ctx, c, where); err != nil {
+		return 0, err
 	}
 	if len(mark) == 0 {
 		return 0, nil
