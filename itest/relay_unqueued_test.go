@@ -27,16 +27,30 @@ func TestRelayUnqueuedRows(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	e := newRelayEnv(t, 2)
+	// enqueue commits n events of source, seqs from on. With setup (the
+	// triggers off) the rows are written whole, seq included, and the
+	// stream's counter moved, as logical replication's apply or a restore
+	// writes them; without, through onceflow.enqueue.
 	enqueue := func(source string, from, n int, setup, teardown string) time.Time {
 		t.Helper()
 		err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
-			if setup != "" {
-				if _, err := tx.Exec(ctx, setup); err != nil {
-					return err
-				}
+			if setup == "" {
+				_, err := tx.Exec(ctx, `SELECT onceflow.enqueue($1, $2, 'test.event', '{}'::jsonb, $2 || '-' || i) FROM generate_series($3::int, $3::int + $4::int - 1) AS i`,
+					e.topic, source, from, n)
+				return err
 			}
-			if _, err := tx.Exec(ctx, `SELECT onceflow.enqueue($1, $2, 'test.event', '{}'::jsonb, $2 || '-' || i) FROM generate_series($3::int, $3::int + $4::int - 1) AS i`,
+			if _, err := tx.Exec(ctx, setup); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `
+				INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload)
+				SELECT $2 || '-' || i, $1, $2, i, 'test.event', '{}'::bytea FROM generate_series($3::int, $3::int + $4::int - 1) AS i`,
 				e.topic, source, from, n); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `
+				INSERT INTO onceflow.source_seq (source, topic, last_seq) VALUES ($2, $1, $3::int + $4::int - 1)
+				ON CONFLICT (source, topic) DO UPDATE SET last_seq = excluded.last_seq`, e.topic, source, from, n); err != nil {
 				return err
 			}
 			if teardown != "" {

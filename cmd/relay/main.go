@@ -38,6 +38,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/cli"
+	"github.com/onceflow/onceflow/internal/horizon"
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/kafkaconn"
 	"github.com/onceflow/onceflow/internal/migrate"
@@ -275,6 +276,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(horizon.NewCollector(pool, "relay", log))
 	oc := c.outbox
 	oc.DB = pool
 	oc.Hooks = relayHooks()
@@ -318,7 +320,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if c.admin.Enabled {
 		h := admin.NewRelayHandler(pool, func() admin.RelaySelf { return admin.RelaySelf{Role: relay.Role()} }, tokens, log)
 		g.Go(func() error {
-			if err := admin.Serve(gctx, c.admin.Addr, h, log); err != nil {
+			if err := admin.Serve(gctx, c.admin, h, log); err != nil {
 				return fmt.Errorf("admin server: %w", err)
 			}
 			return nil

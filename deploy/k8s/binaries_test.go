@@ -3,6 +3,8 @@ package k8s_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -355,6 +357,40 @@ func startFromManifest(t *testing.T, ct container, refs map[string]string) (*tes
 		refs["ONCEFLOW_ADMIN_TOKEN_FILE"] = tokens
 		refs["ONCEFLOW_ADMIN_ADDR"] = "127.0.0.1:0"
 	}
+	if ct.Env["ONCEFLOW_KAFKA_TLS"] == "true" {
+		// The test's broker is the shared plaintext one. The overlay's
+		// SASL_SSL settings are checked by TestProdOverlayEncrypts, and the
+		// binaries' SASL_SSL against a real broker by itest/security.
+		for _, k := range []string{"ONCEFLOW_KAFKA_TLS_CA_FILE", "ONCEFLOW_KAFKA_SASL_MECHANISM", "ONCEFLOW_KAFKA_SASL_USER", "ONCEFLOW_KAFKA_SASL_PASSWORD_FILE"} {
+			refs[k] = ""
+		}
+		refs["ONCEFLOW_KAFKA_TLS"] = "false"
+	}
+	client, scheme := http.DefaultClient, "http"
+	if ct.Env["ONCEFLOW_ADMIN_TLS_CERT_FILE"] != "" {
+		// The admin API over TLS, with a key pair of a test CA in place of
+		// the Secret's.
+		ca, err := testkit.NewTestCA("k8s test CA")
+		if err != nil {
+			t.Fatal(err)
+		}
+		certPEM, keyPEM, err := ca.Issue("onceflow admin", "127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		refs["ONCEFLOW_ADMIN_TLS_CERT_FILE"], refs["ONCEFLOW_ADMIN_TLS_KEY_FILE"] = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+		if err := os.WriteFile(refs["ONCEFLOW_ADMIN_TLS_CERT_FILE"], certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(refs["ONCEFLOW_ADMIN_TLS_KEY_FILE"], keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(ca.CertPEM)
+		client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
+		scheme = "https"
+	}
 	env := resolveEnv(t, ct, refs)
 	p := testkit.Start(t, bin, testkit.Binary(t, bin), env, append(sub, args...)...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -368,7 +404,7 @@ func startFromManifest(t *testing.T, ct container, refs map[string]string) (*tes
 		if err != nil {
 			t.Fatalf("%s: the admin API did not start: %v\noutput:\n%s", ct.Where, err, p.Output())
 		}
-		url := "http://" + adminListening.FindStringSubmatch(aline)[1] + "/api/v1/session"
+		url := scheme + "://" + adminListening.FindStringSubmatch(aline)[1] + "/api/v1/session"
 		for _, c := range []struct {
 			token string
 			want  int
@@ -377,7 +413,7 @@ func startFromManifest(t *testing.T, ct container, refs map[string]string) (*tes
 			if c.token != "" {
 				req.Header.Set("Authorization", "Bearer "+c.token)
 			}
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := client.Do(req)
 			if err != nil {
 				t.Fatalf("%s: admin API: %v", ct.Where, err)
 			}
@@ -390,7 +426,7 @@ func startFromManifest(t *testing.T, ct container, refs map[string]string) (*tes
 		// The relay status, as both binaries serve it; the relay adds its role.
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "session")+"relay", nil)
 		req.Header.Set("Authorization", "Bearer "+adminToken)
-		if resp, err := http.DefaultClient.Do(req); err != nil {
+		if resp, err := client.Do(req); err != nil {
 			t.Errorf("%s: admin API relay status: %v", ct.Where, err)
 		} else {
 			b, _ := io.ReadAll(resp.Body)

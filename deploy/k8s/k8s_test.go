@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -962,5 +963,76 @@ func TestRetentionConfigParses(t *testing.T) {
 		if _, err := retention.Parse([]byte(cm.Data["retention.json"])); err != nil {
 			t.Errorf("%s: onceflow-retention retention.json: %v", dir, err)
 		}
+	}
+}
+
+// TestProdOverlayEncrypts: in the prod overlay nothing crosses the network
+// in clear and the pods reach only what they need. The relay and the
+// consumer speak SASL_SSL to Kafka (TLS with the brokers' CA, SCRAM with a
+// user of their own and a password file, both from Secrets), serve the
+// admin API and the console over TLS (key pair from a Secret), and the
+// egress NetworkPolicy names where the database and the brokers are: no
+// rule but DNS's goes to any address.
+func TestProdOverlayEncrypts(t *testing.T) {
+	t.Parallel()
+	m := build(t, "overlays/prod")
+	for _, key := range []string{"Deployment/onceflow-relay", "Deployment/onceflow-consumer"} {
+		pod := m.podSpecs()[key]
+		if pod == nil {
+			t.Fatalf("no %s", key)
+		}
+		c := &pod.Spec.Containers[0]
+		env := containerEnv(m, c)
+		where := "overlays/prod: " + key
+		if env["ONCEFLOW_KAFKA_TLS"] != "true" {
+			t.Errorf("%s: Kafka without TLS (ONCEFLOW_KAFKA_TLS %q)", where, env["ONCEFLOW_KAFKA_TLS"])
+		}
+		if !strings.HasPrefix(env["ONCEFLOW_KAFKA_SASL_MECHANISM"], "SCRAM-SHA-") {
+			t.Errorf("%s: Kafka SASL mechanism %q, want SCRAM-SHA-256 or -512", where, env["ONCEFLOW_KAFKA_SASL_MECHANISM"])
+		}
+		if env["ONCEFLOW_KAFKA_SASL_USER"] == "" {
+			t.Errorf("%s: no Kafka SASL user", where)
+		}
+		for _, k := range []string{"ONCEFLOW_KAFKA_SASL_PASSWORD_FILE", "ONCEFLOW_KAFKA_TLS_CA_FILE", "ONCEFLOW_ADMIN_TLS_CERT_FILE", "ONCEFLOW_ADMIN_TLS_KEY_FILE"} {
+			if env[k] == "" {
+				t.Errorf("%s: %s is not set", where, k)
+			} else if _, ok := secretFile(&pod.Spec, c, env[k]); !ok {
+				t.Errorf("%s: %s %s is not mounted from a Secret", where, k, env[k])
+			}
+		}
+		if env["ONCEFLOW_KAFKA_SASL_PASSWORD"] != "" {
+			t.Errorf("%s: the SASL password is in the environment; mount it as a file", where)
+		}
+	}
+	np := m.NetworkPolicies["onceflow"]
+	if np == nil {
+		t.Fatal("overlays/prod: no NetworkPolicy onceflow")
+	}
+	dns := func(p networkingv1.NetworkPolicyPort) bool {
+		return p.Port != nil && p.Port.IntValue() == 53 && p.EndPort == nil
+	}
+	ports := map[int]bool{}
+	for _, rule := range np.Spec.Egress {
+		if len(rule.Ports) > 0 && !slices.ContainsFunc(rule.Ports, func(p networkingv1.NetworkPolicyPort) bool { return !dns(p) }) {
+			continue // DNS
+		}
+		if len(rule.To) == 0 {
+			t.Errorf("overlays/prod: an egress rule allows ports %v to any address; name the database's or the brokers' addresses", rule.Ports)
+		}
+		for _, peer := range rule.To {
+			if peer.IPBlock != nil {
+				if pfx, err := netip.ParsePrefix(peer.IPBlock.CIDR); err != nil || pfx.Bits() < 8 {
+					t.Errorf("overlays/prod: an egress rule allows %s", peer.IPBlock.CIDR)
+				}
+			}
+		}
+		for _, p := range rule.Ports {
+			if p.Port != nil {
+				ports[p.Port.IntValue()] = true
+			}
+		}
+	}
+	if !ports[5432] || !ports[9093] || ports[9092] {
+		t.Errorf("overlays/prod: egress ports %v, want 5432 and the brokers' SASL_SSL port 9093 (and not the plaintext 9092)", ports)
 	}
 }

@@ -6,8 +6,10 @@
 --   owner_role     owns schema onceflow and everything in it; runs the
 --                  migrations (`relay migrate` / `consumer migrate`).
 --   writer_role    producers: may only enqueue (onceflow.enqueue() or the Go
---                  API's INSERT into onceflow.outbox + onceflow.source_seq).
---                  Cannot read payloads, mark, delete, or touch consumer state.
+--                  API's INSERT into onceflow.outbox; the seq counters in
+--                  onceflow.source_seq are written by the outbox's trigger,
+--                  never by the producer). Cannot read payloads, mark,
+--                  delete, choose a seq, touch the counters or consumer state.
 --   relay_role     the relay: reads outbox rows, takes published ones off
 --                  the queue (onceflow.outbox_pending) into the publish log
 --                  (onceflow.outbox_published) and prunes them, holds onceflow.relay_lease, binds
@@ -141,18 +143,33 @@ BEGIN
         EXECUTE format('REVOKE ALL (%I) ON %s FROM %I', r.col, r.rel, r.grantee);
     END LOOP;
     EXECUTE format('GRANT USAGE ON SCHEMA onceflow TO %s', v_apps);
+    -- Every role may read the schema's version: the engines check it at
+    -- start and fail fast, naming `migrate`, on a database that lacks
+    -- migrations (pkg/schema.Check).
+    IF to_regclass('onceflow.schema_version') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON onceflow.schema_version TO %s', v_apps);
+    END IF;
 
     -- Writer: enqueue only. onceflow.enqueue (and enqueue_batch) runs with the caller's rights,
     -- so the writer holds exactly what it (and the Go API's single INSERT)
-    -- does: lock-and-bump the source's counter, insert the event, read back
-    -- the event id and seq (column SELECT on those two only: payloads stay
-    -- unreadable).
+    -- does: insert the event, read back the event id and seq (column SELECT
+    -- on those two only: payloads stay unreadable). The seq comes from the
+    -- stream's counter in onceflow.source_seq, locked and moved only by
+    -- functions with their owner's rights (migration 015: the outbox's
+    -- triggers, and onceflow.next_seqs, which locks a batch's counters and
+    -- tells it its seqs): the writer holds nothing on the counters, so it
+    -- can neither choose a seq (an INSERT naming a seq other than the
+    -- stream's next is refused) nor wind back, max out or lock another
+    -- stream's counter outside enqueueing.
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
-              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch')
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch', 'next_seqs')
     LOOP
         EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_writer);
     END LOOP;
-    IF to_regclass('onceflow.source_seq') IS NOT NULL THEN
+    -- Before migration 015 the enqueue statements wrote the per-source
+    -- counters with the writer's rights.
+    IF to_regclass('onceflow.source_seq') IS NOT NULL
+       AND to_regprocedure('onceflow.outbox_assign_seq()') IS NULL THEN
         EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.source_seq TO %I', v_writer);
     END IF;
     IF to_regclass('onceflow.outbox') IS NOT NULL THEN

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -257,5 +258,27 @@ func TestConsolePageServed(t *testing.T) {
 				t.Errorf("web/%s references %q: the console must not load anything from elsewhere", name, bad)
 			}
 		}
+	}
+}
+
+// TestConsoleSignInNeverInURL: the sign-in form posts (a submit the script
+// does not catch puts the token in a body, not in the URL or the history),
+// and the server answers such a POST, unread, with a redirect to the page
+// that repeats nothing of it.
+func TestConsoleSignInNeverInURL(t *testing.T) {
+	t.Parallel()
+	h, _ := testHandler(t)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	if !strings.Contains(rec.Body.String(), `<form id="login-form" method="post"`) {
+		t.Errorf("the sign-in form is not a POST form:\n%s", rec.Body.String())
+	}
+	const token = "tok-in-a-body-5521"
+	req := httptest.NewRequest("POST", "/", strings.NewReader("token="+token+"&actor=dana"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "./" || strings.Contains(rec.Body.String()+fmt.Sprint(rec.Header()), token) {
+		t.Errorf("POST /: %d %v %q", rec.Code, rec.Header(), rec.Body.String())
 	}
 }

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"crypto/tls"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -96,16 +97,21 @@ func NewRelayHandler(pool *pgxpool.Pool, self func() RelaySelf, tokens *Tokens, 
 	return root
 }
 
-// Serve listens on addr and serves h until ctx ends, then shuts down
-// gracefully (a bulk replay in flight stops between two events and records
-// what it did). It logs "admin listening" with the bound address.
-func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
+// Serve listens on f.Addr and serves h (over TLS with
+// -admin-tls-cert-file) until ctx ends, then shuts down gracefully (a bulk
+// replay in flight stops between two events and records what it did). It
+// logs "admin listening" with the bound address.
+func Serve(ctx context.Context, f Flags, h http.Handler, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
 		return err
 	}
+	tc := f.tlsConfig()
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
+	}
 	if log != nil {
-		log.InfoContext(ctx, "admin listening", slog.String("addr", ln.Addr().String()))
+		log.InfoContext(ctx, "admin listening", slog.String("addr", ln.Addr().String()), slog.Bool("tls", tc != nil))
 	}
 	srv := &http.Server{
 		Handler:           h,
@@ -156,8 +162,20 @@ func apiHeaders(next http.Handler) http.Handler {
 
 // pageHeaders: the page runs only its own script and style, is never
 // framed, and sends no referrer.
+//
+// The sign-in form is a POST, so that a submit the script does not catch
+// (a script error, a programmatic form.submit()) puts the token in a body,
+// never in the URL, the history or a proxy's access log; such a POST is
+// answered, unread, with a redirect to the page (303: the browser GETs it).
 func pageHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			// Relative, so that it holds behind a proxy's path prefix.
+			w.Header().Set("Location", "./")
+			w.Header().Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusSeeOther)
+			return
+		}
 		h := w.Header()
 		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
 			"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -46,11 +47,15 @@ import (
 // failed call, so a replay from the dead-letter queue sends again with the
 // same key. Redirects are not followed (a 3xx fails like a 4xx).
 //
-// The URL may carry credentials (user:pass@, ?api_key=) and the headers
-// tokens: no error, log line or stored reason ever shows more of the URL
-// than its scheme and host, and every configured secret (userinfo, query
-// values, header values) is blanked out of the error text, response
-// excerpts included.
+// The URL may carry credentials (user:pass@, ?api_key=, a token in the
+// path) and the headers tokens: no error, log line or stored reason ever
+// shows more of the URL than its scheme and host, and every configured
+// secret (userinfo and the Basic credentials made of it, the path, the query
+// and each query value, every header value and the token after its scheme
+// word) is blanked out of the error text, response excerpts included — as
+// sent, URL-escaped or JSON-escaped, so that a downstream echoing the
+// request back shows none of it. The body is blanked before it is cut to
+// its excerpt, so a secret across the cut leaks no part of itself.
 type HTTPSpec struct {
 	Method  string            `json:"method,omitempty"`
 	URL     string            `json:"url"`
@@ -144,15 +149,22 @@ func describeURL(raw string) string {
 	return fmt.Sprintf("%q", u.Scheme+"://"+u.Host)
 }
 
-// urlSecrets are the parts of a URL that may be credentials: userinfo, the
-// raw query and each query value.
+// urlSecrets are the parts of a URL that may be credentials: userinfo (and
+// the Authorization: Basic value net/http makes of it), the path (webhook
+// URLs carry their token there), the raw query and each query value.
 func urlSecrets(u *url.URL) []string {
 	var out []string
 	if u.User != nil {
 		out = append(out, u.User.String(), u.User.Username())
-		if p, ok := u.User.Password(); ok {
+		p, ok := u.User.Password()
+		if ok {
 			out = append(out, p)
 		}
+		basic := base64.StdEncoding.EncodeToString([]byte(u.User.Username() + ":" + p))
+		out = append(out, "Basic "+basic, basic)
+	}
+	if p := u.EscapedPath(); len(p) > 1 {
+		out = append(out, p, u.Path)
 	}
 	if u.RawQuery != "" {
 		out = append(out, u.RawQuery)
@@ -167,18 +179,24 @@ func urlSecrets(u *url.URL) []string {
 }
 
 // scrub blanks every configured secret out of s (longest first, so that a
-// secret containing another is blanked whole). Secrets shorter than 3 bytes
-// are left: blanking them would garble the text and hide nothing.
+// secret containing another is blanked whole), as it was configured and in
+// the forms an echo may show it in: URL-escaped (query or path) and
+// JSON-escaped. Secrets shorter than 3 bytes are left: blanking them would
+// garble the text and hide nothing.
 func (h *httpHandler) scrub(s string) string {
-	secrets := append([]string(nil), h.secrets...)
-	sort.Slice(secrets, func(i, j int) bool { return len(secrets[i]) > len(secrets[j]) })
-	for _, sec := range secrets {
-		if len(sec) >= 3 {
-			s = strings.ReplaceAll(s, sec, redacted)
-			if esc := url.QueryEscape(sec); esc != sec {
-				s = strings.ReplaceAll(s, esc, redacted)
-			}
+	var forms []string
+	for _, sec := range h.secrets {
+		if len(sec) < 3 {
+			continue
 		}
+		forms = append(forms, sec, url.QueryEscape(sec), url.PathEscape(sec))
+		if j, err := json.Marshal(sec); err == nil {
+			forms = append(forms, string(j[1:len(j)-1]))
+		}
+	}
+	sort.SliceStable(forms, func(i, j int) bool { return len(forms[i]) > len(forms[j]) })
+	for _, f := range forms {
+		s = strings.ReplaceAll(s, f, redacted)
 	}
 	return s
 }
@@ -249,8 +267,9 @@ func textual(contentType string) bool {
 }
 
 // excerpt is what a failed call's error says about its body: the start of a
-// textual body (at most maxExcerpt bytes, one line, secrets blanked), or its
-// size and type.
+// textual body (at most maxExcerpt bytes, one line, secrets blanked in the
+// whole body first, so that a secret across the cut leaves no prefix), or
+// its size and type.
 func (h *httpHandler) excerpt(contentType string, body []byte) string {
 	if len(body) == 0 {
 		return "(empty body)"
@@ -260,9 +279,9 @@ func (h *httpHandler) excerpt(contentType string, body []byte) string {
 		if ct == "" {
 			ct = "no content type"
 		}
-		return fmt.Sprintf("(%d bytes of %s, not kept)", len(body), oneLineText(ct, 80))
+		return fmt.Sprintf("(%d bytes of %s, not kept)", len(body), oneLineText(h.scrub(ct), 80))
 	}
-	return h.scrub(oneLineText(string(body), maxExcerpt))
+	return oneLineText(h.scrub(string(body)), maxExcerpt)
 }
 
 // oneLineText is s as valid UTF-8 on one line, cut to at most limit bytes

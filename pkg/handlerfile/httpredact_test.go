@@ -2,6 +2,8 @@ package handlerfile
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -87,4 +89,59 @@ func TestHTTPHandlerRedacts(t *testing.T) {
 		t.Fatal("ftp URL accepted")
 	}
 	clean(t, "config error", err.Error())
+}
+
+// TestHTTPHandlerRedactsEchoes: a downstream that echoes the request back
+// in a 4xx body — the Authorization: Basic value net/http makes of the
+// URL's userinfo, every configured header, the path and the query, as sent
+// or JSON-escaped — shows none of it in the error, and a secret that
+// straddles the excerpt's cut leaves no prefix of itself either.
+func TestHTTPHandlerRedactsEchoes(t *testing.T) {
+	t.Parallel()
+	const (
+		pass    = "pa55word-x"
+		key     = "K3Y-value-9"
+		apiHdr  = "hdr-secret-<&>-42"
+		pathTok = "T00000/B00000/XXXXsecretXXXX"
+	)
+	basic := base64.StdEncoding.EncodeToString([]byte("alice:" + pass))
+	secrets := []string{pass, key, apiHdr, pathTok, basic, "secretXXXX", basic[:8]}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get("X-Onceflow-Event-Id") {
+		case "json":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_ = json.NewEncoder(w).Encode(map[string]any{"api_key": r.Header.Get("X-Api-Key"), "auth": r.Header.Get("Authorization"), "url": r.URL.String()})
+		default:
+			// The Basic value placed so that it straddles the cut at
+			// maxExcerpt bytes.
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusBadRequest)
+			auth := r.Header.Get("Authorization")
+			_, _ = w.Write([]byte(strings.Repeat("x", maxExcerpt-len(auth)/2) + auth + " and more"))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	h, err := compileHTTP("*", &HTTPSpec{URL: "http://alice:" + pass + "@" + host + "/services/" + pathTok + "?api_key=" + key,
+		Headers: map[string]string{"X-Api-Key": apiHdr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"straddle", "json"} {
+		_, err := h.send(context.Background(), "event:"+id, &inbox.Event{Envelope: envelope.Envelope{EventID: id, Payload: []byte(`{}`)}})
+		if err == nil {
+			t.Fatalf("%s: no error", id)
+		}
+		msg := err.Error()
+		t.Logf("%s: %s", id, msg)
+		for _, sec := range secrets {
+			if strings.Contains(msg, sec) {
+				t.Errorf("%s leaks %q: %s", id, sec, msg)
+			}
+		}
+		if !strings.Contains(msg, redacted) {
+			t.Errorf("%s: nothing redacted: %s", id, msg)
+		}
+	}
 }

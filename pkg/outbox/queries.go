@@ -3,50 +3,46 @@ package outbox
 // Every statement the package runs, in one place, named q<What>. Every
 // table is schema-qualified.
 
-// qEnqueue allocates the next seq of the source by upserting its counter row
-// and inserts the outbox row in the same statement: the counter row stays
-// locked until the producer's transaction ends, so producers of one source
-// serialize, seqs are gap-free (a rollback burns nothing) and, per source, id
-// order is seq order.
+// qEnqueue inserts one outbox row and names no seq: the trigger
+// outbox_assign_seq (migration 015) gives it the next seq of its stream
+// (source, topic), locking the stream's counter row until the producer's
+// transaction ends, so producers of one stream serialize, seqs are gap-free
+// per stream (a rollback burns nothing) and, per stream, id order is seq
+// order.
 const qEnqueue = `
-WITH s AS (
-    INSERT INTO onceflow.source_seq AS c (source, last_seq) VALUES ($3, 1)
-    ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + 1
-    RETURNING c.last_seq
-)
-INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload)
-SELECT coalesce($1, gen_random_uuid()::text), $2, $3, s.last_seq, $4, $5, $6, $7, $8 FROM s
+INSERT INTO onceflow.outbox (event_id, topic, source, event_type, content_type, record_key, headers, payload)
+VALUES (coalesce($1, gen_random_uuid()::text), $2, $3, $4, $5, $6, $7, $8)
 RETURNING event_id, seq`
 
-// qEnqueueBatch is qEnqueue for a whole batch in one statement. Per
-// source, the counter row is upserted once, bumped by the source's number of
-// messages, in source order (the lock order, so that batches cannot deadlock
-// each other); the rows then take last_seq - count + 1 … last_seq in their
-// order in the batch, and are inserted sorted by source, then position, so
-// that per source id order is seq order. It returns each source's new
-// last_seq, from which the caller knows every message's seq.
+// qEnqueueBatch is qEnqueue for a whole batch in one statement, without a
+// trigger call per row: onceflow.next_seqs locks the counters of the batch's
+// streams in (source, topic) order (the lock order, so that batches cannot
+// deadlock each other) and returns each stream's next seq; the messages of a
+// stream take the seqs that follow in their order in the batch, and rows are
+// inserted sorted by source, topic, then position, so that per stream id
+// order is seq order. The trigger outbox_check_seq checks the seqs and moves
+// the counters. It returns each stream's first seq, from which the caller
+// knows every message's seq.
 // $1 event ids, $2 topics, $3 sources, $4 event types, $5 content types,
 // $6 record keys (NULL: the source), $7 headers (JSON text), $8 payloads.
 const qEnqueueBatch = `
 WITH m AS (
-    SELECT m.*, row_number() OVER (PARTITION BY m.source ORDER BY m.ord) AS k
+    SELECT m.*, row_number() OVER (PARTITION BY m.source, m.topic ORDER BY m.ord) - 1 AS k
       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::bytea[])
            WITH ORDINALITY AS m(event_id, topic, source, event_type, content_type, record_key, headers, payload, ord)
-), n AS (
-    SELECT source, count(*) AS n FROM m GROUP BY source
-), c AS (
-    INSERT INTO onceflow.source_seq AS c (source, last_seq)
-    SELECT source, n FROM n ORDER BY source
-    ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq
-    RETURNING c.source, c.last_seq
+), s AS (
+    SELECT n.source, n.topic, n.next_seq
+      FROM (SELECT array_agg(d.source) AS sources, array_agg(d.topic) AS topics
+              FROM (SELECT DISTINCT source, topic FROM m) d) a
+     CROSS JOIN LATERAL onceflow.next_seqs(a.sources, a.topics) n
 ), ins AS (
     INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload)
-    SELECT m.event_id, m.topic, m.source, c.last_seq - n.n + m.k,
+    SELECT m.event_id, m.topic, m.source, s.next_seq + m.k,
            m.event_type, m.content_type, m.record_key, m.headers::jsonb, m.payload
-      FROM m JOIN n USING (source) JOIN c USING (source)
-     ORDER BY m.source, m.k
+      FROM m JOIN s USING (source, topic)
+     ORDER BY m.source, m.topic, m.ord
 )
-SELECT source, last_seq FROM c`
+SELECT source, topic, next_seq FROM s`
 
 // qSelectBatch reads the oldest unpublished rows: it walks the queue
 // onceflow.outbox_pending in id order and looks each id up in the outbox.
@@ -62,11 +58,20 @@ SELECT source, last_seq FROM c`
 // Rows of a source with a set-aside row are held back until it is resolved
 // or its retry time comes (R2, I3); retrying tells the relay to try such a
 // row alone.
-const qSelectBatch = qSelectBatchFrom + `
+//
+// $3 is the batch's byte budget (Config.BatchMaxBytes), and the relay's
+// memory is bounded by it whatever a row holds (I6). The size of each row
+// (rowSize: payload, key, headers, names, read from the stored lengths
+// without reading the values) comes first: a row over the budget is
+// returned without its payload, key and headers, and with its names cut,
+// so that the relay sets it aside unread; the batch ends before the row
+// that would take it over budget (upto, the running sum of what is
+// returned, in id order), so no more than the budget crosses the wire.
+const qSelectBatch = qSelectBatchHead + `
  ORDER BY p.id
- LIMIT $1`
+ LIMIT $1` + qSelectBatchTail
 
-// qSelectBatchShard is qSelectBatch for shard $4 of $3 (Config.Shards > 1):
+// qSelectBatchShard is qSelectBatch for shard $5 of $4 (Config.Shards > 1):
 // it walks the pending ids in order and keeps the rows of its own sources.
 //
 // The shard test is wrapped in a CASE on purpose, here and in the other
@@ -77,18 +82,46 @@ const qSelectBatch = qSelectBatchFrom + `
 // id order and stopping at the limit (2.5 ms). A boolean expression it
 // cannot look into is estimated at 50 %, which is the truth for 2 shards
 // and close enough for more.
-const qSelectBatchShard = qSelectBatchFrom + `
-   AND CASE WHEN onceflow.source_shard(o.source, $3) = $4 THEN true ELSE false END
+const qSelectBatchShard = qSelectBatchHead + `
+   AND CASE WHEN onceflow.source_shard(o.source, $4) = $5 THEN true ELSE false END
  ORDER BY p.id
- LIMIT $1`
+ LIMIT $1` + qSelectBatchTail
 
-const qSelectBatchFrom = `
-SELECT o.id, o.event_id, o.topic, o.source, o.seq, o.event_type, o.content_type, o.record_key, o.headers, o.payload,
-       EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a WHERE a.outbox_id = o.id AND a.resolved_at IS NULL) AS retrying
+// rowSize is what a row weighs against Config.BatchMaxBytes. octet_length
+// reads a stored value's length from its header (compressed or not) and
+// does not detoast it; only the headers (jsonb) are measured as the text
+// the relay receives.
+const rowSize = `(octet_length(o.payload)::bigint + coalesce(octet_length(o.record_key), 0)
+                 + octet_length(o.headers::text) + octet_length(o.event_id) + octet_length(o.topic)
+                 + octet_length(o.source) + octet_length(o.event_type) + octet_length(o.content_type) + 64)`
+
+const qSelectBatchHead = `
+SELECT id, event_id, topic, source, seq, event_type, content_type, record_key, headers, payload, retrying, size
+  FROM (
+SELECT o.id, o.seq, o.size,
+       CASE WHEN o.size <= $3 THEN o.event_id ELSE left(o.event_id, 200) END AS event_id,
+       CASE WHEN o.size <= $3 THEN o.topic ELSE left(o.topic, 250) END AS topic,
+       CASE WHEN o.size <= $3 THEN o.source ELSE left(o.source, 200) END AS source,
+       CASE WHEN o.size <= $3 THEN o.event_type ELSE left(o.event_type, 200) END AS event_type,
+       CASE WHEN o.size <= $3 THEN o.content_type ELSE left(o.content_type, 200) END AS content_type,
+       CASE WHEN o.size <= $3 THEN o.record_key END AS record_key,
+       CASE WHEN o.size <= $3 THEN o.headers END AS headers,
+       CASE WHEN o.size <= $3 THEN o.payload END AS payload,
+       EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a WHERE a.outbox_id = o.id AND a.resolved_at IS NULL) AS retrying,
+       sum(CASE WHEN o.size <= $3 THEN o.size ELSE 1024 END) OVER (ORDER BY p.id ROWS UNBOUNDED PRECEDING)::bigint AS upto
   FROM onceflow.outbox_pending p
- CROSS JOIN LATERAL (SELECT * FROM onceflow.outbox o WHERE o.id = p.id OFFSET 0) o
+ CROSS JOIN LATERAL (SELECT o.*, ` + rowSize + ` AS size FROM onceflow.outbox o WHERE o.id = p.id OFFSET 0) o
  WHERE p.id NOT IN (SELECT unnest($2::bigint[]))
    AND o.source NOT IN (` + qHeldSources + `)`
+
+// qSelectBatchTail keeps the rows within the byte budget $3: the first
+// row always (it weighs at most $3 as returned), then up to the budget.
+// It has no ORDER BY of its own: one would sort what the walk returns in
+// order already (PostgreSQL does not see it), so fetch sorts the few rows
+// it gets instead.
+const qSelectBatchTail = `
+) b
+ WHERE b.upto <= $3 OR b.upto = CASE WHEN b.size <= $3 THEN b.size ELSE 1024 END`
 
 // qSweep queues the outbox rows with ids in ($1, $2] that are neither
 // queued nor in the publish log (sweep.go). It returns how many it queued,
@@ -326,13 +359,16 @@ SELECT o.id, o.event_id, o.source, EXISTS (SELECT 1 FROM onceflow.outbox_pending
 // qCheckpointStreams reads, for each stream a checkpoint names ($1 topics,
 // $2 sources, $3 seqs; ord is the position, from 1), the row holding that
 // seq (NULL: pruned, deleted, or never written here) and the stream's
-// counter (NULL: none). It is the one statement that knows how streams are
-// keyed: the counter by source, a seq unique per source.
+// counter (NULL: none): its (source, topic) counter, or, for a stream that
+// has not written since migration 015, its source's counter from before
+// (source_seq_legacy, from which its counter would start). It is the one
+// statement that knows how streams are keyed.
 const qCheckpointStreams = `
-SELECT h.ord, o.id, o.event_id, c.last_seq
+SELECT h.ord, o.id, o.event_id, coalesce(c.last_seq, l.last_seq)
   FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS h(topic, source, seq, ord)
-  LEFT JOIN onceflow.outbox o ON o.source = h.source AND o.seq = h.seq
-  LEFT JOIN onceflow.source_seq c ON c.source = h.source`
+  LEFT JOIN onceflow.outbox o ON o.source = h.source AND o.topic = h.topic AND o.seq = h.seq
+  LEFT JOIN onceflow.source_seq c ON c.source = h.source AND c.topic = h.topic
+  LEFT JOIN onceflow.source_seq_legacy l ON l.source = h.source`
 
 // Legacy checkpoints (settleLegacy, identity.go).
 const qLegacyList = `
@@ -392,6 +428,10 @@ UPDATE onceflow.outbox_set_aside
    SET retry_at = now(), retried_at = now(), retried_by = current_user, note = coalesce(nullif($2, ''), note)
  WHERE outbox_id = $1 AND resolved_at IS NULL`
 
+// skipCopyMax bounds the values qSetAsideSkip copies into skipped_row
+// (16 MiB).
+const skipCopyMax = `16777216`
+
 // qSetAsideSkip* run in one transaction: lock the open entry (refusing
 // one whose retry is due: the relay may be publishing its row), copy and
 // delete the outbox row, resolve the entry.
@@ -413,11 +453,24 @@ const qSetAsideClaim = `
 SELECT outbox_id FROM onceflow.outbox_set_aside
  WHERE outbox_id = $1 AND resolved_at IS NULL AND retry_at <= now() FOR UPDATE`
 
+// The copy is the whole row up to skipCopyMax bytes of payload, key and
+// headers; a larger row (set aside as too large, possibly past what a jsonb
+// value can hold) keeps its other columns, the sizes of those three and the
+// payload's SHA-256.
 const qSetAsideSkip = `
 WITH d AS (
     DELETE FROM onceflow.outbox o
      WHERE o.id = $1 AND EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o.id)
-    RETURNING to_jsonb(o.*) AS row
+    RETURNING CASE
+        WHEN octet_length(o.payload)::bigint + coalesce(octet_length(o.record_key), 0) + octet_length(o.headers::text)
+             <= ` + skipCopyMax + ` THEN to_jsonb(o.*)
+        ELSE jsonb_build_object('id', o.id, 'event_id', left(o.event_id, 1000), 'topic', left(o.topic, 1000),
+                 'source', left(o.source, 1000), 'seq', o.seq, 'event_type', left(o.event_type, 1000),
+                 'content_type', left(o.content_type, 1000), 'created_at', o.created_at,
+                 'payload_bytes', octet_length(o.payload), 'payload_sha256', encode(sha256(o.payload), 'hex'),
+                 'record_key_bytes', octet_length(o.record_key), 'headers_bytes', octet_length(o.headers::text),
+                 'omitted', 'payload, record_key and headers: over ' || ` + skipCopyMax + ` || ' bytes')
+    END AS row
 )
 UPDATE onceflow.outbox_set_aside
    SET resolved_at = now(), resolution = 'skipped', resolved_by = current_user, note = $2,

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/schema"
 )
 
 // maxSetAsideRetry caps the automatic retry interval of set-aside rows.
@@ -138,6 +139,15 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.ErrorContext(ctx, "relay stopped: "+err.Error())
 			return err
 		}
+	}
+	if err := schema.WaitReady(ctx, r.cfg.DB, func(err error, wait time.Duration) {
+		r.m.errors.WithLabelValues(errKindPostgres).Inc()
+		r.log.ErrorContext(ctx, "check schema", slog.Any("error", err), slog.Duration("retry_in", wait))
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	if err := r.retry(ctx, errKindKafka, "ensure checkpoint topic", func() error {
 		cl, err := kgo.NewClient(r.cfg.KafkaOpts...)
@@ -603,6 +613,13 @@ func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
 		clear(s.suspects) // bounded; a suspect forgotten is found again
 	}
 	rows = isolate(rows, s.suspects)
+	if len(rows) == 1 && rows[0].oversized {
+		s.setAside(ctx, rows[0], ReasonTooLarge, fmt.Errorf(
+			"row is %d bytes (payload, key, headers and names), over the relay's batch-max-bytes of %d: not read; "+
+				"raise -batch-max-bytes (and the topic's max.message.bytes) and retry it, or skip it",
+			rows[0].size, r.cfg.BatchMaxBytes))
+		return nil
+	}
 	if len(rows) == 1 {
 		if err := CheckTopic(rows[0].topic); err != nil {
 			s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
@@ -1021,8 +1038,8 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 		return 0, &IdentityError{
 			Problem: fmt.Sprintf("%s names outbox ids up to %d, but this database's outbox sequence has handed out ids only up to %s: "+
 				"the database was restored to an earlier point (or the sequence reset) after the relay had published those rows", where, top, handed),
-			Fix: "events published after the restore point are on Kafka but no longer here, and their sources' seqs will be handed out again: " +
-				"raise those sources' onceflow.source_seq counters past what consumers saw, then run `relay identity reset -note …` " +
+			Fix: "events published after the restore point are on Kafka but no longer here, and their streams' seqs will be handed out again: " +
+				"raise those streams' counters in onceflow.source_seq (a row per source and topic) past what consumers saw, then run `relay identity reset -note …` " +
 				"(docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
@@ -1275,41 +1292,63 @@ type row struct {
 	payload     []byte
 	fp          uint32 // fingerprint(eventID)
 	retrying    bool   // a set-aside row being tried again
+	// size is what the row weighs against BatchMaxBytes (rowSize). A row
+	// over it is read without its payload, key and headers, and with its
+	// names cut: it is set aside unread (oversized).
+	size      int64
+	oversized bool
 }
 
-// fetch reads the next batch, bounded by BatchMaxRows and BatchMaxBytes.
+// fetch reads the next batch, bounded by BatchMaxRows and BatchMaxBytes:
+// the statement measures each row before reading it, so the relay never
+// holds more than BatchMaxBytes of rows, whatever a row's size (a row over
+// it comes without its values: oversized).
 func (r *Relay) fetch(ctx context.Context, tx querier, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}
-	q, args := r.sharded(qSelectBatch, qSelectBatchShard, r.cfg.BatchMaxRows, exclude)
+	budget := int64(r.cfg.BatchMaxBytes)
+	q, args := r.sharded(qSelectBatch, qSelectBatchShard, r.cfg.BatchMaxRows, exclude, budget)
 	rs, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rs.Close()
 	var out []row
-	bytes := 0
 	for rs.Next() {
 		var w row
 		var hs []byte
-		if err := rs.Scan(&w.id, &w.eventID, &w.topic, &w.source, &w.seq, &w.eventType, &w.contentType, &w.key, &hs, &w.payload, &w.retrying); err != nil {
+		if err := rs.Scan(&w.id, &w.eventID, &w.topic, &w.source, &w.seq, &w.eventType, &w.contentType, &w.key, &hs, &w.payload, &w.retrying, &w.size); err != nil {
 			return nil, err
+		}
+		w.fp = fingerprint(w.eventID)
+		if w.size > budget {
+			w.oversized = true
+			out = append(out, w)
+			continue
 		}
 		if len(hs) > 2 {
 			if err := json.Unmarshal(hs, &w.headers); err != nil {
 				return nil, fmt.Errorf("outbox row %d: headers: %w", w.id, err)
 			}
 		}
-		w.fp = fingerprint(w.eventID)
-		size := len(w.payload) + len(w.key) + len(w.eventID) + len(w.source) + len(hs) + 64
-		if len(out) > 0 && bytes+size > r.cfg.BatchMaxBytes {
-			break
-		}
-		bytes += size
 		out = append(out, w)
 	}
-	return out, rs.Err()
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b row) int { return cmp.Compare(a.id, b.id) })
+	// The statement ends the batch at the budget already.
+	var bytes int64
+	for i, w := range out {
+		if !w.oversized {
+			bytes += w.size
+		}
+		if i > 0 && bytes > budget {
+			return out[:i], nil
+		}
+	}
+	return out, nil
 }
 
 // sharded returns the statement for this relay's rows: whole when Shards is
@@ -1323,14 +1362,14 @@ func (r *Relay) sharded(whole, shard string, args ...any) (string, []any) {
 }
 
 // isolate shortens a batch so that a suspect row (refused in an earlier
-// transaction, being retried after it was set aside, or with a topic name
-// Kafka would refuse) is published alone: the batch stops before the first
-// suspect, and a batch that starts with one holds only it. Every row before
-// it is older, so order is kept.
+// transaction, being retried after it was set aside, over the byte budget,
+// or with a topic name Kafka would refuse) is published, or set aside,
+// alone: the batch stops before the first suspect, and a batch that starts
+// with one holds only it. Every row before it is older, so order is kept.
 func isolate(rows []row, suspects map[int64]refused) []row {
 	for i, w := range rows {
 		_, suspect := suspects[w.id]
-		if suspect || w.retrying || CheckTopic(w.topic) != nil {
+		if suspect || w.retrying || w.oversized || CheckTopic(w.topic) != nil {
 			if i == 0 {
 				return rows[:1]
 			}
@@ -1377,7 +1416,7 @@ func (r *Relay) setAside(ctx context.Context, w row, reason string, cause error,
 	if retry > 0 {
 		wait = "the relay's next try, or an operator"
 	}
-	log.ErrorContext(ctx, "outbox row set aside: Kafka refuses it; its source waits, every other source flows",
+	log.ErrorContext(ctx, "outbox row set aside: Kafka refuses it or it is over the relay's byte limit; its source waits, every other source flows",
 		slog.Int64("outbox_id", w.id), slog.String("event_id", w.eventID), slog.String("topic", w.topic),
 		slog.String("source", w.source), slog.Int64("seq", w.seq), slog.String("reason", reason),
 		slog.Int("attempts", attempts), slog.String("waits_for", wait), slog.String("error", msg))

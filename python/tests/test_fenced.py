@@ -264,3 +264,33 @@ def test_sql_protocol_guards(db_url: str) -> None:
         conn.execute("SELECT onceflow.effect_record('twice', '', 200, NULL)")
         row = conn.execute("SELECT onceflow.effect_release('twice', '')").fetchone()
         assert row == (False,)  # record released it already
+
+
+def test_malformed_database_url_password_not_echoed() -> None:
+    """libpq repeats a malformed connection string (or its bad part) in its
+    error: the fence's error keeps the driver's kind and reason and none of
+    the password, in its text, its repr or its traceback."""
+    import traceback
+
+    secret = "s3cr%zzet-7f1d"
+    for url in [
+        f"postgres://alice:{secret}@localhost:1/db",
+        f"postgres://alice:{secret}@[::1/db",
+        f"postgres://alice@localhost:1/db?password={secret}&bogus",
+        f"host=localhost password='{secret}' bogus",
+    ]:
+        for use_async in (False, True):
+            with pytest.raises(psycopg.Error) as info:
+                if use_async:
+
+                    async def enter(u: str = url) -> None:
+                        async with fenced(event_key("ev-1"), db=u):
+                            pass
+
+                    asyncio.run(enter())
+                else:
+                    with fenced(event_key("ev-1"), db=url):
+                        pass
+            shown = str(info.value) + repr(info.value) + "".join(traceback.format_exception(info.value))
+            assert secret not in shown and "s3cr" not in shown, shown
+            assert "[redacted]" in shown or "missing" in shown, shown

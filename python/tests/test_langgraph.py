@@ -187,3 +187,30 @@ def test_task_key_outside_a_node() -> None:
         task_key({"x": 1})
     with pytest.raises(InvalidKeyError, match="thread_id"):
         task_key({"x": 1}, {"metadata": {"langgraph_node": "n"}})
+
+
+def test_input_digest_markers_do_not_collide() -> None:
+    """bytes and a dataclass are written with the markers "$bytes" and
+    "$type"; a mapping that spells such a marker itself gets another digest
+    (its "$" keys are escaped), and the digests of ordinary values are the
+    ones keys were made with before (fixed vectors)."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Order:
+        id: int
+        items: list[str]
+
+    assert input_digest(b"ab") != input_digest({"$bytes": "6162"})
+    assert input_digest(Order(7, ["a"])) != input_digest({"$type": "Order", "v": {"id": 7, "items": ["a"]}})
+    assert input_digest({"$bytes": "6162"}) != input_digest({"$$bytes": "6162"})
+    assert input_digest({"$x": 1}) != input_digest({"$$x": 1})
+    vectors = [
+        ({"x": 1}, "5041bf1f713df204784353e82f6a4a53"),
+        ({"a": 1, "b": [1, "é"], "c": None, "d": 1.5, "e": True}, "7b8fcfa9b673e5cbd7e813613dbd9372"),
+        (b"ab", "2f838fad9144d29d1275f013316d4e07"),
+        (Order(7, ["a"]), "0df11cd77dc319edcf74f07f06fcff57"),
+        ({"k": b"\x00\xff"}, "03626b736d7c63f04e8173db83ae376d"),
+    ]
+    for value, want in vectors:
+        assert input_digest(value) == want, value

@@ -35,9 +35,11 @@ import functools
 import inspect
 import json
 import os
+import re
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
+from urllib.parse import unquote
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, Union, cast, overload
 
@@ -265,7 +267,7 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         try:
             db = self._db_or_env()
             if isinstance(db, str):
-                conn = psycopg.connect(db, autocommit=True)
+                conn = _connect(db)
             else:
                 self._cm = cast(ConnectionSource, db).connection()
                 conn = self._cm.__enter__()
@@ -326,7 +328,7 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         try:
             db = self._db_or_env()
             if isinstance(db, str):
-                conn = await psycopg.AsyncConnection.connect(db, autocommit=True)
+                conn = await _aconnect(db)
             else:
                 self._cm = cast(AsyncConnectionSource, db).connection()
                 if not hasattr(self._cm, "__aenter__"):
@@ -432,3 +434,61 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                 return r if wrapped else r.summary
 
         return wrapper
+
+
+# ------------------------------------------------------------ connecting
+
+_REDACTED = "[redacted]"
+_URI_USERINFO = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.-]*://([^@/?#]*)@")
+_PASSWORD_PARAM = re.compile(r"""password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)""", re.IGNORECASE)
+
+
+def _conninfo_secrets(conninfo: str) -> list[str]:
+    """The parts of a connection string that may be a password: the
+    userinfo's password (as written and percent-decoded) and every
+    ``password=`` value (URI query or keyword/value form), parsed leniently
+    so that a malformed string is covered too."""
+    out: list[str] = []
+    m = _URI_USERINFO.match(conninfo)
+    if m and ":" in m.group(1):
+        out.append(m.group(1).split(":", 1)[1])
+    for m in _PASSWORD_PARAM.finditer(conninfo):
+        v = m.group(1)
+        out.append(v)
+        if len(v) >= 2 and v[0] == "'" and v[-1] == "'":
+            out.append(v[1:-1])
+    out += [unquote(v) for v in out]
+    return sorted({v for v in out if v}, key=len, reverse=True)
+
+
+def _redact_conninfo(text: str, conninfo: str) -> str:
+    """``text`` (a driver's error) with the password of ``conninfo`` blanked
+    out; libpq repeats a malformed string, or the bad part of it, in its
+    errors."""
+    for secret in _conninfo_secrets(conninfo):
+        text = text.replace(secret, _REDACTED)
+    return text
+
+
+def _connect_error(err: psycopg.Error, conninfo: str) -> psycopg.Error:
+    """The same kind of error as ``err`` without the password, and without
+    ``err`` as its cause or context (a traceback would print it)."""
+    clean = type(err)(_redact_conninfo(str(err), conninfo).strip())
+    clean.__suppress_context__ = True
+    return clean
+
+
+def _connect(conninfo: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.Error as err:
+        clean = _connect_error(err, conninfo)
+    raise clean
+
+
+async def _aconnect(conninfo: str) -> psycopg.AsyncConnection[Any]:
+    try:
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    except psycopg.Error as err:
+        clean = _connect_error(err, conninfo)
+    raise clean

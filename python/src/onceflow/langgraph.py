@@ -56,7 +56,10 @@ def _canonical(v: Any) -> Any:
         for k, x in v.items():
             if not isinstance(k, str):
                 raise InvalidKeyError(f"task_key: mapping key {k!r} is not a string")
-            out[k] = _canonical(x)
+            # A key starting with "$" gets one more: the markers below
+            # ({"$bytes": …}, {"$type": …}) then never equal a mapping's
+            # form, and keys without "$" (nearly all) keep their digests.
+            out["$" + k if k.startswith("$") else k] = _canonical(x)
         return out
     if isinstance(v, (list, tuple)):
         return [_canonical(x) for x in v]
@@ -76,7 +79,12 @@ def _canonical(v: Any) -> Any:
 
 def input_digest(on: Any) -> str:
     """The hex digest (128 bits of SHA-256) of ``on`` in canonical JSON
-    (sorted keys, no spaces, UTF-8), the last part of the task path."""
+    (sorted keys, no spaces, UTF-8), the last part of the task path.
+
+    Bytes are written as ``{"$bytes": hex}``, a pydantic model or a
+    dataclass as ``{"$type": class name, "v": fields}``; a mapping key that
+    starts with ``$`` is written with one more ``$``, so that no mapping
+    has the form of bytes or of a model."""
     body = json.dumps(_canonical(on), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
     return hashlib.sha256(body.encode("utf-8")).hexdigest()[:_DIGEST_HEX]
 

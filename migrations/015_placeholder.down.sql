@@ -1,2 +1,0 @@
--- Placeholder (see 015_placeholder.up.sql).
-SELECT 1;
