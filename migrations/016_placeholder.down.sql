@@ -1,0 +1,2 @@
+-- Placeholder (see 016_placeholder.up.sql).
+SELECT 1;
