@@ -1,2 +1,0 @@
--- Placeholder (see 016_placeholder.up.sql).
-SELECT 1;
