@@ -131,6 +131,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}); err != nil {
 		return nil // ctx cancelled
 	}
+	r.reserveTopics(ctx)
 	for {
 		var ie *IdentityError
 		epoch, err := r.acquire(ctx)
@@ -543,6 +544,13 @@ func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
 		clear(s.suspects) // bounded; a suspect forgotten is found again
 	}
 	rows = isolate(rows, s.suspects)
+	if k, err := r.reservedRow(rows); err != nil {
+		if k > 0 {
+			return rows[:k] // publish what is before the reserved topic
+		}
+		s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
+		return nil
+	}
 	if len(rows) == 1 {
 		if err := CheckTopic(rows[0].topic); err != nil {
 			s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
