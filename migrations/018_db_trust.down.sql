@@ -1,8 +1,10 @@
 DROP TRIGGER IF EXISTS admin_audit_guard ON onceflow.admin_audit;
 DROP FUNCTION IF EXISTS onceflow.admin_audit_guard();
-DROP TRIGGER IF EXISTS source_seq_00_guard ON onceflow.source_seq;
+DROP TRIGGER IF EXISTS source_owners_toggle ON onceflow.source_owners;
+DROP FUNCTION IF EXISTS onceflow.source_owners_toggle();
+DROP TRIGGER IF EXISTS source_seq_guard ON onceflow.source_seq;
 DROP FUNCTION IF EXISTS onceflow.source_seq_guard();
-DROP TRIGGER IF EXISTS outbox_00_guard ON onceflow.outbox;
+DROP TRIGGER IF EXISTS outbox_guard ON onceflow.outbox;
 DROP FUNCTION IF EXISTS onceflow.outbox_guard();
 DROP FUNCTION IF EXISTS onceflow.source_refusal(text, text);
 DROP TABLE IF EXISTS onceflow.source_owners;
@@ -16,8 +18,7 @@ ALTER TABLE onceflow.outbox
     DROP CONSTRAINT IF EXISTS outbox_event_id_max,
     DROP CONSTRAINT IF EXISTS outbox_content_type_max,
     DROP CONSTRAINT IF EXISTS outbox_record_key_max,
-    DROP CONSTRAINT IF EXISTS outbox_headers_valid;
-DROP FUNCTION IF EXISTS onceflow.outbox_headers_valid(jsonb);
+    DROP CONSTRAINT IF EXISTS outbox_headers_object;
 
 CREATE OR REPLACE FUNCTION onceflow.source_shard(source text, shards integer)
 RETURNS integer

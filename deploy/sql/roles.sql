@@ -153,8 +153,7 @@ BEGIN
     -- the event id and seq (column SELECT on those two only: payloads stay
     -- unreadable).
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
-              WHERE p.pronamespace = 'onceflow'::regnamespace
-                AND p.proname IN ('enqueue', 'enqueue_batch', 'outbox_headers_valid')  -- the last: the outbox's CHECK on headers
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch')
     LOOP
         EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_writer);
     END LOOP;

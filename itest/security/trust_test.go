@@ -321,6 +321,33 @@ func TestTrustPlantedFunction(t *testing.T) {
 			t.Errorf("%s with planted.convert_to on the search_path: %v", q, err)
 		}
 	}
+	// onceflow.source_shard (no SET clause, so that it inlines) with a
+	// planted md5 ahead of pg_catalog, as the relay calls it.
+	if _, err := w.Exec(ctx, `CREATE FUNCTION planted.md5(t text) RETURNS text LANGUAGE sql AS $$ SELECT 'ffffffffffffffffffffffffffffffff' $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `GRANT USAGE ON SCHEMA planted TO `+rs.relay); err != nil {
+		t.Fatal(err)
+	}
+	r := loginPool(t, db, login(rs.relay))
+	var clean, planted int
+	if err := r.QueryRow(ctx, `SELECT onceflow.source_shard('order-1', 7)`).Scan(&clean); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := r.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `SET LOCAL search_path = planted, pg_catalog`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT onceflow.source_shard(source, 7) FROM (VALUES ('order-1')) AS v(source)`).Scan(&planted); err != nil {
+		t.Fatal(err)
+	}
+	if planted != clean {
+		t.Errorf("source_shard('order-1', 7) is %d with planted.md5 first on the search_path, %d without", planted, clean)
+	}
 }
 
 // TestTrustFutureFunctionsNotPublic: a function that a later migration
