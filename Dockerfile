@@ -20,7 +20,7 @@ ARG GO_VERSION=1.26
 
 FROM golang:${GO_VERSION}-bookworm AS build
 WORKDIR /src
-ENV CGO_ENABLED=0 GOOS=linux GOFLAGS=-trimpath
+ENV CGO_ENABLED=0 GOOS=linux GOFLAGS=-trimpath GOWORK=off
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -30,10 +31,12 @@ import (
 	"github.com/onceflow/onceflow/internal/httpserver"
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/obs"
+	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/internal/pprofserver"
 	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/retention"
+	"github.com/onceflow/onceflow/pkg/schema"
 )
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
@@ -88,6 +91,9 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
+	if err := checkHandlers(ctx, handler, pool, log); err != nil {
+		return err
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -428,4 +434,72 @@ func oneLine(s string) string {
 		s = s[:200] + "…"
 	}
 	return s
+}
+
+// checkHandlers prepares the handler file's sql statements at start: a
+// statement the database refuses (a missing table, a type mismatch) would
+// dead-letter every event of its type, so it stops the consumer with the
+// handler named. A database not reachable yet is left to the engine's
+// retries.
+func checkHandlers(ctx context.Context, h inbox.BatchHandler, pool *pgxpool.Pool, log *slog.Logger) error {
+	res, err := handlerfile.Check(ctx, h, pool)
+	var ce *handlerfile.CheckError
+	switch {
+	case errors.As(err, &ce):
+		return cli.Usagef("%s: %v", cli.Named("handlers-file"), err)
+	case err != nil:
+		log.WarnContext(ctx, "handler file not checked against the database", slog.Any("error", err))
+	default:
+		log.InfoContext(ctx, "handler file checked against the database", slog.Int("handlers", res.Handlers), slog.Int("sql_statements", res.Statements))
+	}
+	return nil
+}
+
+// checkConfig is the configuration of `consumer check`.
+type checkConfig struct {
+	DB           pgconn.Config
+	HandlersFile string
+}
+
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("consumer check", flag.ContinueOnError)
+	var cfg checkConfig
+	cfg.DB.RegisterFlags(fs)
+	fs.StringVar(&cfg.HandlersFile, "handlers-file", "", handlersFileHelp)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return cli.Usagef("consumer check: unexpected argument %q", fs.Arg(0))
+	}
+	if cfg.HandlersFile == "" {
+		return cli.Usagef("%s is required", cli.Named("handlers-file"))
+	}
+	if err := cfg.DB.Validate(); err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	h, err := handlerfile.Load(cfg.HandlersFile)
+	if err != nil {
+		return cli.Usagef("%s: %v", cli.Named("handlers-file"), err)
+	}
+	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-check")
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+	if err := schema.Check(ctx, pool); err != nil {
+		return err
+	}
+	res, err := handlerfile.Check(ctx, h, pool)
+	if err != nil {
+		var ce *handlerfile.CheckError
+		if errors.As(err, &ce) {
+			for _, p := range ce.Problems {
+				fmt.Fprintln(stdout, "refused:", p)
+			}
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: %d handlers, %d sql statements prepared against the database: ok\n", cfg.HandlersFile, res.Handlers, res.Statements)
+	return nil
 }

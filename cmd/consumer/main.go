@@ -48,6 +48,8 @@ const help = `usage: consumer <command> [flags]
 commands:
   run                     consume and apply events
   migrate                 apply database migrations
+  check -handlers-file F  prepare the handler file's sql statements against
+                          the database (nothing runs); run does it at start too
   prune                   delete expired inbox, effects and published outbox
                           rows per the retention file (for a CronJob)
   dlq list                list dead-lettered and held events; filters
@@ -76,6 +78,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runConsumer(ctx, args[1:], stderr)
 	case "migrate":
 		return runMigrate(ctx, args[1:], stdout, stderr)
+	case "check":
+		return runCheck(ctx, args[1:], stdout, stderr)
 	case "prune":
 		return runPrune(ctx, args[1:], stdout, stderr)
 	case "dlq":

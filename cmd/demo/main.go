@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/onceflow/onceflow/internal/demo"
+	"github.com/onceflow/onceflow/cmd/demo/internal/demo"
 )
 
 func main() {

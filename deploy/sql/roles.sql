@@ -146,6 +146,12 @@ BEGIN
         EXECUTE format('REVOKE ALL (%I) ON %s FROM %I', r.col, r.rel, r.grantee);
     END LOOP;
     EXECUTE format('GRANT USAGE ON SCHEMA onceflow TO %s', v_apps);
+    -- Every role may read the schema's version: the engines check it at
+    -- start and fail fast, naming `migrate`, on a database that lacks
+    -- migrations (pkg/schema.Check).
+    IF to_regclass('onceflow.schema_version') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON onceflow.schema_version TO %s', v_apps);
+    END IF;
 
     -- Writer: enqueue only. onceflow.enqueue (and enqueue_batch) runs with the caller's rights,
     -- so the writer holds exactly what it (and the Go API's single INSERT)

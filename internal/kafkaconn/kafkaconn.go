@@ -259,7 +259,7 @@ func (c *Config) Opts(log *slog.Logger) []kgo.Opt {
 		opts = append(opts, kgo.ClientID(c.ClientID))
 	}
 	if log != nil {
-		opts = append(opts, kgo.WithLogger(kslog.New(log.With(slog.String("component", "kafka")))))
+		opts = append(opts, kgo.WithLogger(quietLogger{kslog.New(log.With(slog.String("component", "kafka")))}))
 	}
 	if !c.loaded {
 		if err := c.load(); err != nil {

@@ -25,6 +25,7 @@ type PrivateKafka struct {
 // StartPrivateKafka formats and starts a broker and stops it on cleanup.
 func StartPrivateKafka(t testing.TB) *PrivateKafka {
 	t.Helper()
+	SkipIfShort(t, "a private Kafka broker")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()

@@ -37,11 +37,11 @@ func Binary(t testing.TB, name string) string {
 			buildErr = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", buildDir+string(os.PathSeparator), "./cmd/...")
+		cmd := exec.Command("go", "build", "-o", buildDir+string(os.PathSeparator), "./cmd/...", "./cmd/demo")
 		cmd.Dir = root
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build ./cmd/... ./cmd/demo: %v\n%s", err, out)
 		}
 	})
 	if buildErr != nil {

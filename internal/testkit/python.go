@@ -22,6 +22,7 @@ var (
 // outside the work tree or reuses the one it built before.
 func Python(t testing.TB) string {
 	t.Helper()
+	SkipIfShort(t, "the Python venv")
 	pythonOnce.Do(func() {
 		root, err := RepoRoot()
 		if err != nil {

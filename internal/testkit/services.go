@@ -34,19 +34,21 @@ type serviceResult struct {
 	err   error
 }
 
-// RepoRoot finds the module root (the directory holding go.mod).
+// RepoRoot finds the repository root (the directory of the root module's go.mod).
 func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		// The repository's other modules (cmd/demo, deploy/k8s) have go.mod
+		// files of their own: the root is the directory of the root module.
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.HasPrefix(b, []byte("module github.com/onceflow/onceflow\n")) {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("go.mod not found above the working directory")
+			return "", fmt.Errorf("the go.mod of module github.com/onceflow/onceflow was not found above the working directory")
 		}
 		dir = parent
 	}
@@ -90,6 +92,7 @@ func service(name, envVar string) (string, error) {
 // DatabaseURL is the admin URL of the test PostgreSQL server.
 func DatabaseURL(t testing.TB) string {
 	t.Helper()
+	SkipIfShort(t, "PostgreSQL")
 	u, err := service("pg", EnvDatabaseURL)
 	if err != nil {
 		t.Fatalf("PostgreSQL for tests: %v", err)
@@ -100,6 +103,7 @@ func DatabaseURL(t testing.TB) string {
 // KafkaBrokers is the comma-separated seed broker list of the test Kafka.
 func KafkaBrokers(t testing.TB) string {
 	t.Helper()
+	SkipIfShort(t, "Apache Kafka")
 	b, err := service("kafka", EnvKafkaBrokers)
 	if err != nil {
 		t.Fatalf("Apache Kafka for tests: %v", err)

@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pkg/schema"
 )
 
 // Consumer is the consumer engine: a Kafka consumer group member that applies
@@ -136,6 +138,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 	c.baseCtx = context.WithoutCancel(ctx)
+	if err := schema.WaitReady(ctx, c.cfg.Pool, func(err error, wait time.Duration) {
+		c.log.ErrorContext(ctx, "check schema", "error", err, "retry_in", wait)
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 
 	opts := append([]kgo.Opt{}, c.cfg.KafkaOpts...)
 	opts = append(opts,

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/schema"
 )
 
 // maxSetAsideRetry caps the automatic retry interval of set-aside rows.
@@ -121,6 +122,15 @@ func (r *Relay) setReady(err error) {
 // lease, when it cannot prove that the database or a checkpoint is its own:
 // publishing on would risk marking rows that were never published.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := schema.WaitReady(ctx, r.cfg.DB, func(err error, wait time.Duration) {
+		r.m.errors.WithLabelValues(errKindPostgres).Inc()
+		r.log.ErrorContext(ctx, "check schema", slog.Any("error", err), slog.Duration("retry_in", wait))
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	if err := r.retry(ctx, errKindKafka, "ensure checkpoint topic", func() error {
 		cl, err := kgo.NewClient(r.cfg.KafkaOpts...)
 		if err != nil {

@@ -48,7 +48,7 @@ func newDemoTracing(ctx context.Context) (*demoTracing, error) {
 	if err != nil || !t.Enabled {
 		return nil, err
 	}
-	return &demoTracing{t: t, tr: t.Provider.Tracer("github.com/onceflow/onceflow/internal/demo"),
+	return &demoTracing{t: t, tr: t.Provider.Tracer("github.com/onceflow/onceflow/cmd/demo/internal/demo"),
 		traces: map[string]string{}, killed: map[string]string{}}, nil
 }
 
