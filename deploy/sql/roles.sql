@@ -130,7 +130,12 @@ BEGIN
     EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
     EXECUTE format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
     EXECUTE format('REVOKE ALL ON ALL ROUTINES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
-    EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA onceflow REVOKE EXECUTE ON ROUTINES FROM PUBLIC', v_owner);
+    -- Functions the owner role creates later are not executable by PUBLIC
+    -- either. Only a global entry can take PUBLIC's default EXECUTE away (a
+    -- per-schema one can only add), so this covers the owner's functions in
+    -- every schema of this database. Migration 018 does the same for the
+    -- role that runs the migrations, when that is a login of its own.
+    EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE %I REVOKE EXECUTE ON ROUTINES FROM PUBLIC', v_owner);
     -- Column privileges are not covered by REVOKE ... ON ALL TABLES.
     FOR r IN SELECT DISTINCT c.oid::regclass AS rel, a.attname AS col, g.rolname AS grantee
                FROM pg_class c
@@ -225,7 +230,9 @@ BEGIN
     -- the relay's status through onceflow.relay_status(), which shows counts
     -- and leases, never outbox payloads.
     IF to_regclass('onceflow.admin_audit') IS NOT NULL THEN
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.admin_audit TO %I', v_consumer);
+        -- Append-only (migration 018): a change is recorded, then finished
+        -- once (outcome, result; finished_at is the database's clock).
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE (outcome, result, finished_at) ON onceflow.admin_audit TO %I', v_consumer);
     END IF;
     IF to_regprocedure('onceflow.relay_status()') IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.relay_status() TO %I, %I', v_relay, v_consumer);
@@ -241,6 +248,12 @@ BEGIN
     IF to_regprocedure('onceflow.prune_admin_audit(text, interval, integer)') IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.prune_admin_audit(text, interval, integer) TO %I', v_consumer);
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.prune_outbox_set_aside(interval, integer) TO %I', v_consumer);
+    END IF;
+    -- Topics no producer may enqueue to (migration 018): the relay
+    -- registers its checkpoint topic at start; the consumer may register
+    -- its dead-letter topic.
+    IF to_regprocedure('onceflow.reserve_topic(text, text)') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.reserve_topic(text, text) TO %I, %I', v_relay, v_consumer);
     END IF;
     IF v_enqueue THEN
         EXECUTE format('GRANT %I TO %I', v_writer, v_consumer);

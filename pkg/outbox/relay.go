@@ -159,6 +159,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}); err != nil {
 		return nil // ctx cancelled
 	}
+	r.reserveTopics(ctx)
 	for {
 		var ie *IdentityError
 		epoch, err := r.acquire(ctx)
@@ -618,6 +619,13 @@ func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
 			"row is %d bytes (payload, key, headers and names), over the relay's batch-max-bytes of %d: not read; "+
 				"raise -batch-max-bytes (and the topic's max.message.bytes) and retry it, or skip it",
 			rows[0].size, r.cfg.BatchMaxBytes))
+		return nil
+	}
+	if k, err := r.reservedRow(rows); err != nil {
+		if k > 0 {
+			return rows[:k] // publish what is before the reserved topic
+		}
+		s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
 		return nil
 	}
 	if len(rows) == 1 {
