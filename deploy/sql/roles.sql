@@ -187,7 +187,9 @@ BEGIN
     -- its owner's rights: producers need nothing here) and the publish log
     -- (UPDATE only for the row locks of its pruning).
     IF to_regclass('onceflow.outbox_pending') IS NOT NULL THEN
-        EXECUTE format('GRANT SELECT, DELETE ON onceflow.outbox_pending TO %I', v_relay);
+        -- INSERT: the leader's sweep queues rows written while the
+        -- outbox's triggers did not fire (docs/relay.md).
+        EXECUTE format('GRANT SELECT, INSERT, DELETE ON onceflow.outbox_pending TO %I', v_relay);
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON onceflow.outbox_published TO %I', v_relay);
     END IF;
     IF to_regclass('onceflow.relay_lease') IS NOT NULL THEN
