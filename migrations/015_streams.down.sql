@@ -328,3 +328,4 @@ END
 $fn$;
 
 DROP FUNCTION onceflow.next_seqs(text[], text[]);
+DROP FUNCTION onceflow.source_refusal(text, text);

@@ -97,6 +97,16 @@ ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_source_topic_seq_key UNIQUE (s
 -- each on first use, after the source's legacy counter if it has one), in
 -- (source, topic) order, and returns each stream's next seq. The locks hold
 -- until the transaction ends. The triggers below lock a counter the same way.
+-- Why session_user may not enqueue source (with event id event_id), or
+-- NULL when it may. Every path asks it before it locks a stream's counter,
+-- so that a login cannot hold another's counter (migration 018 gives it its
+-- body: source ownership; until then everyone may).
+CREATE FUNCTION onceflow.source_refusal(source text, event_id text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT NULL::text
+$fn$;
+REVOKE ALL ON FUNCTION onceflow.source_refusal(text, text) FROM PUBLIC;
+
 CREATE FUNCTION onceflow.next_seqs(sources text[], topics text[])
 RETURNS TABLE (source text, topic text, next_seq bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -104,6 +114,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     r      record;
     v_last bigint;
+    v_why  text;
 BEGIN
     IF cardinality(next_seqs.sources) IS DISTINCT FROM cardinality(next_seqs.topics) THEN
         RAISE EXCEPTION 'onceflow.next_seqs: sources and topics must be arrays of the same length' USING ERRCODE = '22023';
@@ -112,6 +123,10 @@ BEGIN
     FOR r IN SELECT DISTINCT u.s, u.t FROM unnest(next_seqs.sources, next_seqs.topics) AS u(s, t)
               WHERE u.s IS NOT NULL AND u.t IS NOT NULL
               ORDER BY u.s, u.t LOOP
+        v_why := onceflow.source_refusal(r.s, NULL);
+        IF v_why IS NOT NULL THEN
+            RAISE EXCEPTION 'onceflow.next_seqs: %', v_why USING ERRCODE = '42501';
+        END IF;
         SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
          WHERE c.source = r.s AND c.topic = r.t
            FOR UPDATE;
@@ -138,11 +153,16 @@ DECLARE
     v_last   bigint;
     v_top    bigint;
     v_top_id bigint;
+    v_why    text;
 BEGIN
     -- A row without a source or topic fails the outbox's own NOT NULL
     -- constraint: leave it to that, with its usual error.
     IF NEW.source IS NULL OR NEW.topic IS NULL THEN
         RETURN NEW;
+    END IF;
+    v_why := onceflow.source_refusal(NEW.source, NULL);
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow.outbox: %', v_why USING ERRCODE = '42501';
     END IF;
     SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
      WHERE c.source = NEW.source AND c.topic = NEW.topic

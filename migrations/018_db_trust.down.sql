@@ -6,7 +6,11 @@ DROP TRIGGER IF EXISTS source_seq_guard ON onceflow.source_seq;
 DROP FUNCTION IF EXISTS onceflow.source_seq_guard();
 DROP TRIGGER IF EXISTS outbox_guard ON onceflow.outbox;
 DROP FUNCTION IF EXISTS onceflow.outbox_guard();
-DROP FUNCTION IF EXISTS onceflow.source_refusal(text, text);
+-- Back to migration 015's answer: everyone may.
+CREATE OR REPLACE FUNCTION onceflow.source_refusal(source text, event_id text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT NULL::text
+$fn$;
 DROP TABLE IF EXISTS onceflow.source_owners;
 DROP FUNCTION IF EXISTS onceflow.reserve_topic(text, text);
 DROP TABLE IF EXISTS onceflow.reserved_topics;

@@ -129,8 +129,9 @@ CREATE TABLE onceflow.source_owners (
 );
 
 -- Why session_user may not enqueue source (with event id event_id), or
--- NULL when it may.
-CREATE FUNCTION onceflow.source_refusal(source text, event_id text) RETURNS text
+-- NULL when it may (migration 015 made it, answering NULL; the counters'
+-- functions ask it before they lock).
+CREATE OR REPLACE FUNCTION onceflow.source_refusal(source text, event_id text) RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$

@@ -192,6 +192,7 @@ func TestTrustSourceOwnership(t *testing.T) {
 		{"take another team's event id", `SELECT onceflow.enqueue('orders', 'a/order-1', 'x.y', '{}'::jsonb, event_id => 'b/order-1/created')`},
 		{"enqueue another team's source after SET ROLE", `SET LOCAL ROLE ` + rs.writer + `; SELECT onceflow.enqueue('orders', 'b/order-1', 'x.y', '{}'::jsonb)`},
 		{"enqueue a source of no team", `SELECT onceflow.enqueue('orders', 'c/order-1', 'x.y', '{}'::jsonb)`},
+		{"lock another team's counter through next_seqs", `SELECT * FROM onceflow.next_seqs(ARRAY['b/order-1'], ARRAY['orders'])`},
 	}
 	for _, c := range refused {
 		err := execRolledBack(ctx, a, c.sql)
@@ -231,6 +232,38 @@ func TestTrustSourceOwnership(t *testing.T) {
 	}
 	if _, err := btx.Exec(ctx, `SELECT onceflow.enqueue('orders', 'b/order-1', 'x.y', '{}'::jsonb)`); err != nil {
 		t.Fatalf("team B blocked on its own source by team A's refused attempt: %v", err)
+	}
+	if err := btx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same with b/order-1's counter already there: team A asks
+	// next_seqs (which would lock it and return) inside a transaction it
+	// keeps open on a savepoint; team B still enqueues at once.
+	atx2, err := a.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer atx2.Rollback(ctx) //nolint:errcheck
+	if _, err := atx2.Exec(ctx, `SAVEPOINT s`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := atx2.Exec(ctx, `SELECT * FROM onceflow.next_seqs(ARRAY['b/order-1'], ARRAY['orders'])`); sqlState(err) != "42501" {
+		t.Fatalf("team A locks b/order-1's counter through next_seqs: %v", err)
+	}
+	if _, err := atx2.Exec(ctx, `ROLLBACK TO SAVEPOINT s`); err != nil {
+		t.Fatal(err)
+	}
+	btx2, err := b.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer btx2.Rollback(ctx) //nolint:errcheck
+	if _, err := btx2.Exec(ctx, `SET LOCAL lock_timeout = '2s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := btx2.Exec(ctx, `SELECT onceflow.enqueue('orders', 'b/order-1', 'x.y', '{}'::jsonb)`); err != nil {
+		t.Fatalf("team B blocked on its own counter by team A's next_seqs: %v", err)
 	}
 }
 
