@@ -129,7 +129,7 @@ func relayGrowth(tb testing.TB, rep *report, sz sizes) {
 	backlog := func(n int) time.Time {
 		if _, err := db.Pool.Exec(ctx, `
 			INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, payload)
-			SELECT 'ev-' || g, $1, 'src-' || (g % 256), g + 1, 'bench.event', 'application/octet-stream',
+			SELECT 'ev-' || g, $1, 'src-' || (g % 256), g / 256 + 1, 'bench.event', 'application/octet-stream',
 			       decode(repeat('ab', $4::int), 'hex')
 			  FROM generate_series($2::bigint, $2::bigint + $3::bigint - 1) g`, topic, next, n, relayBenchPayload); err != nil {
 			tb.Fatal(err)

@@ -281,6 +281,9 @@ func watermillBinary(tb testing.TB) string {
 		wmBuild.path = filepath.Join(dir, "watermill-forwarder")
 		cmd := exec.Command("go", "build", "-o", wmBuild.path, ".")
 		cmd.Dir = filepath.Join(root, "bench", "peers", "watermill")
+		// A module of its own, outside the repository's workspace (go.work):
+		// Watermill's dependencies stay out of every other module.
+		cmd.Env = append(os.Environ(), "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			wmBuild.err = fmt.Errorf("go build bench/peers/watermill: %v\n%s", err, out)
 		}
