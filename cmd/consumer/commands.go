@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -258,6 +259,9 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	rows, err := svc.DeadLetters(ctx, cfg.Filter, cfg.Limit)
 	if err != nil {
 		return err
+	}
+	if len(rows) == 0 {
+		hintOtherConsumers(ctx, pool, qConsumersWithInbox, cfg.ConsumerName, "inbox rows", stderr)
 	}
 	fmt.Fprintln(tw, "EVENT ID\tSTATUS\tSOURCE\tSEQ\tTYPE\tPOSITION\tATTEMPTS\tRECEIVED\tGROUP\tTRACE ID\tLAST ERROR")
 	for _, r := range rows {
@@ -509,4 +513,35 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "%s: %d handlers, %d sql statements prepared against the database: ok\n", cfg.HandlersFile, res.Handlers, res.Statements)
 	return nil
+}
+
+// The consumer names that have rows, for the hint of an empty listing. The
+// inbox is walked by its primary key's first column, one probe per name
+// (a loose index scan), however many rows it holds.
+const (
+	qConsumersWithInbox = `
+WITH RECURSIVE c (name) AS (
+    SELECT min(consumer) FROM onceflow.inbox
+    UNION ALL
+    SELECT (SELECT min(i.consumer) FROM onceflow.inbox i WHERE i.consumer > c.name) FROM c WHERE c.name IS NOT NULL
+)
+SELECT name FROM c WHERE name IS NOT NULL AND name <> $1 LIMIT 20`
+	qConsumersWithGaps = `SELECT DISTINCT consumer FROM onceflow.seq_gaps WHERE consumer <> $1 ORDER BY 1 LIMIT 20`
+)
+
+// hintOtherConsumers tells, under an empty listing, which other consumer
+// names this database has rows for: the list commands default to the name
+// "default", and a deployment that set -consumer-name elsewhere otherwise
+// sees an empty table and no clue.
+func hintOtherConsumers(ctx context.Context, pool *pgxpool.Pool, query, name, what string, w io.Writer) {
+	rows, err := pool.Query(ctx, query, name)
+	if err != nil {
+		return // a hint, not a verdict
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(names) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "consumer: nothing for consumer name %q; this database has %s for: %s (pass %s)\n",
+		name, what, strings.Join(names, ", "), cli.Named("consumer-name"))
 }

@@ -97,6 +97,9 @@ func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	if len(gaps) == 0 {
+		hintOtherConsumers(ctx, pool, qConsumersWithGaps, cfg.ConsumerName, "gaps", stderr)
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SOURCE\tPRODUCER\tTOPIC\tRANGE\tSTATE\tOPENED\tDEADLINE / GIVEN UP\tREASON\tRESOLVED\tNOTE")
 	dash := func(s string) string {
