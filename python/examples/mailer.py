@@ -10,6 +10,7 @@ runners in the tool at once rather than hoping they overlap.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -46,3 +47,18 @@ def rendezvous(directory: str | None, parties: int, timeout: float = 60.0) -> No
         if time.monotonic() > deadline:
             raise TimeoutError(f"rendezvous in {directory}: {len(list(d.iterdir()))} of {parties} arrived")
         time.sleep(0.01)
+
+
+async def arendezvous(directory: str | None, parties: int, timeout: float = 60.0) -> None:
+    """:func:`rendezvous` for async code: it waits without blocking the event
+    loop, so that two runs on one loop can meet."""
+    if not directory:
+        return
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{os.getpid()}-{uuid.uuid4().hex}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(d.iterdir())) < parties:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rendezvous in {directory}: {len(list(d.iterdir()))} of {parties} arrived")
+        await asyncio.sleep(0.01)

@@ -30,10 +30,12 @@ def set_recipient(db_url: str, to: str) -> None:
         conn.execute("INSERT INTO dbos_agent_recipient VALUES (%s)", (to,))
 
 
-def start(db_url: str, mail: MailService, *args: str, failpoints: str = "") -> subprocess.Popen[str]:
+def start(
+    db_url: str, mail: MailService, *args: str, failpoints: str = "", script: str = "dbos_agent.py"
+) -> subprocess.Popen[str]:
     env = dict(os.environ, ONCEFLOW_FAILPOINTS=failpoints)
     return subprocess.Popen(
-        [sys.executable, str(EXAMPLES / "dbos_agent.py"), "--db", db_url, "--mail-url", mail.url, *args],
+        [sys.executable, str(EXAMPLES / script), "--db", db_url, "--mail-url", mail.url, *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -46,15 +48,15 @@ def finish(p: subprocess.Popen[str]) -> tuple[int, str, str]:
     return p.returncode, out, err
 
 
-def run(db_url: str, mail: MailService, *args: str, failpoints: str = "") -> dict[str, Any]:
-    rc, out, err = finish(start(db_url, mail, *args, failpoints=failpoints))
+def run(db_url: str, mail: MailService, *args: str, script: str = "dbos_agent.py") -> dict[str, Any]:
+    rc, out, err = finish(start(db_url, mail, *args, script=script))
     assert rc == 0, out + err
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
-def crash(db_url: str, mail: MailService, *args: str) -> None:
-    rc, out, err = finish(start(db_url, mail, *args, failpoints=mailer.FAILPOINT_AFTER_SEND))
+def crash(db_url: str, mail: MailService, *args: str, script: str = "dbos_agent.py") -> None:
+    rc, out, err = finish(start(db_url, mail, *args, failpoints=mailer.FAILPOINT_AFTER_SEND, script=script))
     assert rc == -signal.SIGKILL, out + err
     assert f"failpoint {mailer.FAILPOINT_AFTER_SEND}: SIGKILL" in err
     assert mail.count() == 1, "the e-mail went out before the crash"
@@ -135,19 +137,21 @@ def test_fork_unfenced_sends_again(db_url: str, mail: MailService) -> None:
     assert mail.count() == 2, "without fencing a fork sends again"
 
 
-def race(db_url: str, mail: MailService, tmp_path: Path, *extra: str) -> list[tuple[int, str]]:
+def race(
+    db_url: str, mail: MailService, tmp_path: Path, *extra: str, script: str = "dbos_agent.py"
+) -> list[tuple[int, str]]:
     """Process A runs the workflow and stalls inside send_email before the
     send; an operator, taking A for dead, resumes the workflow from process
     B (``DBOS.resume_workflow`` re-enqueues a pending workflow, and B runs
     it); both are in the step at once and meet there before the send."""
     set_recipient(db_url, "ann@example.com")
     meet = tmp_path / "meet"
-    a = start(db_url, mail, "--workflow", "wf-race", "--barrier", str(meet), *extra)
+    a = start(db_url, mail, "--workflow", "wf-race", "--barrier", str(meet), *extra, script=script)
     deadline = time.monotonic() + 60
     while not (meet.exists() and any(meet.iterdir())):
         assert a.poll() is None and time.monotonic() < deadline, "runner A never reached the step"
         time.sleep(0.02)
-    b = start(db_url, mail, "--workflow", "wf-race", "--resume", "--barrier", str(meet), *extra)
+    b = start(db_url, mail, "--workflow", "wf-race", "--resume", "--barrier", str(meet), *extra, script=script)
     outs = []
     for p in (a, b):
         rc, out, err = finish(p)
