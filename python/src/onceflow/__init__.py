@@ -19,6 +19,7 @@ the Go relay, consumer and ``effects.Do`` through the same tables.
 from .effects import AsyncConnectionSource, ConnectionSource, Fence, Result, current_fence, fenced
 from .errors import (
     DuplicateEventError,
+    EffectHeldError,
     FenceError,
     InvalidEventError,
     InvalidKeyError,
@@ -43,6 +44,7 @@ __all__ = [
     "AsyncConnectionSource",
     "ConnectionSource",
     "DuplicateEventError",
+    "EffectHeldError",
     "Enqueued",
     "Fence",
     "FenceError",
