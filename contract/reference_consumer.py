@@ -6,14 +6,16 @@ object per line) on stdin and applies the events the way the contract tells a
 consumer to:
 
   * deduplicate by the `event-id` header,
-  * apply each source's events in `seq` order, starting at 1, parking an
-    event that arrives ahead of a gap until the gap is filled.
+  * apply each stream's events in `seq` order, starting at 1, parking an
+    event that arrives ahead of a gap until the gap is filled. A stream is
+    (producer, topic, source); a record without a `producer` header belongs
+    to its source's legacy stream (the source alone).
 
 For every applied event it prints one JSON line on stdout:
-  {"event_id": ..., "source": ..., "seq": ..., "event_type": ..., "value": ...}
+  {"event_id": ..., "producer": ..., "source": ..., "seq": ..., "event_type": ..., "value": ...}
 and at the end one JSON summary line on stderr. The exit status is 0 when
 every event was applied, 2 when events are still parked behind a gap (their
-sources and the missing seqs are in the summary), 1 on a record that breaks
+streams and the missing seqs are in the summary), 1 on a record that breaks
 the contract.
 
 Python 3 standard library only. Keep the state durable in a real consumer:
@@ -43,7 +45,16 @@ def headers_of(rec):
     for name in REQUIRED:
         if not out.get(name):
             raise ContractError("header %r is missing or empty" % name)
+    if "producer" in out and not out["producer"]:
+        raise ContractError("header 'producer' is empty")
     return out
+
+
+def stream_of(ev):
+    """The stream an event is ordered in, as a printable key."""
+    if not ev["producer"]:
+        return ev["source"]  # the legacy stream: the source alone
+    return "%s/%s/%s" % (ev["producer"], ev["topic"], ev["source"])
 
 
 def parse_seq(text):
@@ -56,8 +67,8 @@ class Consumer:
     def __init__(self, out):
         self.out = out
         self.applied_ids = set()  # dedup ledger: event-ids already applied
-        self.next_seq = {}        # source -> next seq to apply (1 when unseen)
-        self.parked = {}          # source -> {seq: event}
+        self.next_seq = {}        # stream -> next seq to apply (1 when unseen)
+        self.parked = {}          # stream -> {seq: event}
         self.duplicates = 0
         self.applied = 0
 
@@ -65,6 +76,8 @@ class Consumer:
         h = headers_of(rec)
         ev = {
             "event_id": h["event-id"],
+            "producer": h.get("producer", ""),
+            "topic": rec.get("topic", ""),
             "source": h["source"],
             "seq": parse_seq(h["seq"]),
             "event_type": h["event-type"],
@@ -73,7 +86,7 @@ class Consumer:
         if ev["event_id"] in self.applied_ids:
             self.duplicates += 1
             return
-        src, seq = ev["source"], ev["seq"]
+        src, seq = stream_of(ev), ev["seq"]
         want = self.next_seq.get(src, 1)
         if seq < want:
             # Its position was filled by an event with another id: a copy the
@@ -96,7 +109,7 @@ class Consumer:
 
     def apply(self, ev):
         self.applied_ids.add(ev["event_id"])
-        self.next_seq[ev["source"]] = ev["seq"] + 1
+        self.next_seq[stream_of(ev)] = ev["seq"] + 1
         self.applied += 1
         self.out.write(json.dumps(ev, sort_keys=True) + "\n")
 

@@ -174,8 +174,13 @@ func TestConsumerMalformed(t *testing.T) {
 	}
 	wantReasons := map[int]string{1: "seq is missing", 2: "event-id is missing", 3: "not valid JSON", 4: "over the limit", 5: "source",
 		7: `must not start with "malformed:"`, 8: "not a canonical decimal integer"}
+	var topicID string
+	if err := db.Pool.QueryRow(ctx, `SELECT topic_id FROM onceflow.consumer_offsets WHERE topic = $1`, topic).Scan(&topicID); err != nil {
+		t.Fatal(err)
+	}
 	for off, frag := range wantReasons {
-		id := fmt.Sprintf("malformed:%s:0:%d", topic, off)
+		// Keyed by the topic's ID too: see TestConsumerMalformedAcrossTopicRecreation.
+		id := fmt.Sprintf("malformed:%s:%s:0:%d", topic, topicID, off)
 		if !strings.Contains(reasons[id], frag) {
 			t.Errorf("dead letter %s: reason %q, want it to mention %q", id, reasons[id], frag)
 		}

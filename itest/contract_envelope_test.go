@@ -205,6 +205,11 @@ func TestContractEnvelopeKcatReferenceConsumer(t *testing.T) {
 	o2[0].env.ContentType = "application/vnd.onceflow.order+json; charset=utf-8"
 	o2[1].env.ContentType, o2[1].env.EventType = "text/plain; charset=utf-8", "order.note"
 	o2[1].env.Payload = []byte("plain text, not JSON")
+	// order-1 and thread-9 come from a relay that names its producer;
+	// order-2 from one before the producer header (a legacy stream).
+	for _, e := range slices.Concat(o1, th) {
+		e.env.Producer = "4f0c2b7e-contract-db"
+	}
 	// thread-9's key changes after seq 2 to one on another partition.
 	part := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
 	home := part.Partition(&kgo.Record{Key: []byte("thread-9")}, partitions)
@@ -348,6 +353,9 @@ func checkSame(t *testing.T, e *event, doc map[string]any) {
 	if e.env.Traceparent != "" {
 		want[envelope.HeaderTraceparent] = e.env.Traceparent
 	}
+	if e.env.Producer != "" {
+		want[envelope.HeaderProducer] = e.env.Producer
+	}
 	for k, v := range e.env.Headers {
 		want[k] = v
 	}
@@ -418,7 +426,7 @@ func TestContractEnvelopeSchemaRejects(t *testing.T) {
 	t.Parallel()
 	schema := envelopeSchema(t)
 	valid := `{"topic":"t","partition":0,"offset":7,"tstype":"create","ts":1796013562703,"broker":1,` +
-		`"headers":["event-id","e-1","source","order-1","seq","12","event-type","order.created","content-type","application/json","traceparent","00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tenant","acme"],` +
+		`"headers":["event-id","e-1","source","order-1","seq","12","event-type","order.created","content-type","application/json","traceparent","00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","producer","db-7","tenant","acme"],` +
 		`"key":"order-1","payload":"{\"total\":42}"}`
 	doc, _, err := normalize([]byte(valid))
 	if err != nil {
@@ -443,6 +451,8 @@ func TestContractEnvelopeSchemaRejects(t *testing.T) {
 		{"reserved id prefix", `"event-id","e-1"`, `"event-id","malformed:t:0:7"`, "event-id"},
 		{"seq with a plus sign", `"seq","12"`, `"seq","+12"`, "seq"},
 		{"bad traceparent", `"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"`, `"trace-me"`, "traceparent"},
+		{"empty producer", `"producer","db-7"`, `"producer",""`, "producer"},
+		{"control char in producer", `"producer","db-7"`, `"producer","db\n7"`, "producer"},
 		{"null application header", `"tenant","acme"`, `"tenant",null`, "tenant"},
 		{"null key", `"key":"order-1"`, `"key":null`, "key"},
 	}
@@ -517,7 +527,7 @@ func TestContractVersion(t *testing.T) {
 	}
 	// Every header the envelope package defines is in the schema and the doc.
 	for _, h := range []string{envelope.HeaderEventID, envelope.HeaderSource, envelope.HeaderSeq,
-		envelope.HeaderEventType, envelope.HeaderContentType, envelope.HeaderTraceparent} {
+		envelope.HeaderEventType, envelope.HeaderContentType, envelope.HeaderTraceparent, envelope.HeaderProducer} {
 		if !bytes.Contains(b, []byte(`"`+h+`"`)) || !strings.Contains(string(doc), "`"+h+"`") {
 			t.Errorf("header %s is missing from the schema or docs/contract.md", h)
 		}

@@ -279,3 +279,22 @@ func waitLeader(t *testing.T, ctx context.Context, p *testkit.Proc) {
 		t.Fatal(err)
 	}
 }
+
+// insertPastConstraint runs insert in tx with the outbox's CHECK constraint
+// name lifted, and puts the constraint back NOT VALID: a row as an old
+// producer (before migration 018) or a superuser's hand could have stored.
+func insertPastConstraint(ctx context.Context, tx pgx.Tx, name, insert string, args ...any) error {
+	var def string
+	if err := tx.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conrelid = 'onceflow.outbox'::regclass AND conname = $1`, name).Scan(&def); err != nil {
+		return fmt.Errorf("constraint %s: %w", name, err)
+	}
+	if _, err := tx.Exec(ctx, `ALTER TABLE onceflow.outbox DROP CONSTRAINT `+pgx.Identifier{name}.Sanitize()); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, insert, args...); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `ALTER TABLE onceflow.outbox ADD CONSTRAINT `+pgx.Identifier{name}.Sanitize()+` `+def+` NOT VALID`)
+	return err
+}

@@ -186,8 +186,8 @@ func TestRelayRestoredDatabaseRefuses(t *testing.T) {
 // relay cannot prove that checkpoint is this database's (every database's
 // relay wrote that key), so it refuses until an operator decides; with
 // `relay identity legacy adopt` it marks those rows (no duplicate) and
-// publishes the rest. A shard whose old relay left no checkpoint is settled
-// without asking.
+// publishes the rest. A shard name whose old relay left no checkpoint is
+// settled without asking.
 func TestRelayLegacyCheckpoint(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -218,10 +218,10 @@ func TestRelayLegacyCheckpoint(t *testing.T) {
 	if fmt.Sprint(got["s"]) != "[1 2 3]" {
 		t.Fatalf("published seqs %v, want [1 2 3] (4..6 were the old relay's)", got["s"])
 	}
-	// Another shard: no legacy checkpoint, settled by itself.
-	p.Kill()
-	p = e.start("relay-other-shard", nil, "-holder-id", "r2", "-shard", "other")
-	if _, err := p.WaitFor(ctx, regexp.MustCompile(`"msg":"legacy checkpoint settled".*no checkpoint under the legacy key`)); err != nil {
+	// Another shard name, whose old relay left no checkpoint: settled by
+	// the same relay, without asking (every legacy name is settled before
+	// any publishing, whatever the shard layout now).
+	if _, err := p.WaitFor(ctx, regexp.MustCompile(`"msg":"legacy checkpoint settled".*"legacy_shard":"other".*no checkpoint under the legacy key`)); err != nil {
 		t.Fatalf("%v\n%s", err, p.Output())
 	}
 	show, err := relayCmd(t, e.db, "identity", "show")
@@ -229,4 +229,52 @@ func TestRelayLegacyCheckpoint(t *testing.T) {
 		t.Fatalf("identity show: %v\n%s", err, show)
 	}
 	t.Logf("relay identity show:\n%s", show)
+}
+
+// TestRelayLegacyCheckpointToShards: a database whose unsharded relay ran
+// before identities (shard "default") is upgraded straight to -shards 2.
+// Neither shard is named "default", yet both must settle that legacy
+// checkpoint before publishing: without a decision they refuse naming it;
+// after `relay identity legacy adopt -shard default` the rows it names
+// (published by the old relay, never marked) are marked, not published
+// again. 12 events, ids 7..12 named by the legacy checkpoint: exactly 6
+// records on the topic.
+func TestRelayLegacyCheckpointToShards(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	e := newRelayEnv(t, 2)
+	for i := range 12 {
+		e.enqueueN(ctx, e.db, fmt.Sprintf("s%d", i%4), fmt.Sprintf("ev%d-", i), 1)
+	}
+	if _, err := e.db.Pool.Exec(ctx, `INSERT INTO onceflow.relay_legacy_checkpoint (shard) VALUES ('default')`); err != nil {
+		t.Fatal(err)
+	}
+	cl := testkit.Client(t)
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: e.checkpoint, Key: []byte("default"), Value: []byte("v1 7-12")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	out := waitExit(t, ctx, e.startShard("relay-0-undecided", nil, 0, 2))
+	if !strings.Contains(out, "relay identity legacy adopt -shard default") {
+		t.Fatalf("shard 0 of 2 did not refuse the unsettled legacy checkpoint of shard default; output:\n%s", out)
+	}
+	if out, err := relayCmd(t, e.db, "identity", "legacy", "adopt", "-shard", "default", "-note", "this service alone used the checkpoint topic"); err != nil {
+		t.Fatalf("legacy adopt: %v\n%s", err, out)
+	}
+	e.startShard("relay-0", nil, 0, 2)
+	e.startShard("relay-1", nil, 1, 2)
+	waitPublished(t, ctx, e, 12)
+	got := publishedPerSource(t, ctx, e.topic)
+	n := 0
+	for _, seqs := range got {
+		n += len(seqs)
+	}
+	var outcome string
+	if err := e.db.Pool.QueryRow(ctx, `SELECT outcome FROM onceflow.relay_legacy_checkpoint WHERE shard = 'default'`).Scan(&outcome); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("legacy checkpoint of shard default under -shards 2: %d records on the topic (%v); outcome %q", n, got, outcome)
+	if n != 6 || !strings.Contains(outcome, "adopted, 6 rows marked published") {
+		t.Fatalf("%d records on the topic, want 6 (ids 7..12 were the old relay's); outcome %q", n, outcome)
+	}
 }

@@ -111,7 +111,7 @@ func publishedPerSource(t *testing.T, ctx context.Context, topic string) map[str
 // other sources are delivered, in order, and keep flowing; the metrics show
 // the set-aside and held rows. Then `relay outbox failed retry` (after the
 // topic's limit is raised) publishes src-07 in order, and `relay outbox
-// failed skip` gives src-11's row up with an audit record: its seq never
+// failed skip` gives src-11's row up with an audit record: it never
 // reaches the topic and the rest of src-11 flows.
 func TestRelayPoisonRow(t *testing.T) {
 	t.Parallel()
@@ -134,12 +134,12 @@ func TestRelayPoisonRow(t *testing.T) {
 					m.Payload = big
 				case n == 2 && i == 11:
 					// A row with a topic Kafka cannot have, as an old producer
-					// or a hand-written INSERT could leave it.
-					if _, err := tx.Exec(ctx, `
-						WITH s AS (INSERT INTO onceflow.source_seq AS c (source, last_seq) VALUES ($1, 1)
-						           ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + 1 RETURNING c.last_seq)
-						INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, payload)
-						SELECT gen_random_uuid()::text, 'bad topic!', $1, s.last_seq, 'test.round', '\x7b7d' FROM s`, src(i)); err != nil {
+					// or a hand-written INSERT could leave it before migration
+					// 018 (whose constraint then stays NOT VALID): the
+					// constraint is lifted for this one row. (The seq is the trigger's.)
+					if err := insertPastConstraint(ctx, tx, "outbox_topic_legal", `
+						INSERT INTO onceflow.outbox (event_id, topic, source, event_type, payload)
+						VALUES (gen_random_uuid()::text, 'bad topic!', $1, 'test.round', '\x7b7d')`, src(i)); err != nil {
 						return err
 					}
 					continue
@@ -254,8 +254,10 @@ func TestRelayPoisonRow(t *testing.T) {
 	}
 	rep := e.check(ctx)
 	got = publishedPerSource(t, ctx, e.topic)
-	if fmt.Sprint(got[src(7)]) != "[1 2 3 4]" || fmt.Sprint(got[src(11)]) != "[1 3 4]" {
-		t.Fatalf("src-07 %v (want [1 2 3 4]), src-11 %v (want [1 3 4]: seq 2 skipped)", got[src(7)], got[src(11)])
+	// The skipped row was another topic's, a stream of its own: this topic's
+	// seqs of src-11 have no gap.
+	if fmt.Sprint(got[src(7)]) != "[1 2 3 4]" || fmt.Sprint(got[src(11)]) != "[1 2 3]" {
+		t.Fatalf("src-07 %v (want [1 2 3 4]), src-11 %v (want [1 2 3])", got[src(7)], got[src(11)])
 	}
 	waitFor("the metrics back to 0", func() bool {
 		m := metricsOf(t, ctx, base)

@@ -444,6 +444,11 @@ func oneLine(s string) string {
 // handler named. A database not reachable yet is left to the engine's
 // retries.
 func checkHandlers(ctx context.Context, h inbox.BatchHandler, pool *pgxpool.Pool, log *slog.Logger) error {
+	// The schema first: on a database nobody migrated, that is the news
+	// (the handlers' own tables are likely missing too).
+	if err := schema.Check(ctx, pool); errors.Is(err, schema.ErrNotMigrated) || errors.Is(err, schema.ErrOutdated) {
+		return err
+	}
 	res, err := handlerfile.Check(ctx, h, pool)
 	var ce *handlerfile.CheckError
 	switch {

@@ -26,8 +26,10 @@ type gapsConfig struct {
 	All          bool
 	ConsumerName string
 	Note         string
+	Producer     string
 	RequestID    string
 	Since        time.Duration
+	Topic        string
 }
 
 // RegisterFlags registers the flags of the gaps commands.
@@ -39,7 +41,9 @@ func (c *gapsConfig) RegisterFlags(fs *flag.FlagSet, resolve bool) {
 		fs.StringVar(&c.Note, "note", "", "what was done about the missing events (required)")
 		fs.StringVar(&c.Actor, "actor", "", "who resolves, for the audit (default: the OS user)")
 		fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
-		cli.Local(fs, "note", "actor", "request-id")
+		fs.StringVar(&c.Producer, "producer", "", "the gap's stream: its producer, as consumer gaps list shows it (empty: the source's legacy stream)")
+		fs.StringVar(&c.Topic, "topic", "", "the gap's stream: its topic (with -producer)")
+		cli.Local(fs, "note", "actor", "request-id", "producer", "topic")
 		return
 	}
 	fs.BoolVar(&c.All, "all", false, "list every given-up gap, however old and whether resolved or not")
@@ -94,7 +98,13 @@ func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SOURCE\tRANGE\tSTATE\tOPENED\tDEADLINE / GIVEN UP\tREASON\tRESOLVED\tNOTE")
+	fmt.Fprintln(tw, "SOURCE\tPRODUCER\tTOPIC\tRANGE\tSTATE\tOPENED\tDEADLINE / GIVEN UP\tREASON\tRESOLVED\tNOTE")
+	dash := func(s string) string {
+		if s == "" {
+			return "-" // a legacy stream
+		}
+		return s
+	}
 	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 	for _, g := range gaps {
 		when, reason, resolved := "deadline "+ts(g.Deadline), "-", "-"
@@ -108,7 +118,7 @@ func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				resolved = ts(*g.ResolvedAt)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d-%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Source, g.From, g.To, g.State, ts(g.OpenedAt), when,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d-%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Source, dash(g.Producer), dash(g.Topic), g.From, g.To, g.State, ts(g.OpenedAt), when,
 			reason, resolved, oneLine(g.ResolvedNote))
 	}
 	return tw.Flush()
@@ -132,6 +142,9 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 	if strings.TrimSpace(cfg.Note) == "" {
 		return cli.Usagef("-note is required: say what was done about the missing events")
 	}
+	if (cfg.Producer == "") != (cfg.Topic == "") {
+		return cli.Usagef("-producer and -topic go together (both for a producer's stream, neither for a legacy stream)")
+	}
 	if err := cfg.DB.Validate(); err != nil {
 		return &cli.UsageError{Err: err}
 	}
@@ -148,7 +161,7 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		cfg.RequestID = newRequestID()
 	}
 	out, err := svc.ResolveGap(ctx, admin.Caller{Actor: cliActor(cfg.Actor), Via: "cli"},
-		admin.ResolveRequest{RequestID: cfg.RequestID, Source: pos[0], From: from, To: to, Note: cfg.Note})
+		admin.ResolveRequest{RequestID: cfg.RequestID, Source: pos[0], Producer: cfg.Producer, Topic: cfg.Topic, From: from, To: to, Note: cfg.Note})
 	if err != nil {
 		return err
 	}

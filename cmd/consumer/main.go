@@ -7,7 +7,7 @@
 //	consumer dlq replay EVENT-ID  re-drive one through the handlers, once
 //	consumer dlq replay -error-group ID -note "…"  re-drive a filtered set (-dry-run first)
 //	consumer gaps list            open and recently given-up sequence gaps
-//	consumer gaps resolve SOURCE FROM-TO -note "…"  record what was done
+//	consumer gaps resolve SOURCE FROM-TO -note "…" [-producer P -topic T]  record what was done
 //
 // `consumer run -admin` also serves the console (admin API and web page,
 // docs/console.md).
@@ -61,7 +61,7 @@ commands:
                           order (-dry-run: count first; -all: everything)
   gaps list               list open sequence gaps and recently given-up ones
                           (-all: every given-up gap; -since 24h)
-  gaps resolve SOURCE FROM-TO -note "…"
+  gaps resolve SOURCE FROM-TO -note "…" [-producer P -topic T]
                           record what was done about a given-up gap
 
 Tracing: the standard OpenTelemetry variables (OTEL_EXPORTER_OTLP_ENDPOINT,

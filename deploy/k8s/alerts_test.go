@@ -20,7 +20,8 @@ import (
 // with a runbook docs/runbooks/<name>.md.
 var wantAlerts = []string{
 	"CleanupHeldBack", "ConsumerDown", "ConsumerLag", "DeadLetters", "ParkedEventsGrowing", "RelayDown",
-	"RelayLagging", "RelayNoLeader", "RelayRowsSetAside", "RelayShardWithoutLeader", "SeqGapGivenUp", "SeqGapOpenLong",
+	"RelayLagging", "RelayLayoutConflict", "RelayNoLeader", "RelayRowsSetAside", "RelayShardWithoutLeader", "RelayUnqueuedRows",
+	"SeqGapGivenUp", "SeqGapOpenLong",
 }
 
 const runbookBase = "https://github.com/onceflow/onceflow/blob/main/docs/runbooks/"

@@ -6,8 +6,10 @@
 --   owner_role     owns schema onceflow and everything in it; runs the
 --                  migrations (`relay migrate` / `consumer migrate`).
 --   writer_role    producers: may only enqueue (onceflow.enqueue() or the Go
---                  API's INSERT into onceflow.outbox + onceflow.source_seq).
---                  Cannot read payloads, mark, delete, or touch consumer state.
+--                  API's INSERT into onceflow.outbox; the seq counters in
+--                  onceflow.source_seq are written by the outbox's trigger,
+--                  never by the producer). Cannot read payloads, mark,
+--                  delete, choose a seq, touch the counters or consumer state.
 --   relay_role     the relay: reads outbox rows, takes published ones off
 --                  the queue (onceflow.outbox_pending) into the publish log
 --                  (onceflow.outbox_published) and prunes them, holds onceflow.relay_lease, binds
@@ -128,7 +130,12 @@ BEGIN
     EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
     EXECUTE format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
     EXECUTE format('REVOKE ALL ON ALL ROUTINES IN SCHEMA onceflow FROM PUBLIC, %s', v_apps);
-    EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA onceflow REVOKE EXECUTE ON ROUTINES FROM PUBLIC', v_owner);
+    -- Functions the owner role creates later are not executable by PUBLIC
+    -- either. Only a global entry can take PUBLIC's default EXECUTE away (a
+    -- per-schema one can only add), so this covers the owner's functions in
+    -- every schema of this database. Migration 018 does the same for the
+    -- role that runs the migrations, when that is a login of its own.
+    EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE %I REVOKE EXECUTE ON ROUTINES FROM PUBLIC', v_owner);
     -- Column privileges are not covered by REVOKE ... ON ALL TABLES.
     FOR r IN SELECT DISTINCT c.oid::regclass AS rel, a.attname AS col, g.rolname AS grantee
                FROM pg_class c
@@ -150,15 +157,24 @@ BEGIN
 
     -- Writer: enqueue only. onceflow.enqueue (and enqueue_batch) runs with the caller's rights,
     -- so the writer holds exactly what it (and the Go API's single INSERT)
-    -- does: lock-and-bump the source's counter, insert the event, read back
-    -- the event id and seq (column SELECT on those two only: payloads stay
-    -- unreadable).
+    -- does: insert the event, read back the event id and seq (column SELECT
+    -- on those two only: payloads stay unreadable). The seq comes from the
+    -- stream's counter in onceflow.source_seq, locked and moved only by
+    -- functions with their owner's rights (migration 015: the outbox's
+    -- triggers, and onceflow.next_seqs, which locks a batch's counters and
+    -- tells it its seqs): the writer holds nothing on the counters, so it
+    -- can neither choose a seq (an INSERT naming a seq other than the
+    -- stream's next is refused) nor wind back, max out or lock another
+    -- stream's counter outside enqueueing.
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
-              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch')
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch', 'next_seqs')
     LOOP
         EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_writer);
     END LOOP;
-    IF to_regclass('onceflow.source_seq') IS NOT NULL THEN
+    -- Before migration 015 the enqueue statements wrote the per-source
+    -- counters with the writer's rights.
+    IF to_regclass('onceflow.source_seq') IS NOT NULL
+       AND to_regprocedure('onceflow.outbox_assign_seq()') IS NULL THEN
         EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.source_seq TO %I', v_writer);
     END IF;
     IF to_regclass('onceflow.outbox') IS NOT NULL THEN
@@ -171,7 +187,9 @@ BEGIN
     -- its owner's rights: producers need nothing here) and the publish log
     -- (UPDATE only for the row locks of its pruning).
     IF to_regclass('onceflow.outbox_pending') IS NOT NULL THEN
-        EXECUTE format('GRANT SELECT, DELETE ON onceflow.outbox_pending TO %I', v_relay);
+        -- INSERT: the leader's sweep queues rows written while the
+        -- outbox's triggers did not fire (docs/relay.md).
+        EXECUTE format('GRANT SELECT, INSERT, DELETE ON onceflow.outbox_pending TO %I', v_relay);
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON onceflow.outbox_published TO %I', v_relay);
     END IF;
     IF to_regclass('onceflow.relay_lease') IS NOT NULL THEN
@@ -214,7 +232,9 @@ BEGIN
     -- the relay's status through onceflow.relay_status(), which shows counts
     -- and leases, never outbox payloads.
     IF to_regclass('onceflow.admin_audit') IS NOT NULL THEN
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON onceflow.admin_audit TO %I', v_consumer);
+        -- Append-only (migration 018): a change is recorded, then finished
+        -- once (outcome, result; finished_at is the database's clock).
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE (outcome, result, finished_at) ON onceflow.admin_audit TO %I', v_consumer);
     END IF;
     IF to_regprocedure('onceflow.relay_status()') IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.relay_status() TO %I, %I', v_relay, v_consumer);
@@ -230,6 +250,12 @@ BEGIN
     IF to_regprocedure('onceflow.prune_admin_audit(text, interval, integer)') IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.prune_admin_audit(text, interval, integer) TO %I', v_consumer);
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.prune_outbox_set_aside(interval, integer) TO %I', v_consumer);
+    END IF;
+    -- Topics no producer may enqueue to (migration 018): the relay
+    -- registers its checkpoint topic at start; the consumer may register
+    -- its dead-letter topic.
+    IF to_regprocedure('onceflow.reserve_topic(text, text)') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.reserve_topic(text, text) TO %I, %I', v_relay, v_consumer);
     END IF;
     IF v_enqueue THEN
         EXECUTE format('GRANT %I TO %I', v_writer, v_consumer);

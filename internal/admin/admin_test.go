@@ -219,6 +219,10 @@ func TestAuthRefusesWithoutToken(t *testing.T) {
 	if resp.StatusCode != 400 || !strings.Contains(body["error"].(string), "range 3-2") {
 		t.Errorf("resolve with a bad range: %d %v", resp.StatusCode, body)
 	}
+	resp, body = do("POST", "/api/v1/gaps/resolve", "Bearer "+tokAlice, `{"request_id": "r3", "source": "s", "producer": "db-1", "from": 2, "to": 3, "note": "x"}`)
+	if resp.StatusCode != 400 || !strings.Contains(body["error"].(string), "producer and topic go together") {
+		t.Errorf("resolve with a producer but no topic: %d %v", resp.StatusCode, body)
+	}
 	if out := logs.String(); strings.Contains(out, tokAlice) || strings.Contains(out, tokCI) || strings.Contains(out, wrong) {
 		t.Errorf("a token reached the log:\n%s", out)
 	}

@@ -26,6 +26,10 @@ type change struct {
 	caller    Caller
 	params    any
 	note      string
+	// intent, when set, makes the change one whose work commits in
+	// transactions of its own (a bulk replay applies each event in its
+	// own): see runCommitted.
+	intent any
 }
 
 // run carries out a change once per request id. In one transaction, held
@@ -52,6 +56,9 @@ func (s *Service) run(ctx context.Context, c change, work func(ctx context.Conte
 		defer func() { <-s.changes }()
 	case <-ctx.Done():
 		return 0, false, ctx.Err()
+	}
+	if c.intent != nil {
+		return s.runCommitted(ctx, c, params, func(ctx context.Context) (any, string) { return work(ctx, nil) }, into)
 	}
 	tx, err := s.cfg.Pool.Begin(ctx)
 	if err != nil {
@@ -110,6 +117,91 @@ func (s *Service) run(ctx context.Context, c change, work func(ctx context.Conte
 	}
 	return auditID, false, nil
 }
+
+// runCommitted carries out a change whose work commits in transactions of
+// its own, so that no part of it is ever applied without an audit row:
+//
+//  1. On a connection of its own, the change takes a session advisory lock
+//     on its request id (a second request with the same id waits here for
+//     the first to end), then records its intent (the request and
+//     c.intent, e.g. how many events match) as a committed 'running' row.
+//  2. work runs; each of its transactions commits on its own.
+//  3. The outcome and result are recorded (outcome from 'running' to the
+//     final one: the only change the audit accepts).
+//
+// A request id found 'running' while this session holds its lock was left
+// by a session that ended part-way (killed, timed out, crashed): the row is
+// finished as 'error' with error_kind "interrupted", keeping the intent, and
+// that is what the retry reports. It never runs the change a second time.
+func (s *Service) runCommitted(ctx context.Context, c change, params []byte, work func(ctx context.Context) (result any, outcome string), into any) (auditID int64, repeated bool, err error) {
+	intent, err := json.Marshal(c.intent)
+	if err != nil {
+		return 0, false, fmt.Errorf("encode intent: %w", err)
+	}
+	conn, err := s.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("acquire: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, qLockRequest, c.requestID); err != nil {
+		return 0, false, fmt.Errorf("lock request %s: %w", c.requestID, err)
+	}
+	defer func() {
+		if _, uerr := conn.Exec(context.WithoutCancel(ctx), qUnlockRequest, c.requestID); uerr != nil {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx)) // the lock goes with the session
+		}
+	}()
+	err = conn.QueryRow(ctx, qClaimIntent, c.requestID, s.cfg.Consumer, c.action, c.caller.Actor, c.caller.Via, params, c.note, intent).Scan(&auditID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var same bool
+		var outcome string
+		var result []byte
+		if err := conn.QueryRow(ctx, qStored, c.requestID, s.cfg.Consumer, c.action, params).Scan(&auditID, &same, &outcome, &result); err != nil {
+			return 0, false, fmt.Errorf("read earlier request %s: %w", c.requestID, err)
+		}
+		if !same {
+			return auditID, false, fmt.Errorf("%w: request id %q (audit #%d); use a new request id for a new change", ErrRequestIDReused, c.requestID, auditID)
+		}
+		if outcome == "running" {
+			if err := conn.QueryRow(ctx, qInterrupted, auditID, interruptedError).Scan(&result); err != nil {
+				return auditID, true, fmt.Errorf("record interrupted request %s: %w", c.requestID, err)
+			}
+		}
+		if err := json.Unmarshal(result, into); err != nil {
+			return auditID, true, fmt.Errorf("decode result of request %s: %w", c.requestID, err)
+		}
+		return auditID, true, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("record request: %w", err)
+	}
+	result, outcome := work(ctx)
+	body, err := json.Marshal(result)
+	if err != nil {
+		return auditID, false, fmt.Errorf("encode result: %w", err)
+	}
+	// The change has happened: record it even if the caller went away, and
+	// on another connection if this one was lost.
+	wctx := context.WithoutCancel(ctx)
+	tag, err := conn.Exec(wctx, qFinish, auditID, outcome, body)
+	if err != nil {
+		if tag, err = s.cfg.Pool.Exec(wctx, qFinish, auditID, outcome, body); err != nil {
+			return auditID, false, fmt.Errorf("record result: %w", err)
+		}
+	}
+	if tag.RowsAffected() == 0 {
+		return auditID, false, fmt.Errorf("record result of request %s (audit #%d): it was recorded as interrupted meanwhile (this session lost its connection); its outcome here was %s", c.requestID, auditID, outcome)
+	}
+	if err := json.Unmarshal(body, into); err != nil {
+		return auditID, false, err
+	}
+	return auditID, false, nil
+}
+
+// interruptedError is the error of a change whose session ended before it
+// recorded its outcome.
+const interruptedError = "interrupted: the session that ran this request ended before recording its outcome; " +
+	"some of its events may have been applied (replay again with a new request id: applied events report \"already processed\")"
 
 func checkRequestID(id string) error {
 	if id == "" {

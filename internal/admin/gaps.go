@@ -16,9 +16,13 @@ import (
 type ResolveRequest struct {
 	RequestID string `json:"request_id"`
 	Source    string `json:"source"`
-	From      int64  `json:"from"`
-	To        int64  `json:"to"`
-	Note      string `json:"note"`
+	// Producer and Topic name the gap's stream with Source; both empty for
+	// a legacy stream.
+	Producer string `json:"producer,omitempty"`
+	Topic    string `json:"topic,omitempty"`
+	From     int64  `json:"from"`
+	To       int64  `json:"to"`
+	Note     string `json:"note"`
 }
 
 // ResolveOutcome is the answer to a ResolveRequest (stored in the audit).
@@ -26,6 +30,8 @@ type ResolveOutcome struct {
 	RequestID string `json:"request_id"`
 	AuditID   int64  `json:"audit_id"`
 	Source    string `json:"source"`
+	Producer  string `json:"producer,omitempty"`
+	Topic     string `json:"topic,omitempty"`
 	From      int64  `json:"from"`
 	To        int64  `json:"to"`
 	// Resolved is how many given-up gaps within the range got the note.
@@ -46,6 +52,9 @@ func (s *Service) ResolveGap(ctx context.Context, c Caller, req ResolveRequest) 
 	if strings.TrimSpace(req.Source) == "" {
 		return out, badRequest("source is required")
 	}
+	if (req.Producer == "") != (req.Topic == "") {
+		return out, badRequest("producer and topic go together: both for a producer's stream, neither for a legacy stream")
+	}
 	if req.From < 1 || req.To < req.From {
 		return out, badRequest("range %d-%d: want 1 <= from <= to", req.From, req.To)
 	}
@@ -53,18 +62,21 @@ func (s *Service) ResolveGap(ctx context.Context, c Caller, req ResolveRequest) 
 		return out, badRequest("note is required: say what was done about the missing events")
 	}
 	params := struct {
-		Source string `json:"source"`
-		From   int64  `json:"from"`
-		To     int64  `json:"to"`
-		Note   string `json:"note"`
-	}{req.Source, req.From, req.To, req.Note}
+		Source   string `json:"source"`
+		Producer string `json:"producer,omitempty"`
+		Topic    string `json:"topic,omitempty"`
+		From     int64  `json:"from"`
+		To       int64  `json:"to"`
+		Note     string `json:"note"`
+	}{req.Source, req.Producer, req.Topic, req.From, req.To, req.Note}
 	id, repeated, err := s.run(ctx, change{requestID: req.RequestID, action: "gap.resolve", caller: c, params: params, note: req.Note},
 		func(ctx context.Context, tx pgx.Tx) (any, string) {
-			r := ResolveOutcome{RequestID: req.RequestID, Source: req.Source, From: req.From, To: req.To}
-			n, err := s.store.ResolveGap(ctx, tx, req.Source, req.From, req.To, req.Note, time.Now())
+			r := ResolveOutcome{RequestID: req.RequestID, Source: req.Source, Producer: req.Producer, Topic: req.Topic, From: req.From, To: req.To}
+			k := seqguard.Stream{Source: req.Source, Producer: req.Producer, Topic: req.Topic}
+			n, err := s.store.ResolveGap(ctx, tx, k, req.From, req.To, req.Note, time.Now())
 			switch {
 			case errors.Is(err, seqguard.ErrGapNotFound):
-				r.Error, r.ErrorKind = "no unresolved given-up gap of the source lies within that range", "not_found"
+				r.Error, r.ErrorKind = "no unresolved given-up gap of the stream lies within that range", "not_found"
 				return r, OutcomeRejected
 			case err != nil:
 				r.Error, r.ErrorKind = err.Error(), "error"
@@ -78,7 +90,7 @@ func (s *Service) ResolveGap(ctx context.Context, c Caller, req ResolveRequest) 
 		return out, err
 	}
 	s.cfg.Logger.InfoContext(ctx, "admin: gap resolved", slog.String("request_id", req.RequestID), slog.String("actor", c.Actor),
-		slog.String("via", c.Via), slog.String("source", req.Source), slog.Int64("from_seq", req.From), slog.Int64("to_seq", req.To),
+		slog.String("via", c.Via), slog.String("source", req.Source), slog.String("producer", req.Producer), slog.String("topic", req.Topic), slog.Int64("from_seq", req.From), slog.Int64("to_seq", req.To),
 		slog.Int64("resolved", out.Resolved), slog.Bool("repeated", repeated))
 	return out, nil
 }

@@ -19,7 +19,29 @@ WHERE request_id = $1`
 
 	qFinish = `
 UPDATE onceflow.admin_audit SET outcome = $2, result = $3, finished_at = now()
-WHERE id = $1`
+WHERE id = $1 AND outcome = 'running'`
+
+	// qClaimIntent records a new request and its intent ($8) in the result
+	// until the outcome replaces it; no row comes back when the id is known.
+	qClaimIntent = `
+INSERT INTO onceflow.admin_audit (request_id, consumer, action, actor, via, params, note, outcome, result)
+VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8)
+ON CONFLICT (request_id) DO NOTHING
+RETURNING id`
+
+	// qLockRequest and qUnlockRequest: a session lock on a request id, held
+	// while a change runs in transactions of its own (runCommitted).
+	qLockRequest   = `SELECT pg_advisory_lock(1869570662, hashtext($1))`
+	qUnlockRequest = `SELECT pg_advisory_unlock(1869570662, hashtext($1))`
+
+	// qInterrupted finishes a request whose session ended part-way: its
+	// intent, with the error.
+	qInterrupted = `
+UPDATE onceflow.admin_audit
+   SET outcome = 'error',
+       result = coalesce(result, '{}'::jsonb) || jsonb_build_object('error', $2::text, 'error_kind', 'interrupted', 'request_id', request_id)
+ WHERE id = $1 AND outcome = 'running'
+RETURNING result`
 
 	// qAudit lists recent changes, without the per-event lists of replays.
 	qAudit = `

@@ -147,7 +147,17 @@ func (s *Service) Replay(ctx context.Context, c Caller, req ReplayRequest) (Repl
 	}
 	params := req
 	params.RequestID, params.DryRun = "", false
-	id, repeated, err := s.run(ctx, change{requestID: req.RequestID, action: "dlq.replay", caller: c, params: params, note: req.Note},
+	// The intent, committed before the first event is applied: what the
+	// request matches now. The outcome replaces it when the replay ends.
+	intent := ReplayOutcome{RequestID: req.RequestID, Matched: 1, Sources: 1, Attempted: 1, Events: []EventOutcome{}}
+	if req.EventID == "" {
+		if intent.Matched, intent.Sources, err = inbox.CountDeadLetters(ctx, s.cfg.Pool, s.cfg.Consumer, f); err != nil {
+			return out, err
+		}
+		intent.Attempted = min(intent.Matched, req.Limit)
+		intent.Remaining = intent.Matched - intent.Attempted
+	}
+	id, repeated, err := s.run(ctx, change{requestID: req.RequestID, action: "dlq.replay", caller: c, params: params, note: req.Note, intent: intent},
 		func(ctx context.Context, _ pgx.Tx) (any, string) {
 			r := ReplayOutcome{RequestID: req.RequestID}
 			if req.EventID != "" {

@@ -113,8 +113,12 @@ func (s *Service) Summary(ctx context.Context) (Summary, error) {
 
 // Gap is a sequence gap as the console shows it.
 type Gap struct {
-	ID           int64      `json:"id"`
-	Source       string     `json:"source"`
+	ID     int64  `json:"id"`
+	Source string `json:"source"`
+	// Producer and Topic complete the gap's stream (both empty for a legacy
+	// stream).
+	Producer     string     `json:"producer"`
+	Topic        string     `json:"topic"`
 	From         int64      `json:"from"`
 	To           int64      `json:"to"`
 	State        string     `json:"state"`
@@ -139,7 +143,7 @@ func (s *Service) Gaps(ctx context.Context, all bool, since time.Duration) ([]Ga
 	}
 	out := make([]Gap, 0, len(recs))
 	for _, g := range recs {
-		out = append(out, Gap{ID: g.ID, Source: g.Source, From: g.From, To: g.To, State: g.State, OpenedAt: g.OpenedAt,
+		out = append(out, Gap{ID: g.ID, Source: g.Source, Producer: g.Producer, Topic: g.Topic, From: g.From, To: g.To, State: g.State, OpenedAt: g.OpenedAt,
 			Deadline: g.Deadline, Reason: string(g.Reason), ClosedAt: g.ClosedAt, ResolvedAt: g.ResolvedAt, ResolvedNote: g.ResolvedNote})
 	}
 	return out, nil

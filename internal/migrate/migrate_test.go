@@ -2,16 +2,19 @@ package migrate_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 func TestLoadRejectsHolesAndMissingUp(t *testing.T) {
@@ -282,4 +285,138 @@ func TestRelayQueueMigrationCarriesRows(t *testing.T) {
 	if got := text(`SELECT count(*)::text FROM onceflow.outbox_pending`); got != "0" {
 		t.Errorf("%s queued ids after TRUNCATE", got)
 	}
+}
+
+// The streams migration carries a deployment's guard state over: seq_state
+// rows, an open gap and its parked event become legacy streams (producer
+// and topic ”); afterwards a producer's first event continues its source's
+// legacy state without a gap, the legacy gap fills with legacy events and
+// releases the parked one, and the enqueue functions refuse a "producer"
+// header. The down path goes back to one state per source.
+func TestStreamsMigrationCarriesGuardState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testkit.EmptyDB(t)
+	migs, err := migrate.Load(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streams int32
+	for _, m := range migs {
+		if m.Name == "stream_guards" {
+			streams = int32(m.Version)
+		}
+	}
+	if streams == 0 {
+		t.Fatal("no stream_guards migration")
+	}
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	text := func(q string) string {
+		t.Helper()
+		var s string
+		if err := conn.QueryRow(ctx, q).Scan(&s); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return s
+	}
+	if _, _, err := migrate.To(ctx, conn, streams-1); err != nil {
+		t.Fatal(err)
+	}
+	// Source a applied up to 5. Source b applied up to 3, 6 parked behind
+	// the open gap 4-5.
+	exec(`INSERT INTO onceflow.seq_state (consumer, source, last_applied, first_seq) VALUES ('c', 'a', 5, 1), ('c', 'b', 3, 1)`)
+	exec(`INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline)
+	      VALUES ('c', 'b', 4, 5, now(), now() + interval '1 hour')`)
+	exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, headers, payload)
+	      VALUES ('c', 'b-6', 'b', 6, 'x', 'orders', 0, 10, 'parked', '{}', '\x00')`)
+
+	if _, _, err := migrate.To(ctx, conn, streams); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(`SELECT string_agg(source || ':' || producer || ':' || topic || ':' || last_applied, ' ' ORDER BY source) FROM onceflow.seq_state`); got != "a:::5 b:::3" {
+		t.Errorf("seq_state after up: %s", got)
+	}
+	store := &seqguard.PGStore{Consumer: "c"}
+	deliver := func(evs ...seqguard.Event) []string {
+		t.Helper()
+		var applied []string
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			var keys []seqguard.Stream
+			for _, ev := range evs {
+				if _, err := tx.Exec(ctx, `
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer)
+VALUES ('c', $1, $2, $3, 'x', $4, 0, 0, 'processed', now(), $5)`, ev.EventID, ev.Source, ev.Seq, ev.Topic, ev.Producer); err != nil {
+					return err
+				}
+				keys = append(keys, ev.Stream())
+			}
+			l, err := store.Lock(ctx, tx, keys, time.Now())
+			if err != nil {
+				return err
+			}
+			for _, ev := range evs {
+				out, err := l.Receive(ctx, ev, l.Now(), seqguard.Policy{})
+				if err != nil {
+					return err
+				}
+				for _, a := range out.Apply {
+					applied = append(applied, a.Event.EventID)
+				}
+			}
+			return l.Flush(ctx)
+		})
+		if err != nil {
+			t.Fatalf("deliver: %v", err)
+		}
+		return applied
+	}
+	ev := func(producer, topic, source string, seq int64) seqguard.Event {
+		return seqguard.Event{EventID: fmt.Sprintf("%s%s-%d", producer, source, seq), Producer: producer, Topic: topic, Source: source,
+			Seq: seq, EventType: "x"}
+	}
+	// A producer's stream of a continues the legacy state: 6 applies at once.
+	if got := deliver(ev("P", "orders", "a", 6), ev("P", "orders", "a", 7)); strings.Join(got, ",") != "Pa-6,Pa-7" {
+		t.Errorf("producer stream of a: applied %v, want Pa-6,Pa-7", got)
+	}
+	// Another producer whose first seq is at or below the legacy state is
+	// not taken for a redelivery: it starts by the start policy (seq 1).
+	if got := deliver(ev("Q", "orders", "a", 1)); strings.Join(got, ",") != "Qa-1" {
+		t.Errorf("second producer of a: applied %v, want Qa-1", got)
+	}
+	// Legacy b: 4 and 5 fill the gap and release the parked 6.
+	if got := deliver(ev("", "orders", "b", 4), ev("", "orders", "b", 5)); strings.Join(got, ",") != "b-4,b-5,b-6" {
+		t.Errorf("legacy b: applied %v, want b-4,b-5,b-6", got)
+	}
+	if got := text(`SELECT count(*)::text FROM onceflow.seq_gaps WHERE state = 'open'`); got != "0" {
+		t.Errorf("%s open gaps, want 0", got)
+	}
+	if got := text(`SELECT string_agg(source || ':' || producer || ':' || topic || ':' || last_applied, ' ' ORDER BY source, producer) FROM onceflow.seq_state`); got != "a:::5 a:P:orders:7 a:Q:orders:1 b:::6" {
+		t.Errorf("seq_state: %s", got)
+	}
+	for _, q := range []string{
+		`SELECT onceflow.enqueue('t', 's', 'x.y', '{}'::jsonb, NULL, '{"Producer": "me"}'::jsonb)`,
+		`SELECT * FROM onceflow.enqueue_batch('[{"topic": "t", "source": "s", "event_type": "x.y", "payload": {}, "headers": {"producer": "me"}}]'::jsonb)`,
+	} {
+		if _, err := conn.Exec(ctx, q); err == nil || !strings.Contains(err.Error(), "reserved") {
+			t.Errorf("%s: %v, want the header refused as reserved", q, err)
+		}
+	}
+
+	if _, _, err := migrate.To(ctx, conn, streams-1); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(`SELECT string_agg(source || ':' || last_applied, ' ' ORDER BY source) FROM onceflow.seq_state`); got != "a:5 b:6" {
+		t.Errorf("seq_state after down: %s", got)
+	}
+	exec(`SELECT onceflow.enqueue('t', 's', 'x.y', '{}'::jsonb, NULL, '{"producer": "me"}'::jsonb)`)
 }

@@ -27,6 +27,13 @@ const (
 	HeaderEventType   = "event-type"
 	HeaderContentType = "content-type"
 	HeaderTraceparent = "traceparent"
+	// HeaderProducer names the producer that wrote the event: the relay sets
+	// it to its database's identity (pkg/outbox Identity.ID). With the topic
+	// and the source it identifies the event's stream, the unit a consumer
+	// orders and dedups by seq. A record without it belongs to a legacy
+	// stream (one per source, across topics: what relays before the header
+	// wrote).
+	HeaderProducer = "producer"
 )
 
 // HeaderTracestate carries the W3C Trace Context tracestate that belongs to
@@ -51,11 +58,13 @@ const (
 	MaxEventIDBytes   = 512
 	MaxSourceBytes    = 512
 	MaxEventTypeBytes = 256
+	MaxProducerBytes  = 256
 	MaxHeaderBytes    = 8 << 10
 )
 
 // ReservedEventIDPrefix starts no event id: a consumer keys a record that
-// breaks the envelope "malformed:<topic>:<partition>:<offset>", and a valid
+// breaks the envelope "malformed:<topic>:<topic id>:<partition>:<offset>"
+// (or, written before topic ids, "malformed:<topic>:<partition>:<offset>"), and a valid
 // event id must never collide with such a key.
 const ReservedEventIDPrefix = "malformed:"
 
@@ -66,6 +75,7 @@ var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[
 var reserved = map[string]bool{
 	HeaderEventID: true, HeaderSource: true, HeaderSeq: true,
 	HeaderEventType: true, HeaderContentType: true, HeaderTraceparent: true,
+	HeaderProducer: true,
 }
 
 // CheckTracestate validates a W3C tracestate: at most 32 comma-separated
@@ -93,6 +103,9 @@ type Envelope struct {
 	EventType   string
 	ContentType string
 	Traceparent string
+	// Producer is the producer's identity ("" for a legacy stream's record:
+	// no header).
+	Producer string
 	// Key is the record key; empty means the source.
 	Key []byte
 	// Headers are extra application headers (never the reserved names).
@@ -148,6 +161,11 @@ func (e *Envelope) Validate(maxPayload int) error {
 	if e.Traceparent != "" && !traceparentRE.MatchString(e.Traceparent) {
 		return &FieldError{Field: HeaderTraceparent, Reason: fmt.Sprintf("%q is not a W3C traceparent", truncate(e.Traceparent, 80))}
 	}
+	if e.Producer != "" {
+		if err := checkText(HeaderProducer, e.Producer, MaxProducerBytes); err != nil {
+			return err
+		}
+	}
 	for k, v := range e.Headers {
 		if err := CheckHeader(k, v); err != nil {
 			return err
@@ -201,7 +219,7 @@ func (e *Envelope) Record(topic string) *kgo.Record {
 	if ct == "" {
 		ct = ContentTypeJSON
 	}
-	hs := make([]kgo.RecordHeader, 0, 6+len(e.Headers))
+	hs := make([]kgo.RecordHeader, 0, 7+len(e.Headers))
 	hs = append(hs,
 		kgo.RecordHeader{Key: HeaderEventID, Value: []byte(e.EventID)},
 		kgo.RecordHeader{Key: HeaderSource, Value: []byte(e.Source)},
@@ -211,6 +229,9 @@ func (e *Envelope) Record(topic string) *kgo.Record {
 	)
 	if e.Traceparent != "" {
 		hs = append(hs, kgo.RecordHeader{Key: HeaderTraceparent, Value: []byte(e.Traceparent)})
+	}
+	if e.Producer != "" {
+		hs = append(hs, kgo.RecordHeader{Key: HeaderProducer, Value: []byte(e.Producer)})
 	}
 	for _, k := range sortedKeys(e.Headers) {
 		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
@@ -252,12 +273,19 @@ func Decode(r *kgo.Record, maxPayload int) (Envelope, error) {
 			e.ContentType = string(h.Value)
 		case HeaderTraceparent:
 			e.Traceparent = string(h.Value)
+		case HeaderProducer:
+			e.Producer = string(h.Value)
 		default:
 			if e.Headers == nil {
 				e.Headers = map[string]string{}
 			}
 			e.Headers[h.Key] = string(h.Value)
 		}
+	}
+	if seen[HeaderProducer] && e.Producer == "" {
+		// An empty producer header is not "no producer": a legacy stream
+		// is the absence of the header, never a value a relay writes.
+		return e, malformed(r, HeaderProducer, "is present but empty")
 	}
 	if !seen[HeaderSeq] {
 		return e, malformed(r, HeaderSeq, "is missing or empty")

@@ -193,3 +193,40 @@ func TestTraceparentShape(t *testing.T) {
 		t.Fatalf("Decode = %+v, %v; want the event without its traceparent", got, err)
 	}
 }
+
+// The producer header round-trips, is reserved (an extra header may not use
+// it), and a record without it decodes as a legacy stream's (Producer "");
+// a present but empty one, or two, make the record malformed.
+func TestProducerHeader(t *testing.T) {
+	t.Parallel()
+	e := validEnvelope()
+	e.Producer = "9f1c-db-a"
+	rec := e.Record("orders")
+	out, err := Decode(rec, 0)
+	if err != nil || out.Producer != e.Producer || len(out.Headers) != 2 {
+		t.Fatalf("Decode = %+v, %v; want producer %q and the two extra headers", out, err, e.Producer)
+	}
+	if !IsReserved("Producer") {
+		t.Fatal("producer is not reserved")
+	}
+	legacy := validEnvelope()
+	if out, err := Decode(legacy.Record("orders"), 0); err != nil || out.Producer != "" {
+		t.Fatalf("Decode without the header = %+v, %v; want producer \"\"", out, err)
+	}
+	for name, hs := range map[string][]kgo.RecordHeader{
+		"empty": {{Key: HeaderProducer, Value: nil}},
+		"twice": {{Key: HeaderProducer, Value: []byte("a")}, {Key: "Producer", Value: []byte("b")}},
+	} {
+		r := legacy.Record("orders")
+		r.Headers = append(r.Headers, hs...)
+		var me *MalformedError
+		if _, err := Decode(r, 0); !errors.As(err, &me) || me.Field != HeaderProducer {
+			t.Fatalf("%s: Decode = %v, want a malformed producer", name, err)
+		}
+	}
+	bad := validEnvelope()
+	bad.Headers = map[string]string{"producer": "x"}
+	if err := bad.Validate(0); err == nil {
+		t.Fatal("Validate took an extra header named producer")
+	}
+}

@@ -20,9 +20,32 @@ import (
 )
 
 // malformedKeyPrefix starts the inbox key of a record that has no valid
-// envelope: "malformed:<topic>:<partition>:<offset>". The record's position
-// is stable across redeliveries, so a malformed record is dead-lettered once.
+// envelope: "malformed:<topic>:<topic id>:<partition>:<offset>". The
+// record's position in its topic's log is stable across redeliveries, so a
+// malformed record is dead-lettered once; the topic ID tells a recreated
+// topic's record at a reused offset from the old one. (Topic names have no
+// ':'.) Keys written before topic IDs were part of them have no topic ID:
+// see legacyMalformedKey.
 const malformedKeyPrefix = "malformed:"
+
+// malformedKey is the inbox key of a malformed record fetched from the
+// topic with the given ID (as topicIDText writes it). Without an ID (the
+// client did not report one) the key has the older form.
+func malformedKey(r *kgo.Record, topicID string) string {
+	if topicID == "" {
+		return legacyMalformedKey(r)
+	}
+	return fmt.Sprintf("%s%s:%s:%d:%d", malformedKeyPrefix, r.Topic, topicID, r.Partition, r.Offset)
+}
+
+// legacyMalformedKey is the older key form, "malformed:<topic>:<partition>:
+// <offset>". A row under it that kept the same headers and payload as a
+// record at that position makes the record a duplicate (its redelivery);
+// otherwise the record is new (the topic was recreated and the offset
+// reused), and is dead-lettered under its new key.
+func legacyMalformedKey(r *kgo.Record) string {
+	return fmt.Sprintf("%s%s:%d:%d", malformedKeyPrefix, r.Topic, r.Partition, r.Offset)
+}
 
 // item is one record of a batch, decoded or not.
 type item struct {
@@ -41,12 +64,14 @@ type item struct {
 	result string
 }
 
-func decodeItem(r *kgo.Record, maxPayload int) item {
+// decodeItem decodes a record fetched from the topic with the given ID (""
+// when unknown).
+func decodeItem(r *kgo.Record, maxPayload int, topicID string) item {
 	env, err := envelope.Decode(r, maxPayload)
 	if err != nil {
-		return item{rec: r, bad: err, key: fmt.Sprintf("%s%s:%d:%d", malformedKeyPrefix, r.Topic, r.Partition, r.Offset)}
+		return item{rec: r, bad: err, key: malformedKey(r, topicID), topicID: topicID}
 	}
-	return item{rec: r, ev: eventFromEnvelope(env, r.Topic, r.Partition, r.Offset), key: env.EventID}
+	return item{rec: r, ev: eventFromEnvelope(env, r.Topic, r.Partition, r.Offset), key: env.EventID, topicID: topicID}
 }
 
 // outcome counts what a committed transaction did.
@@ -258,6 +283,7 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, next
 	seqs := make([]int64, 0, n)
 	types := make([]string, 0, n)
 	offsets := make([]int64, 0, n)
+	producers := make([]string, 0, n)
 	for i := range items {
 		if items[i].bad != nil {
 			continue
@@ -268,10 +294,11 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, next
 		seqs = append(seqs, ev.Seq)
 		types = append(types, ev.EventType)
 		offsets = append(offsets, ev.Offset)
+		producers = append(producers, ev.Producer)
 	}
 	first := items[0].rec
 	rows, err := tx.Query(ctx, qInsertBatch, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID))
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
@@ -317,9 +344,16 @@ func (a *applier) insertDead(ctx context.Context, tx pgx.Tx, it *item, attempts 
 			}
 		}
 	}
+	// A malformed record under a new-form key may have been dead-lettered
+	// under the older form (before the upgrade): see legacyMalformedKey.
+	var oldKey *string
+	if it.bad != nil && it.key != legacyMalformedKey(r) {
+		k := legacyMalformedKey(r)
+		oldKey = &k
+	}
 	var id string
 	err := tx.QueryRow(ctx, qInsertDead, a.cfg.ConsumerName, it.key, source, seq, eventType,
-		r.Topic, r.Partition, r.Offset, attempts, safeText(reason), recordHeaders(r), r.Value).Scan(&id)
+		r.Topic, r.Partition, r.Offset, attempts, safeText(reason), recordHeaders(r), r.Value, oldKey, it.ev.Producer).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

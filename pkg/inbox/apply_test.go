@@ -91,7 +91,7 @@ func rec(id string, seq, offset int64) *kgo.Record {
 func items(recs ...*kgo.Record) []item {
 	out := make([]item, len(recs))
 	for i, r := range recs {
-		out[i] = decodeItem(r, 0)
+		out[i] = decodeItem(r, 0, "")
 	}
 	return out
 }
@@ -310,7 +310,7 @@ func TestReplayThroughGuard(t *testing.T) {
 	// Source b's gap is given up (its deadline is past for this clock):
 	// b3 is applied without b2.
 	gone, err := s.app.giveUpExpired(ctx, s.app.guard.(*seqGuard), time.Now().Add(time.Hour), nil)
-	if err != nil || gone.processed != 1 || len(gone.guard.givenUp) != 1 || gone.guard.givenUp[0].source != "b" {
+	if err != nil || gone.processed != 1 || len(gone.guard.givenUp) != 1 || gone.guard.givenUp[0].stream.Source != "b" {
 		t.Fatalf("give up b: %+v %v", gone, err)
 	}
 	if res, err := Replay(ctx, s.db.Pool, "c1", s.rec, "bad-b2"); err != nil || res != ReplayedLate {
@@ -448,7 +448,7 @@ func TestReplayUsesGuardSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []*kgo.Record{srcRec("r", "bad-r3", 3, 1), srcRec("m", "bad-m4", 4, 4)} {
-		it := decodeItem(r, 0)
+		it := decodeItem(r, 0, "")
 		if _, err := s.app.deadLetterTx(ctx, &it, 1, "nope"); err != nil {
 			t.Fatal(err)
 		}

@@ -633,8 +633,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	items := make([]item, len(recs))
 	id := topicIDText(topicID)
 	for i, r := range recs {
-		items[i] = decodeItem(r, c.cfg.MaxPayloadBytes)
-		items[i].topicID = id
+		items[i] = decodeItem(r, c.cfg.MaxPayloadBytes, id)
 	}
 	c.app.tr.startProcess(ctx, items)
 	defer func() { c.app.tr.endProcess(items, err) }()

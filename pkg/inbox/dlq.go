@@ -167,7 +167,7 @@ func (c ReplayConfig) Replay(ctx context.Context, eventID string) (ReplayResult,
 		evs[0].Late, res = true, ReplayedLate
 	} else {
 		var guarded bool
-		if err := tx.QueryRow(ctx, qHasSeqState, consumer, ev.Source).Scan(&guarded); err != nil {
+		if err := tx.QueryRow(ctx, qHasSeqState, consumer, ev.Source, ev.stream().Producer, ev.stream().Topic).Scan(&guarded); err != nil {
 			return "", fmt.Errorf("read seq state: %w", err)
 		}
 		if guarded {
@@ -222,13 +222,13 @@ func replayThroughGuard(ctx context.Context, tx pgx.Tx, cfg *Config, ev Event, h
 		return nil, "", fmt.Errorf("replay: %w", err)
 	}
 	g := newSeqGuard(cfg)
-	l, err := g.store.Lock(ctx, tx, []string{ev.Source}, cfg.Clock())
+	l, err := g.store.Lock(ctx, tx, []seqguard.Stream{ev.stream()}, cfg.Clock())
 	if err != nil {
 		return nil, "", fmt.Errorf("sequence guard: %w", err)
 	}
 	now := l.Now() // the database's clock
 	// Deliver-late whatever the consumer's policy: an operator asked for it.
-	out, err := l.Receive(ctx, seqguard.Event{EventID: ev.EventID, Source: ev.Source, Seq: ev.Seq, EventType: ev.EventType,
+	out, err := l.Receive(ctx, seqguard.Event{EventID: ev.EventID, Source: ev.Source, Producer: ev.Producer, Seq: ev.Seq, EventType: ev.EventType,
 		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset, Headers: headers, Payload: payload},
 		now, g.policy(ev.EventType))
 	if err != nil {

@@ -32,7 +32,7 @@
 // dead-lettered (inbox status "dead", with the error, attempts, headers and
 // payload kept for Replay), and the partition moves on. Records that
 // break the envelope contract (see package envelope) are dead-lettered at
-// once under the key "malformed:<topic>:<partition>:<offset>".
+// once under the key "malformed:<topic>:<topic id>:<partition>:<offset>".
 //
 // Handlers need no Go code when configured with a handler file (package
 // handlerfile): "sql" runs a statement with named parameters per event type,

@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
 // Event is one decoded event as a handler sees it: the envelope (event id,
@@ -26,6 +27,12 @@ type Event struct {
 	// span is the event's process span (nil with tracing off); see
 	// EventContext.
 	span trace.Span
+}
+
+// stream is the event's sequence-guard stream: (producer, topic, source),
+// or the source's legacy stream when the record has no producer header.
+func (ev *Event) stream() seqguard.Stream {
+	return seqguard.StreamOf(ev.Producer, ev.Topic, ev.Source)
 }
 
 func eventFromEnvelope(e envelope.Envelope, topic string, partition int32, offset int64) Event {

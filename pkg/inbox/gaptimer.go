@@ -164,7 +164,7 @@ func (c *Consumer) logGivenUp(ctx context.Context, gaps []givenUpGap) {
 			lctx = trace.ContextWithSpanContext(ctx, g.txSpan)
 		}
 		c.log.ErrorContext(lctx, "sequence gap given up: events of the source are missing; the events after them were applied without them",
-			"source", g.source, "from_seq", g.step.Gap.From, "to_seq", g.step.Gap.To,
+			"source", g.stream.Source, "producer", g.stream.Producer, "topic", g.stream.Topic, "from_seq", g.step.Gap.From, "to_seq", g.step.Gap.To,
 			"range", g.step.Gap.String(), "opened_at", g.step.Gap.OpenedAt, "deadline", g.step.Gap.Deadline,
 			"reason", string(g.step.Reason), "trace_ids", g.traceIDs)
 	}

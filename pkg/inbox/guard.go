@@ -141,7 +141,7 @@ type guardSteps struct {
 }
 
 type givenUpGap struct {
-	source string
+	stream seqguard.Stream
 	step   seqguard.Step
 	// traceIDs of the events that waited behind the gap, and txSpan the span
 	// of the transaction that gave it up (see tracing.go).
@@ -159,7 +159,7 @@ func (g *guardSteps) addOutcome(o seqguard.Outcome) {
 	g.counts.GapsOpened += c.GapsOpened
 	g.counts.GapsGivenUp += c.GapsGivenUp
 	for _, st := range o.GivenUp() {
-		g.givenUp = append(g.givenUp, givenUpGap{source: o.Source, step: st, traceIDs: outcomeTraceIDs(o)})
+		g.givenUp = append(g.givenUp, givenUpGap{stream: o.Stream, step: st, traceIDs: outcomeTraceIDs(o)})
 	}
 }
 
@@ -212,11 +212,11 @@ func (g *seqGuard) policy(eventType string) seqguard.Policy {
 }
 
 func (g *seqGuard) lock(ctx context.Context, tx pgx.Tx, evs []*item) (admitter, error) {
-	sources := make([]string, len(evs))
+	streams := make([]seqguard.Stream, len(evs))
 	for i, it := range evs {
-		sources[i] = it.ev.Source
+		streams[i] = it.ev.stream()
 	}
-	l, err := g.store.Lock(ctx, tx, sources, g.cfg.Clock())
+	l, err := g.store.Lock(ctx, tx, streams, g.cfg.Clock())
 	if err != nil {
 		return nil, err
 	}
@@ -234,14 +234,14 @@ type seqLocked struct {
 func (s *seqLocked) admit(ctx context.Context, it *item) (admitted, error) {
 	ev := it.ev
 	gev := seqguard.Event{
-		EventID: ev.EventID, Source: ev.Source, Seq: ev.Seq, EventType: ev.EventType,
+		EventID: ev.EventID, Source: ev.Source, Producer: ev.Producer, Seq: ev.Seq, EventType: ev.EventType,
 		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset,
 	}
 	// Headers and payload are written only if the event is parked or held.
 	// The next seq of a source with nothing parked and no open gap is
 	// applied at once, so the common case skips encoding its headers
 	// (a JSON object per event was a sixth of the consumer's CPU).
-	if st, ok := s.l.State(ev.Source); !ok || !st.Started || ev.Seq != st.LastApplied+1 || len(st.Parked) > 0 || len(st.Gaps) > 0 {
+	if st, ok := s.l.State(ev.stream()); !ok || !st.Started || ev.Seq != st.LastApplied+1 || len(st.Parked) > 0 || len(st.Gaps) > 0 {
 		gev.Headers, gev.Payload = recordHeaders(it.rec), nonNil(it.rec.Value)
 	}
 	out, err := s.l.Receive(ctx, gev, s.now, s.g.policy(ev.EventType))
@@ -273,7 +273,7 @@ func (g *seqGuard) events(out seqguard.Outcome, cur *Event) ([]Event, error) {
 		var ev Event
 		if a.Current {
 			if cur == nil {
-				return nil, fmt.Errorf("sequence guard: source %q: a current event without one", out.Source)
+				return nil, fmt.Errorf("sequence guard: stream %s: a current event without one", out.Stream)
 			}
 			ev = *cur
 		} else {

@@ -17,25 +17,35 @@ WITH next_offset AS (
     DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()
 )
 INSERT INTO onceflow.inbox
-    (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
-SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now()
-FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[])
-    AS e(event_id, source, seq, event_type, kafka_offset)
+    (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer)
+SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now(), e.producer
+FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $12::text[])
+    AS e(event_id, source, seq, event_type, kafka_offset, producer)
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id`
 
 // qKnown finds which of a batch's keys the inbox already has (committed
-// rows only): the read-only fast path for a batch of redeliveries.
+// rows only): the read-only fast path for a batch of redeliveries. (A
+// malformed record dead-lettered under the older key form is not known
+// here; the transaction's qInsertDead finds it.)
 const qKnown = `
 SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND event_id = ANY($2::text[])`
 
 // qInsertDead records a dead letter (a malformed record, or an event whose
-// handler kept failing), keeping headers and payload for replay.
+// handler kept failing), keeping headers and payload for replay. $13, when
+// not NULL, is the older-form key of a malformed record: a row under it
+// with the same headers and payload is this record's, which is then a
+// duplicate (nothing inserted).
 const qInsertDead = `
 INSERT INTO onceflow.inbox
     (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset,
-     status, attempts, last_error, headers, payload)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'dead', $9, $10, $11, $12)
+     status, attempts, last_error, headers, payload, producer)
+SELECT $1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text, $7::integer, $8::bigint,
+    'dead', $9::integer, $10::text, $11::jsonb, $12::bytea, $14::text
+WHERE $13::text IS NULL OR NOT EXISTS (
+    SELECT 1 FROM onceflow.inbox o
+    WHERE o.consumer = $1 AND o.event_id = $13
+      AND o.headers IS NOT DISTINCT FROM $11::jsonb AND coalesce(o.payload, ''::bytea) = coalesce($12::bytea, ''::bytea))
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id`
 
@@ -73,9 +83,9 @@ const qReplayFailed = `
 UPDATE onceflow.inbox SET attempts = attempts + 1, last_error = $3
 WHERE consumer = $1 AND event_id = $2`
 
-// qHasSeqState reports whether the sequence guard tracks a source.
+// qHasSeqState reports whether the sequence guard tracks a stream.
 const qHasSeqState = `
-SELECT EXISTS (SELECT 1 FROM onceflow.seq_state WHERE consumer = $1 AND source = $2)`
+SELECT EXISTS (SELECT 1 FROM onceflow.seq_state WHERE consumer = $1 AND source = $2 AND producer = $3 AND topic = $4)`
 
 // qReplayAdmit makes a dead row look like a just-inserted one before the
 // sequence guard sees it (it keeps headers and payload for parking).
@@ -94,7 +104,8 @@ WHERE consumer = $1 AND event_id = $2`
 // (the events that waited behind it).
 const qGapTraceIDs = `
 UPDATE onceflow.seq_gaps SET trace_ids = $5
-WHERE consumer = $1 AND source = $2 AND from_seq = $3 AND to_seq = $4 AND state = 'given_up' AND trace_ids IS NULL`
+WHERE consumer = $1 AND source = $2 AND producer = $6 AND topic = $7
+  AND from_seq = $3 AND to_seq = $4 AND state = 'given_up' AND trace_ids IS NULL`
 
 // Dead-letter search and grouping (dlqfilter.go). The error key and the
 // group id are computed here and nowhere else; docs/console.md states the

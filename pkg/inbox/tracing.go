@@ -54,16 +54,20 @@ const (
 // onceflow's own span attribute keys (the others are OpenTelemetry
 // semantic conventions).
 const (
-	attrSource    = attribute.Key("onceflow.source")
-	attrSeq       = attribute.Key("onceflow.seq")
-	attrEventType = attribute.Key("onceflow.event_type")
-	attrOutcome   = attribute.Key("onceflow.outcome")
-	attrConsumer  = attribute.Key("onceflow.consumer")
-	attrLate      = attribute.Key("onceflow.late")
-	attrAttempt   = attribute.Key("onceflow.attempt")
-	attrTraceIDs  = attribute.Key("onceflow.trace_ids")
-	attrGap       = attribute.Key("onceflow.gap")
-	attrReason    = attribute.Key("onceflow.reason")
+	attrSource = attribute.Key("onceflow.source")
+	// The stream of a given-up gap: its producer and topic ("" for a
+	// legacy stream).
+	attrProducer    = attribute.Key("onceflow.producer")
+	attrStreamTopic = attribute.Key("onceflow.stream_topic")
+	attrSeq         = attribute.Key("onceflow.seq")
+	attrEventType   = attribute.Key("onceflow.event_type")
+	attrOutcome     = attribute.Key("onceflow.outcome")
+	attrConsumer    = attribute.Key("onceflow.consumer")
+	attrLate        = attribute.Key("onceflow.late")
+	attrAttempt     = attribute.Key("onceflow.attempt")
+	attrTraceIDs    = attribute.Key("onceflow.trace_ids")
+	attrGap         = attribute.Key("onceflow.gap")
+	attrReason      = attribute.Key("onceflow.reason")
 )
 
 // maxGapTraceIDs bounds the trace ids a given-up gap records.
@@ -382,7 +386,7 @@ func endTx(span trace.Span, items []item, out *outcome, err error) {
 	for i := range out.guard.givenUp {
 		g := &out.guard.givenUp[i]
 		g.txSpan = span.SpanContext()
-		span.AddEvent("sequence gap given up", trace.WithAttributes(attrSource.String(g.source),
+		span.AddEvent("sequence gap given up", trace.WithAttributes(attrSource.String(g.stream.Source), attrProducer.String(g.stream.Producer), attrStreamTopic.String(g.stream.Topic),
 			attrGap.String(g.step.Gap.String()), attrReason.String(string(g.step.Reason)), attrTraceIDs.StringSlice(g.traceIDs)))
 	}
 	link := trace.Link{SpanContext: span.SpanContext()}
@@ -425,7 +429,8 @@ func (a *applier) recordGapTraces(ctx context.Context, tx pgx.Tx, gaps []givenUp
 		if len(g.traceIDs) == 0 {
 			continue
 		}
-		if _, err := tx.Exec(ctx, qGapTraceIDs, a.cfg.ConsumerName, g.source, g.step.Gap.From, g.step.Gap.To, g.traceIDs); err != nil {
+		if _, err := tx.Exec(ctx, qGapTraceIDs, a.cfg.ConsumerName, g.stream.Source, g.step.Gap.From, g.step.Gap.To, g.traceIDs,
+			g.stream.Producer, g.stream.Topic); err != nil {
 			return fmt.Errorf("record given-up gap's trace ids: %w", err)
 		}
 	}

@@ -229,3 +229,55 @@ func TestIsolate(t *testing.T) {
 		}
 	}
 }
+
+// A version 2 checkpoint may carry hi: per stream, the highest seq among
+// its rows and that row's id. Records written before hi existed still
+// decode (no hi), and a record with hi still starts as relays before it
+// read it.
+func TestCheckpointHighs(t *testing.T) {
+	t.Parallel()
+	const db = "5f0c7a3e-9c1b-4c1e-8a53-0d4f3f2a9b10"
+	set := newCkptSet(4)
+	for _, w := range []row{
+		{id: 10, eventID: "a", topic: "t", source: "s:1", seq: 4},
+		{id: 11, eventID: "b", topic: "t", source: "s:1", seq: 5},
+		{id: 12, eventID: "c", topic: "u", source: "s:1", seq: 1},
+		{id: 13, eventID: "d", topic: "t", source: "ü, x", seq: 9},
+	} {
+		w.fp = fingerprint(w.eventID)
+		set.add(w)
+	}
+	prev := newCkptSet(1)
+	prev.add(row{id: 3, eventID: "z", topic: "t", source: "s:1", seq: 2, fp: fingerprint("z")})
+	set.merge(prev)
+	v := encodeCheckpointSet(db, set)
+	if !strings.HasPrefix(string(v), "v2 db="+db+" ids=3,10-13 fp=") || !strings.Contains(string(v), " hi=") {
+		t.Fatalf("encoded %q", v)
+	}
+	c, err := decodeCheckpoint(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprint(c.hi)
+	want := fmt.Sprint([]streamHigh{
+		{streamKey{"t", "s:1"}, 5, 11, fingerprint("b")},
+		{streamKey{"t", "ü, x"}, 9, 13, fingerprint("d")},
+		{streamKey{"u", "s:1"}, 1, 12, fingerprint("c")},
+	})
+	if got != want {
+		t.Fatalf("hi %s, want %s", got, want)
+	}
+	// Today's records (no hi) and the legacy format still decode.
+	old, err := decodeCheckpoint(encodeCheckpoint(db, set.fps))
+	if err != nil || old.hi != nil || len(old.ids) != 5 {
+		t.Fatalf("record without hi: %+v %v", old, err)
+	}
+	if v1, err := decodeCheckpoint([]byte("v1 4-6")); err != nil || v1.hi != nil {
+		t.Fatalf("v1: %+v %v", v1, err)
+	}
+	for _, bad := range []string{" hi=", " hi=dA:cw:0:11", " hi=dA:cw:5:99", " hi=dA:cw:5", " hi=!!:cw:5:11", " hi=dA:cw:5:11,dA:cw:5:11,dA:cw:5:11,dA:cw:5:11,dA:cw:5:11,dA:cw:5:11"} {
+		if _, err := decodeCheckpoint(append(encodeCheckpoint(db, set.fps), bad...)); err == nil {
+			t.Errorf("decoded a record with%q", bad)
+		}
+	}
+}

@@ -19,9 +19,10 @@ import (
 type Message struct {
 	// Topic is the Kafka topic the relay publishes the event to (required).
 	Topic string
-	// Source is the ordering unit: events of one source get gap-free,
-	// increasing seqs and reach the topic in seq order (required). Producers
-	// of one source serialize until commit, so choose the narrowest unit whose
+	// Source is the ordering unit: the events of one source on one topic
+	// (a stream) get gap-free, increasing seqs (1, 2, 3, … per source and
+	// topic) and reach the topic in seq order (required). Producers of one
+	// stream serialize until commit, so choose the narrowest unit whose
 	// order matters (an aggregate, an order id, an agent thread).
 	Source string
 	// EventType names what happened, e.g. "order.created" (required).
@@ -104,16 +105,16 @@ func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) (r Result, 
 	return r, nil
 }
 
-// EnqueueBatch inserts msgs in one statement: each source's counter is
-// bumped once by its number of messages and the rows take consecutive seqs,
-// so a batch costs about what one plain multi-row INSERT does. It locks the
-// sources' counters in sorted order (stable: one source's messages keep
-// their order, and ids follow sources in sorted order), so two batches
-// touching the same sources cannot deadlock each other; they can still
-// deadlock with a transaction that enqueued in another order, which fails
-// with SQLSTATE 40P01 (IsRetryable): retry the whole transaction. Results
-// are in the order of msgs. One "enqueue" span covers the call; messages
-// without a Traceparent of their own carry its trace context.
+// EnqueueBatch inserts msgs in one statement; the rows of one stream
+// (source and topic) take consecutive seqs in their order in msgs. It locks
+// the streams' counters in sorted order, by source then topic (stable: one
+// stream's messages keep their order, and ids follow streams in sorted
+// order), so two batches touching the same streams cannot deadlock each
+// other; they can still deadlock with a transaction that enqueued in another
+// order, which fails with SQLSTATE 40P01 (IsRetryable): retry the whole
+// transaction. Results are in the order of msgs. One "enqueue" span covers
+// the call; messages without a Traceparent of their own carry its trace
+// context.
 func (w Writer) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (res []Result, err error) {
 	msgs = slices.Clone(msgs)
 	ctx, span := w.startEnqueue(ctx, msgs)
@@ -148,33 +149,31 @@ func (w Writer) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (re
 	if err != nil {
 		return nil, interpretEnqueueError(err, "")
 	}
-	// Each source's new last_seq; its messages took the seqs just below it,
+	// Each stream's first seq; its messages took it and the ones after it,
 	// in their order.
-	last := map[string]int64{}
+	type stream struct{ source, topic string }
+	next := map[stream]int64{}
 	for rows.Next() {
-		var src string
+		var st stream
 		var seq int64
-		if err := rows.Scan(&src, &seq); err != nil {
+		if err := rows.Scan(&st.source, &st.topic, &seq); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("enqueue: %w", err)
 		}
-		last[src] = seq
+		next[st] = seq
 	}
 	if err := rows.Err(); err != nil {
 		return nil, interpretEnqueueError(err, "")
 	}
-	count := map[string]int64{}
-	for _, src := range sources {
-		count[src]++
-	}
 	res = make([]Result, n)
-	for i, src := range sources {
-		l, ok := last[src]
+	for i := range msgs {
+		st := stream{sources[i], topics[i]}
+		seq, ok := next[st]
 		if !ok {
-			return nil, fmt.Errorf("enqueue: no seq allocated for source %q", src)
+			return nil, fmt.Errorf("enqueue: no seq allocated for source %q on topic %q", st.source, st.topic)
 		}
-		res[i] = Result{EventID: eventIDs[i], Seq: l - count[src] + 1}
-		count[src]--
+		res[i] = Result{EventID: eventIDs[i], Seq: seq}
+		next[st] = seq + 1
 	}
 	return res, nil
 }

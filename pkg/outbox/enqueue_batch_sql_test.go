@@ -31,6 +31,22 @@ func TestSQLEnqueueBatchSameAs010(t *testing.T) {
 	if old == string(up) {
 		t.Fatal("010_enqueue_batch.up.sql: no CREATE FUNCTION onceflow.enqueue_batch")
 	}
+	// Since migration 015 the trigger outbox_assign_seq gives every row its
+	// seq and the counters are per (source, topic): 010's per-source counter
+	// upsert becomes a read of the outbox. Every case writes one topic per
+	// source, where the two kinds of seq agree.
+	const counter010 = `c AS (
+        INSERT INTO onceflow.source_seq AS c (source, last_seq)
+        SELECT n.source, n.n FROM n ORDER BY n.source
+        ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq
+        RETURNING c.source, c.last_seq
+    )`
+	if !strings.Contains(old, counter010) {
+		t.Fatal("010_enqueue_batch.up.sql: no per-source counter upsert")
+	}
+	old = strings.Replace(old, counter010, `c AS (
+        SELECT n.source, coalesce((SELECT max(o.seq) FROM onceflow.outbox o WHERE o.source = n.source), 0) + n.n AS last_seq FROM n
+    )`, 1)
 	if _, err := b.db.Pool.Exec(b.ctx, old[strings.Index(old, "CREATE FUNCTION"):]); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,10 @@ type metrics struct {
 	held        prometheus.Gauge
 	setAsideAll *prometheus.CounterVec
 	leaderless  prometheus.Gauge
+
+	layoutConflict prometheus.Gauge
+	unqueued       prometheus.Counter
+	sweepDuration  prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -81,6 +85,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceflow_relay_shards_without_leader",
 			Help: "Shards of this relay's shard count (-shards) that no relay leads (no live lease), as last counted by a leader; 0 with one shard.",
 		}),
+		layoutConflict: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_relay_layout_conflict",
+			Help: "1 while this relay stands by because relays of another layout lead the database (another -shards, or with -shards 1 another -shard name), else 0.",
+		}),
+		unqueued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_relay_unqueued_rows_found_total",
+			Help: "Committed outbox rows the leader's sweep found neither queued nor published (written while the outbox's triggers did not fire) and queued.",
+		}),
+		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_relay_sweep_duration_seconds",
+			Help:    "Duration of one sweep for unqueued outbox rows.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 10),
+		}),
 	}
 	for _, r := range setAsideReasons {
 		m.setAsideAll.WithLabelValues(r)
@@ -91,7 +108,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.published, m.batchSize, m.txnDuration, m.errors, m.isLeader, m.pruned, m.setAside, m.held, m.setAsideAll, m.leaderless} {
+	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.published, m.batchSize, m.txnDuration, m.errors, m.isLeader, m.pruned, m.setAside, m.held, m.setAsideAll, m.leaderless, m.layoutConflict, m.unqueued, m.sweepDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

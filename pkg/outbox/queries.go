@@ -3,50 +3,46 @@ package outbox
 // Every statement the package runs, in one place, named q<What>. Every
 // table is schema-qualified.
 
-// qEnqueue allocates the next seq of the source by upserting its counter row
-// and inserts the outbox row in the same statement: the counter row stays
-// locked until the producer's transaction ends, so producers of one source
-// serialize, seqs are gap-free (a rollback burns nothing) and, per source, id
-// order is seq order.
+// qEnqueue inserts one outbox row and names no seq: the trigger
+// outbox_assign_seq (migration 015) gives it the next seq of its stream
+// (source, topic), locking the stream's counter row until the producer's
+// transaction ends, so producers of one stream serialize, seqs are gap-free
+// per stream (a rollback burns nothing) and, per stream, id order is seq
+// order.
 const qEnqueue = `
-WITH s AS (
-    INSERT INTO onceflow.source_seq AS c (source, last_seq) VALUES ($3, 1)
-    ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + 1
-    RETURNING c.last_seq
-)
-INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload)
-SELECT coalesce($1, gen_random_uuid()::text), $2, $3, s.last_seq, $4, $5, $6, $7, $8 FROM s
+INSERT INTO onceflow.outbox (event_id, topic, source, event_type, content_type, record_key, headers, payload)
+VALUES (coalesce($1, gen_random_uuid()::text), $2, $3, $4, $5, $6, $7, $8)
 RETURNING event_id, seq`
 
-// qEnqueueBatch is qEnqueue for a whole batch in one statement. Per
-// source, the counter row is upserted once, bumped by the source's number of
-// messages, in source order (the lock order, so that batches cannot deadlock
-// each other); the rows then take last_seq - count + 1 … last_seq in their
-// order in the batch, and are inserted sorted by source, then position, so
-// that per source id order is seq order. It returns each source's new
-// last_seq, from which the caller knows every message's seq.
+// qEnqueueBatch is qEnqueue for a whole batch in one statement, without a
+// trigger call per row: onceflow.next_seqs locks the counters of the batch's
+// streams in (source, topic) order (the lock order, so that batches cannot
+// deadlock each other) and returns each stream's next seq; the messages of a
+// stream take the seqs that follow in their order in the batch, and rows are
+// inserted sorted by source, topic, then position, so that per stream id
+// order is seq order. The trigger outbox_check_seq checks the seqs and moves
+// the counters. It returns each stream's first seq, from which the caller
+// knows every message's seq.
 // $1 event ids, $2 topics, $3 sources, $4 event types, $5 content types,
 // $6 record keys (NULL: the source), $7 headers (JSON text), $8 payloads.
 const qEnqueueBatch = `
 WITH m AS (
-    SELECT m.*, row_number() OVER (PARTITION BY m.source ORDER BY m.ord) AS k
+    SELECT m.*, row_number() OVER (PARTITION BY m.source, m.topic ORDER BY m.ord) - 1 AS k
       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::bytea[])
            WITH ORDINALITY AS m(event_id, topic, source, event_type, content_type, record_key, headers, payload, ord)
-), n AS (
-    SELECT source, count(*) AS n FROM m GROUP BY source
-), c AS (
-    INSERT INTO onceflow.source_seq AS c (source, last_seq)
-    SELECT source, n FROM n ORDER BY source
-    ON CONFLICT (source) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq
-    RETURNING c.source, c.last_seq
+), s AS (
+    SELECT n.source, n.topic, n.next_seq
+      FROM (SELECT array_agg(d.source) AS sources, array_agg(d.topic) AS topics
+              FROM (SELECT DISTINCT source, topic FROM m) d) a
+     CROSS JOIN LATERAL onceflow.next_seqs(a.sources, a.topics) n
 ), ins AS (
     INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload)
-    SELECT m.event_id, m.topic, m.source, c.last_seq - n.n + m.k,
+    SELECT m.event_id, m.topic, m.source, s.next_seq + m.k,
            m.event_type, m.content_type, m.record_key, m.headers::jsonb, m.payload
-      FROM m JOIN n USING (source) JOIN c USING (source)
-     ORDER BY m.source, m.k
+      FROM m JOIN s USING (source, topic)
+     ORDER BY m.source, m.topic, m.ord
 )
-SELECT source, last_seq FROM c`
+SELECT source, topic, next_seq FROM s`
 
 // qSelectBatch reads the oldest unpublished rows: it walks the queue
 // onceflow.outbox_pending in id order and looks each id up in the outbox.
@@ -126,6 +122,51 @@ SELECT o.id, o.seq, o.size,
 const qSelectBatchTail = `
 ) b
  WHERE b.upto <= $3 OR b.upto = CASE WHEN b.size <= $3 THEN b.size ELSE 1024 END`
+
+// qSweep queues the outbox rows with ids in ($1, $2] that are neither
+// queued nor in the publish log (sweep.go). It returns how many it queued,
+// their lowest and highest id, how many of them have a later row of their
+// source that is neither queued nor among them (published already: they
+// come out of order), and the newest outbox id. (The later-row test is a
+// LATERAL … LIMIT 1, so that it probes the (source, seq) key once per row
+// found instead of joining the whole outbox.)
+const qSweep = qSweepHead + qSweepTail
+
+// qSweepShard is qSweep for the sources of shard $4 of $3.
+const qSweepShard = qSweepHead + `
+       AND CASE WHEN onceflow.source_shard(o.source, $3) = $4 THEN true ELSE false END` + qSweepTail
+
+const qSweepHead = `
+WITH r AS (
+    SELECT o.id, o.source, o.seq FROM onceflow.outbox o
+     WHERE o.id > $1 AND o.id <= $2
+       AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o.id)`
+
+const qSweepTail = `
+), l AS (
+    SELECT u.id FROM onceflow.outbox_published l CROSS JOIN LATERAL unnest(l.ids) AS u(id)
+     WHERE int8range(l.first_id, l.last_id, '[]') && int8range($1::bigint, $2::bigint, '(]')
+), f AS (
+    INSERT INTO onceflow.outbox_pending (id)
+    SELECT id FROM r WHERE id NOT IN (SELECT id FROM l)
+    ON CONFLICT DO NOTHING
+    RETURNING id
+), fr AS MATERIALIZED (
+    SELECT r.source, r.seq FROM f JOIN r USING (id)
+)
+SELECT (SELECT count(*) FROM f), coalesce((SELECT min(id) FROM f), 0), coalesce((SELECT max(id) FROM f), 0),
+       (SELECT count(*) FROM fr
+         CROSS JOIN LATERAL (SELECT 1 FROM onceflow.outbox o2
+                              WHERE o2.source = fr.source AND o2.seq > fr.seq AND o2.id NOT IN (SELECT id FROM f)
+                                AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o2.id)
+                              LIMIT 1) later),
+       coalesce((SELECT max(id) FROM onceflow.outbox), 0)`
+
+// qServerEncoding is the database's encoding.
+const qServerEncoding = `SELECT current_setting('server_encoding')`
+
+// qOutboxMaxID is the newest visible outbox id (0: none).
+const qOutboxMaxID = `SELECT coalesce(max(id), 0) FROM onceflow.outbox`
 
 // qHeldSources are the sources the relay publishes nothing of: their
 // set-aside row waits for an operator or for its retry time.
@@ -235,13 +276,16 @@ const qLeaseLock = `SELECT pg_advisory_xact_lock(8027229195717407589)`
 // seconds) stands by and tries again.
 const qLeaseTryLock = `SELECT pg_try_advisory_xact_lock(8027229195717407589)`
 
-// qOtherLayoutLeases lists the leases taken by relays with another shard
-// count than $1, and whether each is still live.
+// qOtherLayoutLeases lists the leases taken by relays of another layout
+// than shard $2 of $1, and whether each is still live: another shard count,
+// or, with one shard, another shard name (the one shard of a database has
+// one lease, whatever a relay calls it: two names would be two leaders).
 const qOtherLayoutLeases = `
-SELECT shard, shards, holder, expires_at > now() FROM onceflow.relay_lease WHERE shards <> $1 ORDER BY shard`
+SELECT shard, shards, holder, expires_at > now() FROM onceflow.relay_lease
+ WHERE shards <> $1 OR ($1 = 1 AND shard <> $2) ORDER BY shard`
 
-// qDropLayoutLease deletes an expired lease of another shard count once its
-// last checkpoint is settled.
+// qDropLayoutLease deletes an expired lease of another layout once its last
+// checkpoint is settled.
 const qDropLayoutLease = `DELETE FROM onceflow.relay_lease WHERE shard = $1 AND shards = $2 AND expires_at <= now()`
 
 // qAcquireLease takes the shard's lease when it is free, expired, or held
@@ -312,12 +356,26 @@ const qCheckpointRows = `
 SELECT o.id, o.event_id, o.source, EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o.id)
   FROM onceflow.outbox o WHERE o.id = ANY($1::bigint[])`
 
+// qCheckpointStreams reads, for each stream a checkpoint names ($1 topics,
+// $2 sources, $3 seqs; ord is the position, from 1), the row holding that
+// seq (NULL: pruned, deleted, or never written here) and the stream's
+// counter (NULL: none): its (source, topic) counter, or, for a stream that
+// has not written since migration 015, its source's counter from before
+// (source_seq_legacy, from which its counter would start). It is the one
+// statement that knows how streams are keyed.
+const qCheckpointStreams = `
+SELECT h.ord, o.id, o.event_id, coalesce(c.last_seq, l.last_seq)
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS h(topic, source, seq, ord)
+  LEFT JOIN onceflow.outbox o ON o.source = h.source AND o.topic = h.topic AND o.seq = h.seq
+  LEFT JOIN onceflow.source_seq c ON c.source = h.source AND c.topic = h.topic
+  LEFT JOIN onceflow.source_seq_legacy l ON l.source = h.source`
+
 // Legacy checkpoints (settleLegacy, identity.go).
 const qLegacyList = `
 SELECT shard, noted_at, decision, decided_at, decided_by, settled_at, outcome
   FROM onceflow.relay_legacy_checkpoint ORDER BY shard`
 
-const qLegacyPending = `SELECT decision FROM onceflow.relay_legacy_checkpoint WHERE shard = $1 AND settled_at IS NULL`
+const qLegacyPendingAll = `SELECT shard, decision FROM onceflow.relay_legacy_checkpoint WHERE settled_at IS NULL ORDER BY shard`
 
 const qLegacyDecide = `
 UPDATE onceflow.relay_legacy_checkpoint SET decision = $2, decided_at = now(), decided_by = current_user
@@ -377,9 +435,23 @@ const skipCopyMax = `16777216`
 // qSetAsideSkip* run in one transaction: lock the open entry (refusing
 // one whose retry is due: the relay may be publishing its row), copy and
 // delete the outbox row, resolve the entry.
+// "Due" is measured by the clock when the lock is held, not by the
+// transaction's start (now()): a retry that came due while the skip's
+// transaction waited or ran must refuse the skip, since the relay may have
+// claimed the row (qSetAsideClaim) meanwhile.
 const qSetAsideSkipLock = `
-SELECT retry_at IS NOT NULL AND retry_at <= now()
+SELECT retry_at IS NOT NULL AND retry_at <= clock_timestamp()
   FROM onceflow.outbox_set_aside WHERE outbox_id = $1 AND resolved_at IS NULL FOR UPDATE`
+
+// qSetAsideClaim is the relay's claim on a set-aside row it is about to
+// publish again: it returns the row only while its entry is open and its
+// retry due. Its lock waits for a skip that holds the entry (qSetAsideSkipLock)
+// and then sees the skip's outcome; a skip that locks the entry after the
+// claim finds the retry due and refuses. So a row is never both skipped and
+// published.
+const qSetAsideClaim = `
+SELECT outbox_id FROM onceflow.outbox_set_aside
+ WHERE outbox_id = $1 AND resolved_at IS NULL AND retry_at <= now() FOR UPDATE`
 
 // The copy is the whole row up to skipCopyMax bytes of payload, key and
 // headers; a larger row (set aside as too large, possibly past what a jsonb

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -123,6 +122,24 @@ func (r *Relay) setReady(err error) {
 // lease, when it cannot prove that the database or a checkpoint is its own:
 // publishing on would risk marking rows that were never published.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.cfg.Shards > 1 {
+		var enc string
+		if err := r.retry(ctx, errKindPostgres, "read the database encoding", func() error {
+			return r.cfg.DB.QueryRow(ctx, qServerEncoding).Scan(&enc)
+		}); err != nil {
+			return nil // ctx cancelled
+		}
+		// onceflow.source_shard hashes the database's bytes of a source,
+		// SourceShard its UTF-8 bytes: they agree only where the two are
+		// the same.
+		if enc != "UTF8" && enc != "SQL_ASCII" {
+			err := &ConfigError{Field: "Shards", Reason: fmt.Sprintf("must be 1 on a database whose encoding is %s: "+
+				"onceflow.source_shard hashes a source's bytes in that encoding and SourceShard its UTF-8 bytes, "+
+				"so a source with a non-ASCII character would belong to two shards, or none (docs/relay.md, \"Shards\")", enc)}
+			r.log.ErrorContext(ctx, "relay stopped: "+err.Error())
+			return err
+		}
+	}
 	if err := schema.WaitReady(ctx, r.cfg.DB, func(err error, wait time.Duration) {
 		r.m.errors.WithLabelValues(errKindPostgres).Inc()
 		r.log.ErrorContext(ctx, "check schema", slog.Any("error", err), slog.Duration("retry_in", wait))
@@ -142,6 +159,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}); err != nil {
 		return nil // ctx cancelled
 	}
+	r.reserveTopics(ctx)
 	for {
 		var ie *IdentityError
 		epoch, err := r.acquire(ctx)
@@ -176,19 +194,33 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 		switch {
 		case err == nil && len(others) == 0:
 			r.setReady(nil)
+			r.m.layoutConflict.Set(0)
 			r.validUntil.Store(int64(t0 + r.cfg.LeaseTTL))
 			return epoch, nil
 		case err == nil && others.live():
-			// Another shard count leads: this relay waits, ready (a
-			// rolling update replacing those relays must go on).
+			// Another layout leads: this relay waits, ready (a rolling
+			// update replacing those relays must go on), counted in
+			// onceflow_relay_layout_conflict.
 			r.setReady(nil)
+			r.m.layoutConflict.Set(1)
 			if desc := others.String(); desc != layoutLogged {
 				r.m.errors.WithLabelValues(errKindLease).Inc()
-				r.log.ErrorContext(ctx, "standing by: relays with another shard count hold leases; "+
-					"this relay takes none until they stop (every relay of a database must run with the same -shards)",
-					slog.Int("shards", r.cfg.Shards), slog.String("leases", desc))
+				if others.sameCount(r.cfg.Shards) {
+					r.log.ErrorContext(ctx, "standing by: a relay with another -shard name leads this database; "+
+						"this relay takes no lease until it stops (with -shards 1 a database has one leader, "+
+						"so every relay of it must run with the same -shard: set -shard, or ONCEFLOW_SHARD, alike on all of them)",
+						slog.String("leases", desc))
+				} else {
+					r.log.ErrorContext(ctx, "standing by: relays with another shard count hold leases; "+
+						"this relay takes none until they stop (every relay of a database must run with the same -shards)",
+						slog.Int("shards", r.cfg.Shards), slog.String("leases", desc))
+				}
 				layoutLogged = desc
 			}
+			if err := sleep(ctx, r.cfg.StandbyInterval); err != nil {
+				return 0, err
+			}
+			continue
 		case err == nil:
 			// Only expired leases of another count: settle their last
 			// checkpoints, then try again at once.
@@ -213,6 +245,7 @@ func (r *Relay) acquire(ctx context.Context) (int64, error) {
 			continue
 		case errors.Is(err, pgx.ErrNoRows):
 			r.setReady(nil)
+			r.m.layoutConflict.Set(0)
 			if !logged {
 				r.log.InfoContext(ctx, "standing by: another relay holds the lease")
 				logged = true
@@ -243,7 +276,7 @@ func (r *Relay) tryAcquire(ctx context.Context) (epoch int64, others otherLeases
 		if !locked {
 			return errLeaseLockBusy
 		}
-		if others, err = readOtherLeases(ctx, tx, r.cfg.Shards); err != nil || len(others) > 0 {
+		if others, err = readOtherLeases(ctx, tx, r.cfg.Shards, r.cfg.Shard); err != nil || len(others) > 0 {
 			return err
 		}
 		return tx.QueryRow(ctx, qAcquireLease, r.cfg.Shard, r.cfg.HolderID, r.cfg.LeaseTTL.Seconds(), r.cfg.Shards).Scan(&epoch)
@@ -283,8 +316,16 @@ func (ls otherLeases) String() string {
 	return b.String()
 }
 
-func readOtherLeases(ctx context.Context, tx pgx.Tx, shards int) (otherLeases, error) {
-	rows, err := tx.Query(ctx, qOtherLayoutLeases, shards)
+// sameCount reports whether a lease is of shard count shards (with one
+// shard: another shard name).
+func (ls otherLeases) sameCount(shards int) bool {
+	return slices.ContainsFunc(ls, func(l otherLease) bool { return l.live && l.shards == shards })
+}
+
+// readOtherLeases reads the leases of another layout than shard of shards
+// (qOtherLayoutLeases).
+func readOtherLeases(ctx context.Context, tx pgx.Tx, shards int, shard string) (otherLeases, error) {
+	rows, err := tx.Query(ctx, qOtherLayoutLeases, shards, shard)
 	if err != nil {
 		return nil, fmt.Errorf("read leases: %w", err)
 	}
@@ -317,7 +358,7 @@ func (r *Relay) settleLayout(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, qLeaseLock); err != nil {
 			return err
 		}
-		others, err := readOtherLeases(ctx, tx, r.cfg.Shards)
+		others, err := readOtherLeases(ctx, tx, r.cfg.Shards, r.cfg.Shard)
 		if err != nil || others.live() {
 			return err // a live one: acquire waits for it
 		}
@@ -370,6 +411,7 @@ func (r *Relay) lead(ctx context.Context, epoch int64) error {
 		epoch:    epoch,
 		log:      r.log.With(slog.Int64("epoch", epoch)),
 		suspects: map[int64]refused{},
+		sweep:    newSweeper(),
 	}
 	return s.run(ctx)
 }
@@ -408,12 +450,14 @@ type leaderSession struct {
 	// mark finished, so the last committed checkpoint always covers every
 	// row that may be on Kafka but unmarked.
 	inflight *markJob
+	// sweep is the state of the sweep for unqueued rows (sweep.go).
+	sweep *sweeper
 }
 
 // markJob is a batch's mark, running concurrently with the next batch.
 type markJob struct {
 	ids  []int64
-	ckpt map[int64]uint32 // id -> event id fingerprint
+	ckpt ckptSet
 	done chan error
 }
 
@@ -502,12 +546,12 @@ func (s *leaderSession) round(ctx context.Context) (done bool, err error) {
 		s.cl = c
 	}
 	var unmarked []int64
-	var unmarkedCkpt map[int64]uint32
+	var unmarkedCkpt ckptSet
 	if s.inflight != nil {
 		unmarked, unmarkedCkpt = s.inflight.ids, s.inflight.ckpt
 	}
 	tFetch := time.Now()
-	rows, err := r.fetch(s.stop, unmarked)
+	rows, err := s.sweepAndFetch(s.stop, unmarked)
 	if err != nil {
 		if s.stop.Err() == nil {
 			s.fail(ctx, errKindPostgres, "read outbox", err)
@@ -520,6 +564,22 @@ func (s *leaderSession) round(ctx context.Context) (done bool, err error) {
 	}
 	if rows = s.screen(ctx, rows); len(rows) == 0 {
 		return false, nil
+	}
+	if rows[0].retrying {
+		// A set-aside row goes alone (isolate); claim it first, so that an
+		// operator's skip and this retry cannot both happen.
+		var id int64
+		err := r.cfg.DB.QueryRow(s.stop, qSetAsideClaim, rows[0].id).Scan(&id)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			s.log.InfoContext(ctx, "set-aside row skipped (or no longer due) before its retry: not published", slog.Int64("outbox_id", rows[0].id))
+			return false, nil
+		case err != nil:
+			if s.stop.Err() == nil {
+				s.fail(ctx, errKindPostgres, "claim set-aside row for its retry", err)
+			}
+			return false, nil
+		}
 	}
 	return s.publish(ctx, rows, unmarkedCkpt, tFetch)
 }
@@ -561,6 +621,13 @@ func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
 			rows[0].size, r.cfg.BatchMaxBytes))
 		return nil
 	}
+	if k, err := r.reservedRow(rows); err != nil {
+		if k > 0 {
+			return rows[:k] // publish what is before the reserved topic
+		}
+		s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
+		return nil
+	}
 	if len(rows) == 1 {
 		if err := CheckTopic(rows[0].topic); err != nil {
 			s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
@@ -587,10 +654,10 @@ func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
 
 // publish commits rows in one Kafka transaction, then starts their mark
 // once the previous batch's mark finished.
-func (s *leaderSession) publish(ctx context.Context, rows []row, unmarkedCkpt map[int64]uint32, tFetch time.Time) (done bool, err error) {
+func (s *leaderSession) publish(ctx context.Context, rows []row, unmarkedCkpt ckptSet, tFetch time.Time) (done bool, err error) {
 	r, log := s.r, s.log
 	tPublish := time.Now()
-	txn := r.startTxn(s.opCtx, rows, len(unmarkedCkpt))
+	txn := r.startTxn(s.opCtx, rows, len(unmarkedCkpt.fps))
 	err = r.publish(txn.ctx, s.cl, rows, unmarkedCkpt)
 	txn.end(err)
 	if err != nil {
@@ -635,10 +702,10 @@ func (s *leaderSession) publish(ctx context.Context, rows []row, unmarkedCkpt ma
 		return false, nil
 	}
 	ids := make([]int64, len(rows))
-	ckpt := make(map[int64]uint32, len(rows))
+	ckpt := newCkptSet(len(rows))
 	for i, w := range rows {
 		ids[i] = w.id
-		ckpt[w.id] = w.fp
+		ckpt.add(w)
 		delete(s.suspects, w.id)
 	}
 	job := &markJob{ids: ids, ckpt: ckpt, done: make(chan error, 1)}
@@ -949,8 +1016,10 @@ func (r *Relay) initProducer(ctx context.Context, txnID string) (*kgo.Client, er
 // unpublished rows it names. The proof: the record carries this database's
 // identity; no id it names is above what the outbox's sequence has handed
 // out (else the database was restored to an earlier point after those rows
-// were published); and every named row still in the table holds the event
-// the checkpoint recorded for it. Anything else is an *IdentityError: the
+// were published); every named row still in the table holds the event
+// the checkpoint recorded for it; and every stream the record names still
+// has the event at its highest seq, or a counter that reached it
+// (checkStreams). Anything else is an *IdentityError: the
 // relay stops rather than mark a row on a guess. With own set, a row whose
 // source own rejects is checked but left unmarked: recovery touches only
 // its own shard's rows.
@@ -977,8 +1046,8 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 		return 0, &IdentityError{
 			Problem: fmt.Sprintf("%s names outbox ids up to %d, but this database's outbox sequence has handed out ids only up to %s: "+
 				"the database was restored to an earlier point (or the sequence reset) after the relay had published those rows", where, top, handed),
-			Fix: "events published after the restore point are on Kafka but no longer here, and their sources' seqs will be handed out again: " +
-				"raise those sources' onceflow.source_seq counters past what consumers saw, then run `relay identity reset -note …` " +
+			Fix: "events published after the restore point are on Kafka but no longer here, and their streams' seqs will be handed out again: " +
+				"raise those streams' counters in onceflow.source_seq (a row per source and topic) past what consumers saw, then run `relay identity reset -note …` " +
 				"(docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
@@ -1025,6 +1094,11 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 	if mismatch != nil {
 		return 0, mismatch
 	}
+	// The rows still here hold the checkpoint's events; the streams' seqs
+	// prove that the ones no longer here were not lost to a restore.
+	if err := r.checkStreams(ctx, c, where); err != nil {
+		return 0, err
+	}
 	if len(mark) == 0 {
 		return 0, nil
 	}
@@ -1035,33 +1109,127 @@ func (r *Relay) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Reco
 	return marked, nil
 }
 
-// settleLegacy deals, once, with the checkpoint a relay of this shard wrote
-// before databases had identities (under the bare shard name, which every
-// database's relay shared). It first fences the old transactional.id (any
-// relay of the previous version still running stops publishing) and then
-// reads that checkpoint to its measured end:
-//   - none there, or it names no row that is unpublished here: settled;
-//   - an operator decided "adopt" (`relay identity legacy adopt`): its rows
-//     are marked, after the sequence check (no fingerprints in version 1);
-//   - "discard": settled; its rows are published again (duplicates that
-//     consumers drop by event id, never a loss);
-//   - no decision: an *IdentityError naming both commands.
+// checkStreams proves, for every stream c's hi field names, that this
+// database has not lost the event it names: the row holding that seq is
+// there with the same event, or it is gone (pruned, deleted on publish,
+// skipped) and the stream's counter has reached the seq. A counter never goes
+// backwards but by a restore, so this does not depend on how far ahead
+// PostgreSQL logged the outbox's id sequence. A database restored to before
+// the checkpoint's last rows fails it (an *IdentityError), whether or not
+// new events were written since.
+func (r *Relay) checkStreams(ctx context.Context, c checkpoint, where string) error {
+	if len(c.hi) == 0 {
+		return nil
+	}
+	topics, sources, seqs := make([]string, len(c.hi)), make([]string, len(c.hi)), make([]int64, len(c.hi))
+	for i, h := range c.hi {
+		topics[i], sources[i], seqs[i] = h.topic, h.source, h.seq
+	}
+	rows, err := r.cfg.DB.Query(ctx, qCheckpointStreams, topics, sources, seqs)
+	if err != nil {
+		return fmt.Errorf("read checkpointed streams: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ord int64
+		var id, counter *int64
+		var eventID *string
+		if err := rows.Scan(&ord, &id, &eventID, &counter); err != nil {
+			return fmt.Errorf("read checkpointed streams: %w", err)
+		}
+		h := c.hi[ord-1]
+		fix := "events published after the restore point are on Kafka but no longer here, and their sources' seqs will be handed out again: " +
+			"raise those sources' onceflow.source_seq counters past what consumers saw, then run `relay identity reset -note …` " +
+			"(docs/relay.md, \"Restored or copied databases\")"
+		switch {
+		case eventID != nil && fingerprint(*eventID) != h.fp:
+			return &IdentityError{
+				Problem: fmt.Sprintf("%s names seq %d of source %q on topic %q (outbox row %d), but this database holds another event, %q (row %d), at that seq: "+
+					"the database was restored to an earlier point after the relay had published that event, and written to since", where, h.seq, h.source, h.topic, h.id, *eventID, *id),
+				Fix: fix,
+			}
+		case eventID == nil && (counter == nil || *counter < h.seq):
+			have := "no counter"
+			if counter != nil {
+				have = "a counter at " + strconv.FormatInt(*counter, 10)
+			}
+			return &IdentityError{
+				Problem: fmt.Sprintf("%s names seq %d of source %q on topic %q (outbox row %d), but this database has neither that row nor a seq that high (%s): "+
+					"the database was restored to an earlier point (or the counter reset) after the relay had published that event", where, h.seq, h.source, h.topic, h.id, have),
+				Fix: fix,
+			}
+		}
+	}
+	return rows.Err()
+}
+
+// settleLegacy deals, once, with every checkpoint a relay wrote before
+// databases had identities (under the bare shard name, which every
+// database's relay shared), whatever shard layout runs now: the legacy
+// relay's shard names ("default", …) need not be shards of this layout
+// (from one relay to -shards N, or a renamed shard), and the rows its last
+// checkpoint names may belong to any shard now. Each is settled by
+// settleLegacyShard; the first that cannot be is returned.
 func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	if r.legacySettled {
 		return nil
 	}
-	var decision *string
-	err := r.cfg.DB.QueryRow(ctx, qLegacyPending, r.cfg.Shard).Scan(&decision)
-	if errors.Is(err, pgx.ErrNoRows) {
-		r.legacySettled = true
-		return nil
-	}
+	rows, err := r.cfg.DB.Query(ctx, qLegacyPendingAll)
 	if err != nil {
 		return fmt.Errorf("read legacy checkpoint state: %w", err)
 	}
-	legacyTxn := r.cfg.TransactionalIDPrefix + r.cfg.Shard
+	type pending struct {
+		shard    string
+		decision *string
+	}
+	ps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (pending, error) {
+		var p pending
+		err := row.Scan(&p.shard, &p.decision)
+		return p, err
+	})
+	if err != nil {
+		return fmt.Errorf("read legacy checkpoint state: %w", err)
+	}
+	// This relay's own shard first: its refusal is the one its operator
+	// expects.
+	slices.SortStableFunc(ps, func(a, b pending) int {
+		return cmp.Compare(boolInt(a.shard != r.cfg.Shard), boolInt(b.shard != r.cfg.Shard))
+	})
+	for _, p := range ps {
+		if err := r.settleLegacyShard(ctx, log, p.shard, deref(p.decision)); err != nil {
+			return err
+		}
+	}
+	r.legacySettled = true
+	return nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// settleLegacyShard settles the legacy checkpoint of shard name. It first
+// fences the old transactional.id (any relay of the previous version still
+// running stops publishing) and then reads that checkpoint to its measured
+// end:
+//   - none there, or it names no row that is unpublished here: settled;
+//   - an operator decided "adopt" (`relay identity legacy adopt`): its rows
+//     are marked (all of them, whichever shard owns their source now), after
+//     the sequence check (no fingerprints in version 1);
+//   - "discard": settled; its rows are published again (duplicates that
+//     consumers drop by event id, never a loss);
+//   - no decision: an *IdentityError naming both commands.
+//
+// Relays of several shards may settle the same name at once: fencing twice
+// and marking twice are harmless, and the first to record the outcome wins.
+func (r *Relay) settleLegacyShard(ctx context.Context, log *slog.Logger, name, decision string) error {
+	log = log.With(slog.String("legacy_shard", name))
+	legacyTxn := r.cfg.TransactionalIDPrefix + name
 	if r.cfg.TransactionalIDPrefix == "" {
-		legacyTxn = "onceflow-relay-" + r.cfg.Shard
+		legacyTxn = "onceflow-relay-" + name
 	}
 	// Initialising the old transactional.id fences a relay of the previous
 	// version still running and ends its open transaction, so that the
@@ -1072,25 +1240,24 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	}
 	cl.Close()
 	settle := func(outcome string) error {
-		if _, err := r.cfg.DB.Exec(ctx, qLegacySettle, r.cfg.Shard, outcome); err != nil {
+		if _, err := r.cfg.DB.Exec(ctx, qLegacySettle, name, outcome); err != nil {
 			return fmt.Errorf("settle legacy checkpoint: %w", err)
 		}
 		log.InfoContext(ctx, "legacy checkpoint settled", slog.String("outcome", outcome))
-		r.legacySettled = true
 		return nil
 	}
-	rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, r.cfg.Shard)
+	rec, err := lastCheckpoint(ctx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), r.cfg.CheckpointTopic, name)
 	if err != nil {
 		return fmt.Errorf("read legacy checkpoint: %w", err)
 	}
 	if rec == nil {
-		return settle(fmt.Sprintf("no checkpoint under the legacy key %q in %s", r.cfg.Shard, r.cfg.CheckpointTopic))
+		return settle(fmt.Sprintf("no checkpoint under the legacy key %q in %s", name, r.cfg.CheckpointTopic))
 	}
 	c, err := decodeCheckpoint(rec.Value)
 	if err != nil || c.fps != nil {
 		return &IdentityError{
-			Problem: fmt.Sprintf("legacy checkpoint record %s[%d]@%d under key %q is not a version 1 checkpoint (%v)", rec.Topic, rec.Partition, rec.Offset, r.cfg.Shard, err),
-			Fix:     fmt.Sprintf("run `relay identity legacy discard -shard %s` once you know what wrote it", r.cfg.Shard),
+			Problem: fmt.Sprintf("legacy checkpoint record %s[%d]@%d under key %q is not a version 1 checkpoint (%v)", rec.Topic, rec.Partition, rec.Offset, name, err),
+			Fix:     fmt.Sprintf("run `relay identity legacy discard -shard %s` once you know what wrote it", name),
 		}
 	}
 	var unpublished int64
@@ -1101,9 +1268,9 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 	switch {
 	case unpublished == 0:
 		return settle(desc + ": names no row unpublished here, nothing to do")
-	case deref(decision) == "discard":
+	case decision == "discard":
 		return settle(fmt.Sprintf("%s: discarded; %d rows it names are published again", desc, unpublished))
-	case deref(decision) == "adopt":
+	case decision == "adopt":
 		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint", nil)
 		if err != nil {
 			return err
@@ -1116,7 +1283,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 		Fix: fmt.Sprintf("if no other database's relay ever used -checkpoint-topic %s with -shard %s, run `relay identity legacy adopt -shard %s` "+
 			"(its rows are marked, nothing is published twice); otherwise run `relay identity legacy discard -shard %s` "+
 			"(its rows are published again; consumers drop the duplicates by event id) (docs/relay.md, \"Upgrading\")",
-			r.cfg.CheckpointTopic, r.cfg.Shard, r.cfg.Shard, r.cfg.Shard),
+			r.cfg.CheckpointTopic, name, name, name),
 	}
 }
 
@@ -1144,13 +1311,13 @@ type row struct {
 // the statement measures each row before reading it, so the relay never
 // holds more than BatchMaxBytes of rows, whatever a row's size (a row over
 // it comes without its values: oversized).
-func (r *Relay) fetch(ctx context.Context, exclude []int64) ([]row, error) {
+func (r *Relay) fetch(ctx context.Context, tx querier, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}
 	budget := int64(r.cfg.BatchMaxBytes)
 	q, args := r.sharded(qSelectBatch, qSelectBatchShard, r.cfg.BatchMaxRows, exclude, budget)
-	rs, err := r.cfg.DB.Query(ctx, q, args...)
+	rs, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -1270,7 +1437,7 @@ var errUnknownOutcome = errors.New("kafka transaction outcome unknown")
 // and commits it. A nil error means committed. A *refusedError means Kafka
 // refused some records for good (and nothing was committed); unmarked are
 // the ids and fingerprints of the previous batch, whose mark is running.
-func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarked map[int64]uint32) error {
+func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarked ckptSet) error {
 	if !r.leaseValid() {
 		return ErrLeadershipLost
 	}
@@ -1283,24 +1450,33 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, rows []row, unmarke
 	// The checkpoint names every id that may be on Kafka but unmarked once
 	// this transaction commits: this batch and the previous one, whose mark
 	// is still running.
-	ckpt := make(map[int64]uint32, len(rows)+len(unmarked))
-	maps.Copy(ckpt, unmarked)
+	ckpt := newCkptSet(len(rows) + len(unmarked.fps))
+	ckpt.merge(unmarked)
 	for _, w := range rows {
-		ckpt[w.id] = w.fp
+		ckpt.add(w)
 		env := envelope.Envelope{
 			EventID: w.eventID, Source: w.source, Seq: w.seq, EventType: w.eventType,
 			ContentType: w.contentType, Key: w.key, Payload: w.payload,
+			// The stream's producer: this database's identity (I5).
+			Producer: r.identity,
 		}
 		if tp, ok := w.headers[envelope.HeaderTraceparent]; ok {
 			env.Traceparent = tp
 			delete(w.headers, envelope.HeaderTraceparent)
+		}
+		for k := range w.headers {
+			// A row stored before "producer" was reserved may carry it as an
+			// application header; the envelope's own value wins.
+			if strings.EqualFold(k, envelope.HeaderProducer) {
+				delete(w.headers, k)
+			}
 		}
 		env.Headers = w.headers
 		rec := env.Record(w.topic)
 		rowOf[rec] = w.id
 		recs = append(recs, rec)
 	}
-	recs = append(recs, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: []byte(r.ckptKey), Value: encodeCheckpoint(r.identity, ckpt)})
+	recs = append(recs, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: []byte(r.ckptKey), Value: encodeCheckpointSet(r.identity, ckpt)})
 
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.TransactionTimeout)
 	defer cancel()

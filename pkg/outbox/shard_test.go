@@ -1,9 +1,20 @@
 package outbox_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
@@ -83,4 +94,89 @@ func TestSourceShardSQLMatchesGo(t *testing.T) {
 			t.Fatalf("read %d of %d: %v", seen, len(sources), err)
 		}
 	}
+}
+
+// On a database whose encoding is not UTF-8, onceflow.source_shard hashes
+// the source's bytes in that encoding and SourceShard its UTF-8 bytes, so
+// for a non-ASCII source the two disagree (whether they agree otherwise
+// depends on each client's client_encoding): a relay with Shards > 1
+// refuses to start there, naming the encoding.
+func TestSourceShardNonUTF8DatabaseRefused(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, testkit.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	name := fmt.Sprintf("t_latin1_%d", time.Now().UnixNano())
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s WITH ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'", name)); err != nil {
+		t.Fatalf("the cluster does not allow a LATIN1 database: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), testkit.DatabaseURL(t))
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			c.Close(context.Background())
+		}
+	})
+	url := testkit.WithDatabase(testkit.DatabaseURL(t), name)
+	// A client whose text is UTF-8 (psql in a UTF-8 terminal, most
+	// drivers' settings): the server stores "é" as one LATIN1 byte.
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.RuntimeParams["client_encoding"] = "UTF8"
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// The migrations do not all apply to a LATIN1 database (some hold
+	// characters it cannot store); the shard function does, as migration
+	// 011 defines it.
+	up, err := fs.ReadFile(migrations.FS, "011_relay_shards.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := string(up)[strings.Index(string(up), "CREATE FUNCTION"):]
+	fn = fn[:strings.Index(fn, "$fn$;")+len("$fn$;")]
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA onceflow; "+fn); err != nil {
+		t.Fatal(err)
+	}
+	const source = "café-naïve"
+	var sqlShard int
+	for n := 2; ; n++ {
+		if err := conn.QueryRow(ctx, `SELECT onceflow.source_shard($1, $2)`, source, n).Scan(&sqlShard); err != nil {
+			t.Fatal(err)
+		}
+		if sqlShard != outbox.SourceShard(source, n) {
+			t.Logf("LATIN1: onceflow.source_shard(%q, %d) = %d, SourceShard = %d", source, n, sqlShard, outbox.SourceShard(source, n))
+			break
+		}
+		if n > 64 {
+			t.Fatal("SQL and Go agree on every shard count: the test source hashes alike")
+		}
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	r, err := outbox.New(outbox.Config{DB: pool, Shards: 2, Shard: "0",
+		KafkaOpts: []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.Run(ctx)
+	var ce *outbox.ConfigError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "LATIN1") {
+		t.Fatalf("Run on a LATIN1 database with 2 shards: %v, want a ConfigError naming the encoding", err)
+	}
+	t.Logf("refused: %v", err)
 }

@@ -1,4 +1,4 @@
-// Package seqguard applies each source's events in seq order on top of the
+// Package seqguard applies each stream's events in seq order on top of the
 // inbox's dedup: an event ahead of a gap is parked durably, the gap is
 // recorded, parked events apply as soon as the gap fills, and a gap open
 // longer than its timeout is given up loudly (recorded, counted, logged)
@@ -17,12 +17,16 @@
 //	s, steps, err := s.Receive(seq, now, p)    // s: this source's State
 //	s, steps = s.Tick(now)                     // when s.NextDeadline() has passed
 //
+// A stream (Stream) is what one producer wrote for one topic and source; a
+// record without a producer belongs to its source's legacy stream. State,
+// parking and gaps are per stream.
+//
 // PGStore keeps the state in Postgres, inside the consumer's inbox
 // transaction: last_applied in onceflow.seq_state (never pruned), parked
 // events as onceflow.inbox rows with status 'parked', gaps in
 // onceflow.seq_gaps. Per batch, after inserting the inbox rows:
 //
-//	l, err := store.Lock(ctx, tx, sources, now) // seq_state rows locked in source order
+//	l, err := store.Lock(ctx, tx, streams, now) // seq_state rows locked in stream order
 //	for _, ev := range newEvents {
 //		out, err := l.Receive(ctx, ev, now, policyFor(ev.EventType))
 //		for _, a := range out.Apply {

@@ -22,7 +22,8 @@ type Querier interface {
 }
 
 // Event is an event as the guard needs it. For the event passed to Receive
-// EventID, Source and Seq are required; Headers and Payload are written to
+// EventID, Source and Seq are required, and Producer and Topic name its
+// stream (StreamOf; Producer "" for a legacy stream's event); Headers and Payload are written to
 // its inbox row if it is parked or held (nil leaves what the row holds, for
 // a caller that writes them itself). Events returned from parking carry
 // everything the inbox kept: with Topic, Partition, Offset, Headers and
@@ -30,6 +31,7 @@ type Querier interface {
 type Event struct {
 	EventID   string
 	Source    string
+	Producer  string
 	Seq       int64
 	EventType string
 	Topic     string
@@ -39,6 +41,9 @@ type Event struct {
 	Headers json.RawMessage
 	Payload []byte
 }
+
+// Stream is the event's stream.
+func (e Event) Stream() Stream { return StreamOf(e.Producer, e.Topic, e.Source) }
 
 // Apply is one handler run the caller owes, in order.
 type Apply struct {
@@ -51,9 +56,9 @@ type Apply struct {
 	Current bool
 }
 
-// Outcome is what the store did for one source and what the caller must do.
+// Outcome is what the store did for one stream and what the caller must do.
 type Outcome struct {
-	Source string
+	Stream Stream
 	// Steps are the state machine's decisions, already written to Postgres.
 	// Tally them for the counters with Count.
 	Steps []Step
@@ -63,7 +68,7 @@ type Outcome struct {
 }
 
 // GivenUp returns the gaps given up in this outcome. After the commit, log
-// each at ERROR (source, range, opened_at, reason) and add one to
+// each at ERROR (stream, range, opened_at, reason) and add one to
 // onceflow_consumer_seq_gaps_given_up_total per gap.
 func (o Outcome) GivenUp() []Step {
 	var out []Step
@@ -90,78 +95,97 @@ type PGStore struct {
 	DeferInOrder bool
 }
 
-// Locked is the guard state of the sources a transaction has locked. It
+// Locked is the guard state of the streams a transaction has locked. It
 // caches what it wrote, so it is valid only inside its transaction; if the
 // caller rolls back to a savepoint taken after Lock, call Reload.
 type Locked struct {
 	store   *PGStore
 	tx      pgx.Tx
-	sources []string
-	states  map[string]State
+	streams []Stream
+	states  map[Stream]State
+	// legacy is, for a stream of a producer that has not started, its
+	// source's legacy state (started), which the stream adopts if its first
+	// event lies above it.
+	legacy map[Stream]State
 	// dbNow is the database's clock, read with the lock.
 	dbNow time.Time
-	// dirty are sources whose cached last_applied is not written yet
+	// dirty are streams whose cached last_applied is not written yet
 	// (DeferInOrder).
-	dirty map[string]bool
+	dirty map[Stream]bool
 }
 
-// Lock locks the seq_state rows of sources (creating missing ones) in
-// source order, so that transactions touching several sources cannot
-// deadlock, and loads their state. Call it once per transaction with every
-// source the batch will Receive for, after the inbox insert.
-func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now time.Time) (*Locked, error) {
-	srcs := slices.Clone(sources)
-	slices.Sort(srcs)
-	srcs = slices.Compact(srcs)
-	l := &Locked{store: s, tx: tx, sources: srcs}
-	// One round trip: create the missing rows, lock every row in source
+// Lock locks the seq_state rows of streams (creating missing ones) in
+// stream order (source, producer, topic), so that transactions touching
+// several streams cannot deadlock, and loads their state. Call it once per
+// transaction with every stream the batch will Receive for, after the inbox
+// insert.
+func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, streams []Stream, now time.Time) (*Locked, error) {
+	keys := slices.Clone(streams)
+	slices.SortFunc(keys, compareStreams)
+	keys = slices.Compact(keys)
+	l := &Locked{store: s, tx: tx, streams: keys}
+	// One round trip: create the missing rows, lock every row in stream
 	// order, then read the parked seqs and open gaps under the lock (a
 	// batch's statements run in order; each starts once the previous one
 	// finished, so the reads see the locked state).
 	c := s.Consumer
-	states := make(map[string]State, len(srcs))
+	states := make(map[Stream]State, len(keys))
+	srcs, prods, topics := streamArrays(keys)
 	b := &pgx.Batch{}
-	b.Queue(qEnsureState, c, srcs, now)
+	b.Queue(qEnsureState, c, srcs, prods, topics, now)
 	b.Queue(qCustomPlans)
-	b.Queue(qLockState, c, srcs).Query(func(rows pgx.Rows) error {
-		return scanLockedStates(rows, &l.dbNow, func(src string, st State) { states[src] = st })
+	b.Queue(qLockState, c, srcs, prods, topics).Query(func(rows pgx.Rows) error {
+		return l.scanLockedStates(rows, func(k Stream, st State) { states[k] = st })
 	})
 	b.Queue(qRestorePlans)
-	b.Queue(qLoadParked, c, srcs).Query(func(rows pgx.Rows) error {
-		var src string
-		var seq int64
-		_, err := pgx.ForEachRow(rows, []any{&src, &seq}, func() error {
-			st := states[src]
-			st.Parked = append(st.Parked, seq)
-			states[src] = st
-			return nil
-		})
-		return err
-	})
-	b.Queue(qLoadGaps, c, srcs).Query(func(rows pgx.Rows) error {
-		var src string
-		var g Gap
-		_, err := pgx.ForEachRow(rows, []any{&src, &g.From, &g.To, &g.OpenedAt, &g.Deadline}, func() error {
-			st := states[src]
-			st.Gaps = append(st.Gaps, g)
-			states[src] = st
-			return nil
-		})
-		return err
-	})
+	b.Queue(qLoadParked, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states) })
+	b.Queue(qLoadGaps, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanGaps(rows, states) })
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("lock seq state: %w", err)
 	}
-	if len(states) != len(srcs) {
-		return nil, fmt.Errorf("%w: consumer %q: locked %d of %d sources", ErrCorruptState, c, len(states), len(srcs))
+	if len(states) != len(keys) {
+		return nil, fmt.Errorf("%w: consumer %q: locked %d of %d streams", ErrCorruptState, c, len(states), len(keys))
 	}
-	for src, st := range states {
+	for k, st := range states {
 		if err := st.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: consumer %q source %q: %v", ErrCorruptState, c, src, err)
+			return nil, fmt.Errorf("%w: consumer %q stream %s: %v", ErrCorruptState, c, k, err)
 		}
 	}
 	l.states = states
 	return l, nil
+}
+
+// streamArrays lays streams out as the parallel arrays the statements take.
+func streamArrays(keys []Stream) (srcs, prods, topics []string) {
+	srcs, prods, topics = make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		srcs[i], prods[i], topics[i] = k.Source, k.Producer, k.Topic
+	}
+	return srcs, prods, topics
+}
+
+func scanParked(rows pgx.Rows, states map[Stream]State) error {
+	var k Stream
+	var seq int64
+	_, err := pgx.ForEachRow(rows, []any{&k.Source, &k.Producer, &k.Topic, &seq}, func() error {
+		st := states[k]
+		st.Parked = append(st.Parked, seq)
+		states[k] = st
+		return nil
+	})
+	return err
+}
+
+func scanGaps(rows pgx.Rows, states map[Stream]State) error {
+	var k Stream
+	var g Gap
+	_, err := pgx.ForEachRow(rows, []any{&k.Source, &k.Producer, &k.Topic, &g.From, &g.To, &g.OpenedAt, &g.Deadline}, func() error {
+		st := states[k]
+		st.Gaps = append(st.Gaps, g)
+		states[k] = st
+		return nil
+	})
+	return err
 }
 
 // Now is the database's clock as the lock read it (the transaction's
@@ -169,11 +193,11 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, sources []string, now tim
 // clock, not the clock of the replica that happens to run the batch.
 func (l *Locked) Now() time.Time { return l.dbNow }
 
-// Reload re-reads the locked sources' state (after a rollback to a
+// Reload re-reads the locked streams' state (after a rollback to a
 // savepoint).
 func (l *Locked) Reload(ctx context.Context) error {
 	l.dirty = nil
-	return l.load(ctx, qLockState, l.sources)
+	return l.load(ctx, qLockState, l.streams)
 }
 
 // Flush writes the state that Receive deferred (PGStore.DeferInOrder) in one
@@ -183,55 +207,58 @@ func (l *Locked) Flush(ctx context.Context) error {
 	if len(l.dirty) == 0 {
 		return nil
 	}
-	srcs := make([]string, 0, len(l.dirty))
-	for src := range l.dirty {
-		srcs = append(srcs, src)
+	keys := make([]Stream, 0, len(l.dirty))
+	for k := range l.dirty {
+		keys = append(keys, k)
 	}
-	slices.Sort(srcs)
-	lasts := make([]int64, len(srcs))
-	firsts := make([]int64, len(srcs))
-	for i, src := range srcs {
-		lasts[i] = l.states[src].LastApplied
-		firsts[i] = l.states[src].First
+	slices.SortFunc(keys, compareStreams)
+	lasts := make([]int64, len(keys))
+	firsts := make([]int64, len(keys))
+	for i, k := range keys {
+		lasts[i] = l.states[k].LastApplied
+		firsts[i] = l.states[k].First
 	}
-	ct, err := l.tx.Exec(ctx, qSaveStates, l.store.Consumer, srcs, lasts, l.clock(), firsts)
+	srcs, prods, topics := streamArrays(keys)
+	ct, err := l.tx.Exec(ctx, qSaveStates, l.store.Consumer, srcs, prods, topics, lasts, firsts, l.clock())
 	if err != nil {
 		return fmt.Errorf("save seq state: %w", err)
 	}
-	if ct.RowsAffected() != int64(len(srcs)) {
-		return fmt.Errorf("save seq state: %d rows changed, want %d", ct.RowsAffected(), len(srcs))
+	if ct.RowsAffected() != int64(len(keys)) {
+		return fmt.Errorf("save seq state: %d rows changed, want %d", ct.RowsAffected(), len(keys))
 	}
 	l.dirty = nil
 	return nil
 }
 
-// State returns the loaded state of a locked source.
-func (l *Locked) State(source string) (State, bool) {
-	st, ok := l.states[source]
+// State returns the loaded state of a locked stream.
+func (l *Locked) State(k Stream) (State, bool) {
+	st, ok := l.states[k]
 	return st, ok
 }
 
-func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error {
+func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error {
 	c := l.store.Consumer
-	states := make(map[string]State, len(srcs))
-	var locked []string
+	states := make(map[Stream]State, len(keys))
+	l.legacy = nil
+	var locked []Stream
 	scan := func(rows pgx.Rows) error {
-		return scanLockedStates(rows, &l.dbNow, func(src string, st State) {
-			states[src] = st
-			locked = append(locked, src)
+		return l.scanLockedStates(rows, func(k Stream, st State) {
+			states[k] = st
+			locked = append(locked, k)
 		})
 	}
 	var err error
 	if lockSQL == qLockState {
 		// With a custom plan, as in Lock (see qCustomPlans).
+		srcs, prods, topics := streamArrays(keys)
 		b := &pgx.Batch{}
 		b.Queue(qCustomPlans)
-		b.Queue(qLockState, c, srcs).Query(scan)
+		b.Queue(qLockState, c, srcs, prods, topics).Query(scan)
 		b.Queue(qRestorePlans)
 		err = l.tx.SendBatch(ctx, b).Close()
 	} else {
 		var rows pgx.Rows
-		if rows, err = l.tx.Query(ctx, lockSQL, c, srcs[0]); err == nil {
+		if rows, err = l.tx.Query(ctx, lockSQL, c, keys[0].Source, keys[0].Producer, keys[0].Topic); err == nil {
 			err = scan(rows)
 		}
 	}
@@ -239,40 +266,28 @@ func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error 
 		return fmt.Errorf("lock seq state: %w", err)
 	}
 	if len(locked) > 0 {
-		rows, err := l.tx.Query(ctx, qLoadParked, c, locked)
+		srcs, prods, topics := streamArrays(locked)
+		rows, err := l.tx.Query(ctx, qLoadParked, c, srcs, prods, topics)
 		if err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
-		var src string
-		var seq int64
-		if _, err := pgx.ForEachRow(rows, []any{&src, &seq}, func() error {
-			st := states[src]
-			st.Parked = append(st.Parked, seq)
-			states[src] = st
-			return nil
-		}); err != nil {
+		if err := scanParked(rows, states); err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
-		rows, err = l.tx.Query(ctx, qLoadGaps, c, locked)
+		rows, err = l.tx.Query(ctx, qLoadGaps, c, srcs, prods, topics)
 		if err != nil {
 			return fmt.Errorf("load gaps: %w", err)
 		}
-		var g Gap
-		if _, err := pgx.ForEachRow(rows, []any{&src, &g.From, &g.To, &g.OpenedAt, &g.Deadline}, func() error {
-			st := states[src]
-			st.Gaps = append(st.Gaps, g)
-			states[src] = st
-			return nil
-		}); err != nil {
+		if err := scanGaps(rows, states); err != nil {
 			return fmt.Errorf("load gaps: %w", err)
 		}
 	}
-	for src, st := range states {
+	for k, st := range states {
 		if err := st.Validate(); err != nil {
-			return fmt.Errorf("%w: consumer %q source %q: %v", ErrCorruptState, c, src, err)
+			return fmt.Errorf("%w: consumer %q stream %s: %v", ErrCorruptState, c, k, err)
 		}
 	}
-	l.sources = locked
+	l.streams = locked
 	l.states = states
 	return nil
 }
@@ -282,18 +297,32 @@ func (l *Locked) load(ctx context.Context, lockSQL string, srcs []string) error 
 // handler runs owed, in order. p is the policy of the event's type class;
 // zero fields take their defaults.
 func (l *Locked) Receive(ctx context.Context, ev Event, now time.Time, p Policy) (Outcome, error) {
-	st, ok := l.states[ev.Source]
+	k := ev.Stream()
+	st, ok := l.states[k]
 	if !ok {
-		return Outcome{}, fmt.Errorf("%w: %q", ErrNotLocked, ev.Source)
+		return Outcome{}, fmt.Errorf("%w: %s", ErrNotLocked, k)
 	}
 	p = p.WithDefaults()
 	if err := p.Validate(); err != nil {
 		return Outcome{}, err
 	}
+	prev := st
+	if leg, ok := l.legacy[k]; ok {
+		// The stream's first event: it adopts its source's legacy state
+		// when it continues it (docs/seqguard.md, "Streams and the
+		// upgrade"), as if the stream had applied what the legacy stream
+		// did. One below or at the legacy last_applied is another
+		// producer's: the stream starts by the start policy.
+		delete(l.legacy, k)
+		if !st.Started && len(st.Parked) == 0 && len(st.Gaps) == 0 && ev.Seq > leg.LastApplied {
+			st = State{Started: true, LastApplied: leg.LastApplied, First: leg.First}
+			prev = State{} // the adopted state must be written
+		}
+	}
 	if st.Started && ev.Seq <= st.LastApplied {
 		// Late or a duplicate: that depends on the given-up ranges, read
 		// only now (they are not needed for anything else).
-		if err := l.loadGivenUp(ctx, ev.Source, ev.Seq, &st); err != nil {
+		if err := l.loadGivenUp(ctx, k, ev.Seq, &st); err != nil {
 			return Outcome{}, err
 		}
 	}
@@ -301,12 +330,12 @@ func (l *Locked) Receive(ctx context.Context, ev Event, now time.Time, p Policy)
 	if err != nil {
 		return Outcome{}, fmt.Errorf("event %s: %w", ev.EventID, err)
 	}
-	return l.execute(ctx, ev.Source, st, next, steps, &ev, now)
+	return l.execute(ctx, k, prev, next, steps, &ev, now)
 }
 
-// loadGivenUp adds to st the given-up ranges of source that hold seq.
-func (l *Locked) loadGivenUp(ctx context.Context, source string, seq int64, st *State) error {
-	rows, err := l.tx.Query(ctx, qGivenUpAt, l.store.Consumer, source, seq)
+// loadGivenUp adds to st the given-up ranges of stream k that hold seq.
+func (l *Locked) loadGivenUp(ctx context.Context, k Stream, seq int64, st *State) error {
+	rows, err := l.tx.Query(ctx, qGivenUpAt, l.store.Consumer, k.Source, seq, k.Producer, k.Topic)
 	if err != nil {
 		return fmt.Errorf("load given-up gaps: %w", err)
 	}
@@ -335,22 +364,23 @@ func (l *Locked) clock() time.Time {
 	return l.dbNow
 }
 
-// Tick gives up the source's open gaps whose deadline is at or before now
+// Tick gives up the stream's open gaps whose deadline is at or before now
 // and returns the parked events to apply.
-func (l *Locked) Tick(ctx context.Context, source string, now time.Time) (Outcome, error) {
-	st, ok := l.states[source]
+func (l *Locked) Tick(ctx context.Context, k Stream, now time.Time) (Outcome, error) {
+	st, ok := l.states[k]
 	if !ok {
-		return Outcome{}, fmt.Errorf("%w: %q", ErrNotLocked, source)
+		return Outcome{}, fmt.Errorf("%w: %s", ErrNotLocked, k)
 	}
 	next, steps := st.Tick(now)
-	return l.execute(ctx, source, st, next, steps, nil, now)
+	return l.execute(ctx, k, st, next, steps, nil, now)
 }
 
 // execute writes steps to Postgres. cur is the received event (nil for a
 // tick).
-func (l *Locked) execute(ctx context.Context, src string, prev, next State, steps []Step, cur *Event, now time.Time) (Outcome, error) {
+func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps []Step, cur *Event, now time.Time) (Outcome, error) {
 	c := l.store.Consumer
-	out := Outcome{Source: src, Steps: steps}
+	src, prod, topic := k.Source, k.Producer, k.Topic
+	out := Outcome{Stream: k, Steps: steps}
 	if len(steps) == 0 {
 		return out, nil
 	}
@@ -358,11 +388,11 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 		// In order, nothing else to write: Flush saves last_applied.
 		if next.Started != prev.Started || next.LastApplied != prev.LastApplied {
 			if l.dirty == nil {
-				l.dirty = map[string]bool{}
+				l.dirty = map[Stream]bool{}
 			}
-			l.dirty[src] = true
+			l.dirty[k] = true
 		}
-		l.states[src] = next
+		l.states[k] = next
 		out.Apply = []Apply{{Event: *cur, Current: true}}
 		return out, nil
 	}
@@ -396,24 +426,24 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 				b.Queue(qMarkLate, c, cur.EventID).Exec(one("mark event " + cur.EventID + " late"))
 			}
 		case StepGapOpened:
-			b.Queue(qGapOpen, c, src, g.From, g.To, g.OpenedAt, g.Deadline)
+			b.Queue(qGapOpen, c, src, g.From, g.To, g.OpenedAt, g.Deadline, prod, topic)
 		case StepGapNarrowed:
-			b.Queue(qGapNarrow, c, src, g.From, g.To, stp.Parts[0].From, stp.Parts[0].To).Exec(one("narrow gap " + g.String()))
+			b.Queue(qGapNarrow, c, src, g.From, g.To, stp.Parts[0].From, stp.Parts[0].To, prod, topic).Exec(one("narrow gap " + g.String()))
 			for _, part := range stp.Parts[1:] {
-				b.Queue(qGapOpen, c, src, part.From, part.To, part.OpenedAt, part.Deadline)
+				b.Queue(qGapOpen, c, src, part.From, part.To, part.OpenedAt, part.Deadline, prod, topic)
 			}
 		case StepGapFilled:
-			b.Queue(qGapFill, c, src, g.From, g.To, now).Exec(one("fill gap " + g.String()))
+			b.Queue(qGapFill, c, src, g.From, g.To, now, prod, topic).Exec(one("fill gap " + g.String()))
 		case StepGapGivenUp:
-			b.Queue(qGapGiveUp, c, src, g.From, g.To, string(stp.Reason), now).Exec(one("give up gap " + g.String()))
+			b.Queue(qGapGiveUp, c, src, g.From, g.To, string(stp.Reason), now, prod, topic).Exec(one("give up gap " + g.String()))
 		}
 	}
 	parked := map[int64]Event{}
 	if len(unpark) > 0 {
-		b.Queue(qUnpark, c, src, unpark, now).Query(func(rows pgx.Rows) error {
+		b.Queue(qUnpark, c, src, unpark, now, prod, topic).Query(func(rows pgx.Rows) error {
 			var e Event
 			_, err := pgx.ForEachRow(rows, []any{&e.EventID, &e.Seq, &e.EventType, &e.Topic, &e.Partition, &e.Offset, &e.Headers, &e.Payload}, func() error {
-				e.Source = src
+				e.Source, e.Producer = src, prod
 				parked[e.Seq] = e
 				e = Event{}
 				return nil
@@ -421,17 +451,17 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 			return err
 		})
 	}
-	if next.Started != prev.Started || next.LastApplied != prev.LastApplied || l.dirty[src] {
+	if next.Started != prev.Started || next.LastApplied != prev.LastApplied || l.dirty[k] {
 		var first any
 		if next.First > 0 {
 			first = next.First
 		}
-		b.Queue(qSaveState, c, src, next.LastApplied, now, first).Exec(one("save seq state"))
+		b.Queue(qSaveState, c, src, next.LastApplied, now, first, prod, topic).Exec(one("save seq state"))
 	}
 	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
-		return Outcome{}, fmt.Errorf("seq guard %q: %w", src, err)
+		return Outcome{}, fmt.Errorf("seq guard %s: %w", k, err)
 	}
-	delete(l.dirty, src)
+	delete(l.dirty, k)
 	for _, stp := range steps {
 		if stp.Kind != StepApply {
 			continue
@@ -442,17 +472,17 @@ func (l *Locked) execute(ctx context.Context, src string, prev, next State, step
 		}
 		e, ok := parked[stp.Seq]
 		if !ok {
-			return Outcome{}, fmt.Errorf("%w: consumer %q source %q: parked seq %d has no inbox row", ErrCorruptState, c, src, stp.Seq)
+			return Outcome{}, fmt.Errorf("%w: consumer %q stream %s: parked seq %d has no inbox row", ErrCorruptState, c, k, stp.Seq)
 		}
 		out.Apply = append(out.Apply, Apply{Event: e})
 	}
-	l.states[src] = next
+	l.states[k] = next
 	return out, nil
 }
 
-// GiveUpExpired is the gap timer. In tx it finds up to limit sources with an
+// GiveUpExpired is the gap timer. In tx it finds up to limit streams with an
 // open gap whose deadline is at or before now, locks each one's seq_state
-// row with SKIP LOCKED (a source busy in another transaction, such as
+// row with SKIP LOCKED (a stream busy in another transaction, such as
 // another replica's timer or a consumer batch, is left for the next run),
 // re-reads its state under the lock and gives its expired gaps up. Because
 // the decision is made under the row lock on freshly read state, each gap
@@ -476,24 +506,28 @@ func (s *PGStore) GiveUpExpired(ctx context.Context, tx pgx.Tx, now time.Time, l
 			return nil, fmt.Errorf("read the database clock: %w", err)
 		}
 	}
-	rows, err := tx.Query(ctx, qExpiredSources, s.Consumer, now, limit)
+	rows, err := tx.Query(ctx, qExpiredStreams, s.Consumer, now, limit)
 	if err != nil {
 		return nil, fmt.Errorf("find expired gaps: %w", err)
 	}
-	srcs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stream, error) {
+		var k Stream
+		err := r.Scan(&k.Source, &k.Producer, &k.Topic)
+		return k, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("find expired gaps: %w", err)
 	}
 	var outs []Outcome
-	for _, src := range srcs {
+	for _, k := range keys {
 		l := &Locked{store: s, tx: tx}
-		if err := l.load(ctx, qLockStateSkipLocked, []string{src}); err != nil {
+		if err := l.load(ctx, qLockStateSkipLocked, []Stream{k}); err != nil {
 			return nil, err
 		}
-		if _, ok := l.states[src]; !ok {
+		if _, ok := l.states[k]; !ok {
 			continue // locked elsewhere
 		}
-		out, err := l.Tick(ctx, src, now)
+		out, err := l.Tick(ctx, k, now)
 		if err != nil {
 			return nil, err
 		}
@@ -534,8 +568,12 @@ func (s *PGStore) Stats(ctx context.Context, q Querier, now time.Time) (Stats, e
 
 // GapRecord is a row of onceflow.seq_gaps.
 type GapRecord struct {
-	ID       int64
-	Source   string
+	ID     int64
+	Source string
+	// Producer and Topic complete the gap's stream (both "" for a legacy
+	// stream).
+	Producer string
+	Topic    string
 	From, To int64
 	OpenedAt time.Time
 	Deadline time.Time
@@ -559,7 +597,7 @@ func (s *PGStore) ListGaps(ctx context.Context, q Querier, includeGivenUp bool, 
 	var out []GapRecord
 	var r GapRecord
 	var reason string
-	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Source, &r.From, &r.To, &r.OpenedAt, &r.Deadline, &r.State,
+	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Source, &r.Producer, &r.Topic, &r.From, &r.To, &r.OpenedAt, &r.Deadline, &r.State,
 		&reason, &r.ClosedAt, &r.ResolvedAt, &r.ResolvedNote}, func() error {
 		r.Reason = GiveUpReason(reason)
 		out = append(out, r)
@@ -571,18 +609,23 @@ func (s *PGStore) ListGaps(ctx context.Context, q Querier, includeGivenUp bool, 
 	return out, nil
 }
 
+// Stream is the gap's stream.
+func (r GapRecord) Stream() Stream {
+	return Stream{Producer: r.Producer, Topic: r.Topic, Source: r.Source}
+}
+
 // ResolveGap records an operator's note on the unresolved given-up gaps of
-// source lying within from..to and returns how many it resolved
+// stream k lying within from..to and returns how many it resolved
 // (ErrGapNotFound when none). It changes no guard state: a given-up gap's
 // events are handled by the late policy whenever they arrive.
-func (s *PGStore) ResolveGap(ctx context.Context, q Querier, source string, from, to int64, note string, now time.Time) (int64, error) {
+func (s *PGStore) ResolveGap(ctx context.Context, q Querier, k Stream, from, to int64, note string, now time.Time) (int64, error) {
 	if note == "" {
 		return 0, errors.New("seqguard: resolve gap: a note is required")
 	}
 	if from < 1 || to < from {
 		return 0, fmt.Errorf("seqguard: resolve gap: bad range %d-%d", from, to)
 	}
-	ct, err := q.Exec(ctx, qResolveGaps, s.Consumer, source, from, to, note, now)
+	ct, err := q.Exec(ctx, qResolveGaps, s.Consumer, k.Source, from, to, note, now, k.Producer, k.Topic)
 	if err != nil {
 		return 0, fmt.Errorf("resolve gap: %w", err)
 	}
@@ -592,21 +635,33 @@ func (s *PGStore) ResolveGap(ctx context.Context, q Querier, source string, from
 	return ct.RowsAffected(), nil
 }
 
-// scanLockedStates reads the rows of qLockState (or a one-source lock):
-// each source's state, and the database's clock into dbNow.
-func scanLockedStates(rows pgx.Rows, dbNow *time.Time, each func(src string, st State)) error {
-	var src string
-	var last, first *int64
-	_, err := pgx.ForEachRow(rows, []any{&src, &last, &first, dbNow}, func() error {
-		st := State{}
-		if last != nil {
-			st.Started, st.LastApplied = true, *last
+// scanLockedStates reads the rows of qLockState (or a one-stream lock):
+// each stream's state, the database's clock into l.dbNow, and the legacy
+// state a stream that has not started may adopt into l.legacy.
+func (l *Locked) scanLockedStates(rows pgx.Rows, each func(k Stream, st State)) error {
+	var k Stream
+	var last, first, legLast, legFirst *int64
+	_, err := pgx.ForEachRow(rows, []any{&k.Source, &k.Producer, &k.Topic, &last, &first, &l.dbNow, &legLast, &legFirst}, func() error {
+		each(k, stateOf(last, first))
+		if last == nil && legLast != nil {
+			if l.legacy == nil {
+				l.legacy = map[Stream]State{}
+			}
+			l.legacy[k] = stateOf(legLast, legFirst)
 		}
-		if first != nil && last != nil {
-			st.First = *first
-		}
-		each(src, st)
 		return nil
 	})
 	return err
+}
+
+// stateOf is a state from its stored last_applied and first_seq.
+func stateOf(last, first *int64) State {
+	st := State{}
+	if last != nil {
+		st.Started, st.LastApplied = true, *last
+	}
+	if first != nil && last != nil {
+		st.First = *first
+	}
+	return st
 }

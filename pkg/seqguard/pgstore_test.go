@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +27,15 @@ const consumer = "test"
 type bundle struct {
 	db    *testkit.DB
 	store *seqguard.PGStore
+}
+
+// legacy is the legacy streams of sources.
+func legacy(sources ...string) []seqguard.Stream {
+	out := make([]seqguard.Stream, len(sources))
+	for i, s := range sources {
+		out[i] = seqguard.Stream{Source: s}
+	}
+	return out
 }
 
 func setup(t *testing.T) *bundle {
@@ -55,15 +65,15 @@ func (b *bundle) deliver(t *testing.T, pool *pgxpool.Pool, now time.Time, p seqg
 	ctx := context.Background()
 	var outs []seqguard.Outcome
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var srcs []string
+		var srcs []seqguard.Stream
 		for _, ev := range evs {
 			if _, err := tx.Exec(ctx, `
-INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', $9)`,
-				consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset, now); err != nil {
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', $9, $10)`,
+				consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset, now, ev.Producer); err != nil {
 				return err
 			}
-			srcs = append(srcs, ev.Source)
+			srcs = append(srcs, ev.Stream())
 		}
 		l, err := b.store.Lock(ctx, tx, srcs, now)
 		if err != nil {
@@ -120,7 +130,7 @@ func givenUp(outs ...seqguard.Outcome) []string {
 	var s []string
 	for _, o := range outs {
 		for _, g := range o.GivenUp() {
-			s = append(s, fmt.Sprintf("%s %v %s", o.Source, g.Gap, g.Reason))
+			s = append(s, fmt.Sprintf("%s %v %s", o.Stream.Source, g.Gap, g.Reason))
 		}
 	}
 	return s
@@ -399,11 +409,11 @@ func TestPGStoreSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(second.Close)
 	err = pgx.BeginFunc(ctx, second, func(tx pgx.Tx) error {
-		l, err := again.store.Lock(ctx, tx, []string{"acct-1"}, at(1))
+		l, err := again.store.Lock(ctx, tx, legacy("acct-1"), at(1))
 		if err != nil {
 			return err
 		}
-		st, _ := l.State("acct-1")
+		st, _ := l.State(seqguard.Stream{Source: "acct-1"})
 		if st.LastApplied != 2 || !slices.Equal(st.Parked, []int64{4, 5}) || len(st.Gaps) != 1 || st.Gaps[0].From != 3 ||
 			!st.Gaps[0].Deadline.Equal(at(30)) {
 			t.Errorf("state after restart %+v", st)
@@ -454,7 +464,7 @@ VALUES ($1, $2, $3, $4, 't', 'x', $5, 0, 'processed')`, consumer, ev.EventID, ev
 							return err
 						}
 					}
-					l, err := b.store.Lock(ctx, tx, srcs, at(0))
+					l, err := b.store.Lock(ctx, tx, legacy(srcs...), at(0))
 					if err != nil {
 						return err
 					}
@@ -473,7 +483,7 @@ VALUES ($1, $2, $3, $4, 't', 'x', $5, 0, 'processed')`, consumer, ev.EventID, ev
 				}
 				mu.Lock()
 				for _, o := range outs {
-					order[o.Source] = append(order[o.Source], applied(o)...)
+					order[o.Stream.Source] = append(order[o.Stream.Source], applied(o)...)
 				}
 				mu.Unlock()
 			}
@@ -549,7 +559,7 @@ func TestPGStoreLockWithoutReceive(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		_, err := b.store.Lock(ctx, tx, []string{"acct-1"}, at(0))
+		_, err := b.store.Lock(ctx, tx, legacy("acct-1"), at(0))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -565,7 +575,7 @@ func TestPGStoreReceiveErrors(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		l, err := b.store.Lock(ctx, tx, []string{"acct-1"}, at(0))
+		l, err := b.store.Lock(ctx, tx, legacy("acct-1"), at(0))
 		if err != nil {
 			return err
 		}
@@ -619,13 +629,13 @@ func TestPGStoreOperatorFunctions(t *testing.T) {
 	if got := list(true, at(0)); !slices.Equal(got, all) {
 		t.Errorf("gaps %v, want %v", got, all)
 	}
-	if n, err := b.store.ResolveGap(ctx, pool, "acct-2", 1, 4, "replayed from the ledger", at(60)); err != nil || n != 2 {
+	if n, err := b.store.ResolveGap(ctx, pool, seqguard.Stream{Source: "acct-2"}, 1, 4, "replayed from the ledger", at(60)); err != nil || n != 2 {
 		t.Fatalf("resolve: %d, %v", n, err)
 	}
-	if _, err := b.store.ResolveGap(ctx, pool, "acct-2", 1, 4, "again", at(61)); !errors.Is(err, seqguard.ErrGapNotFound) {
+	if _, err := b.store.ResolveGap(ctx, pool, seqguard.Stream{Source: "acct-2"}, 1, 4, "again", at(61)); !errors.Is(err, seqguard.ErrGapNotFound) {
 		t.Errorf("resolve twice: %v, want ErrGapNotFound", err)
 	}
-	if _, err := b.store.ResolveGap(ctx, pool, "acct-1", 1, 2, "", at(61)); err == nil {
+	if _, err := b.store.ResolveGap(ctx, pool, seqguard.Stream{Source: "acct-1"}, 1, 2, "", at(61)); err == nil {
 		t.Error("resolve without a note succeeded")
 	}
 	// Resolved gaps given up before since drop out of the list.
@@ -696,7 +706,7 @@ func TestPGStoreDeferInOrder(t *testing.T) {
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', now())`, consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset); err != nil {
 			return err
 		}
-		l, err := b.store.Lock(ctx, tx, []string{"a"}, at(3))
+		l, err := b.store.Lock(ctx, tx, legacy("a"), at(3))
 		if err != nil {
 			return err
 		}
@@ -716,5 +726,102 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', now())`, consumer, ev.Event
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// sev is event(source, seq) of producer on topic (producer "": a legacy
+// stream's event), with an event id unique across streams.
+func sev(producer, topic, source string, seq int64) seqguard.Event {
+	e := event(source, seq)
+	e.Producer, e.Topic = producer, topic
+	e.EventID = fmt.Sprintf("%s/%s/%s-%d", producer, topic, source, seq)
+	return e
+}
+
+// Streams are ordered apart: two producers of one source name, and one
+// producer's source on two topics, never count each other's seqs as
+// duplicates, never park behind each other's gaps, and a gap given up is
+// its own stream's only. A legacy stream stays one stream across topics.
+func TestStreamsAreIndependent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := seqguard.Policy{GapTimeout: 10 * time.Second}
+	pool := b.db.Pool
+	// A's order-1: 1, 2. B's order-1: 1, 3 (parks behind 2).
+	got := applied(b.deliver(t, pool, at(0), p,
+		sev("A", "orders", "order-1", 1), sev("B", "orders", "order-1", 1), sev("A", "orders", "order-1", 2),
+		sev("B", "orders", "order-1", 3))...)
+	if strings.Join(got, ",") != "1,1,2" {
+		t.Fatalf("applied %v, want A 1, B 1, A 2 (B 3 parked)", got)
+	}
+	// A's order-1 on emails starts at 1 of its own; A's orders stream goes on.
+	got = applied(b.deliver(t, pool, at(1), p, sev("A", "emails", "order-1", 1), sev("A", "orders", "order-1", 3))...)
+	if strings.Join(got, ",") != "1,3" {
+		t.Fatalf("applied %v, want emails 1 and orders 3", got)
+	}
+	// A legacy stream of the same source is one more stream, across topics.
+	got = applied(b.deliver(t, pool, at(2), p, sev("", "orders", "order-1", 1), sev("", "emails", "order-1", 2))...)
+	if strings.Join(got, ",") != "1,2" {
+		t.Fatalf("legacy: applied %v, want 1,2", got)
+	}
+	// B's gap is given up alone, and releases only B's parked 3.
+	outs := b.giveUp(t, pool, at(30))
+	if g := givenUp(outs...); len(g) != 1 || outs[0].Stream != (seqguard.Stream{Producer: "B", Topic: "orders", Source: "order-1"}) {
+		t.Fatalf("given up %v (%+v), want B's 2-2 only", g, outs)
+	}
+	if got := applied(outs...); strings.Join(got, ",") != "3p" {
+		t.Fatalf("released %v, want B's 3", got)
+	}
+	gaps, err := b.store.ListGaps(context.Background(), pool, true, time.Time{})
+	if err != nil || len(gaps) != 1 || gaps[0].Producer != "B" || gaps[0].Topic != "orders" {
+		t.Fatalf("ListGaps = %+v, %v; want B's gap with its producer and topic", gaps, err)
+	}
+	if _, err := b.store.ResolveGap(context.Background(), pool, seqguard.Stream{Source: "order-1"}, 2, 2, "x", at(40)); !errors.Is(err, seqguard.ErrGapNotFound) {
+		t.Fatalf("resolving the legacy stream's 2-2: %v, want not found (the gap is B's)", err)
+	}
+	if n, err := b.store.ResolveGap(context.Background(), pool, gaps[0].Stream(), 2, 2, "x", at(40)); err != nil || n != 1 {
+		t.Fatalf("resolving B's 2-2: %d, %v", n, err)
+	}
+}
+
+// A producer's stream adopts its source's legacy state on its first event
+// when that event lies above it (the upgrade: no gap), and starts by the
+// start policy when it does not (another producer that shared the source
+// name). Adoption is written: a later transaction sees it.
+func TestStreamAdoptsLegacyState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := seqguard.Policy{GapTimeout: 10 * time.Second}
+	pool := b.db.Pool
+	b.deliver(t, pool, at(0), p, sev("", "orders", "s", 1), sev("", "orders", "s", 2), sev("", "orders", "s", 3))
+	// In order after the legacy 3, with the store deferring (as the consumer does).
+	b.store.DeferInOrder = true
+	if got := applied(b.deliver(t, pool, at(1), p, sev("P", "orders", "s", 4))...); strings.Join(got, ",") != "4" {
+		t.Fatalf("P's first event: applied %v, want 4", got)
+	}
+	b.store.DeferInOrder = false
+	if got := applied(b.deliver(t, pool, at(2), p, sev("P", "orders", "s", 5))...); strings.Join(got, ",") != "5" {
+		t.Fatalf("P's second event: applied %v, want 5", got)
+	}
+	// Above with a hole: adopted, and the hole is a gap of P's stream.
+	outs := b.deliver(t, pool, at(3), p, sev("Q", "emails", "s", 6))
+	if got := applied(outs...); len(got) != 0 || seqguard.Count(outs[0].Steps).GapsOpened != 1 {
+		t.Fatalf("Q's first event 6 over legacy 3: applied %v, steps %v; want it parked behind the gap 4-5", got, outs[0].Steps)
+	}
+	// At or below: not adopted (expect-first-seq-1: 1 applies).
+	if got := applied(b.deliver(t, pool, at(4), p, sev("R", "orders", "s", 1))...); strings.Join(got, ",") != "1" {
+		t.Fatalf("R's first event 1 under legacy 3: applied %v, want 1", got)
+	}
+	var states []string
+	rows, err := pool.Query(context.Background(), `SELECT producer || ':' || topic || ':' || coalesce(last_applied::text, '-') || ':' || coalesce(first_seq::text, '-')
+		FROM onceflow.seq_state WHERE source = 's' ORDER BY producer, topic`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if states, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(states, " ") != "::3:1 P:orders:5:1 Q:emails:3:1 R:orders:1:1" {
+		t.Fatalf("seq_state rows %v", states)
 	}
 }

@@ -2,37 +2,62 @@ package seqguard
 
 // The SQL of the Postgres store, in one place. Every table is
 // schema-qualified.
+//
+// A stream is (source, producer, topic); a legacy stream has producer and
+// topic ''. Statements on several streams take them as three parallel
+// arrays $2 (sources), $3 (producers), $4 (topics). Parked events are inbox
+// rows: those of a stream are the rows of its source and producer and, for
+// a non-legacy stream, its topic (a legacy stream's parked rows may come
+// from any topic).
 
 const (
 	// Create the seq_state rows a batch is about to lock (NULL last_applied:
-	// not started), in source order.
+	// not started), in stream order.
 	qEnsureState = `
-INSERT INTO onceflow.seq_state (consumer, source, last_applied, updated_at)
-SELECT $1::text, s, NULL::bigint, $3::timestamptz FROM unnest($2::text[]) AS s ORDER BY s
-ON CONFLICT (consumer, source) DO NOTHING`
+INSERT INTO onceflow.seq_state (consumer, source, producer, topic, last_applied, updated_at)
+SELECT $1::text, k.source, k.producer, k.topic, NULL::bigint, $5::timestamptz
+FROM unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
+ORDER BY k.source, k.producer, k.topic
+ON CONFLICT (consumer, source, producer, topic) DO NOTHING`
 
-	// Lock the seq_state rows in source order (LockRows runs above the sort),
-	// with the database's clock (the transaction's now()). It runs with a
-	// custom plan (qCustomPlans), never a generic one: see there.
+	// Lock the seq_state rows in stream order (LockRows runs above the
+	// sort), with the database's clock (the transaction's now()). For a
+	// stream that has not started (NULL last_applied) of a producer, the
+	// last two columns are its source's legacy state, which the stream
+	// adopts if its first event is above it (docs/seqguard.md, "Streams and
+	// the upgrade"); the CASE reads the legacy row only for such a stream.
+	// It runs with a custom plan (qCustomPlans), never a generic one: see
+	// there.
 	qLockState = `
-SELECT source, last_applied, first_seq, now() FROM onceflow.seq_state
-WHERE consumer = $1 AND source = ANY($2::text[])
-ORDER BY source
-FOR UPDATE`
+SELECT s.source, s.producer, s.topic, s.last_applied, s.first_seq, now(),
+    CASE WHEN s.last_applied IS NULL AND s.producer <> '' THEN (
+        SELECT l.last_applied FROM onceflow.seq_state l
+        WHERE l.consumer = s.consumer AND l.source = s.source AND l.producer = '' AND l.topic = '') END,
+    CASE WHEN s.last_applied IS NULL AND s.producer <> '' THEN (
+        SELECT l.first_seq FROM onceflow.seq_state l
+        WHERE l.consumer = s.consumer AND l.source = s.source AND l.producer = '' AND l.topic = '') END
+FROM onceflow.seq_state s
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
+    ON s.source = k.source AND s.producer = k.producer AND s.topic = k.topic
+WHERE s.consumer = $1
+ORDER BY s.source, s.producer, s.topic
+FOR UPDATE OF s`
 
 	// qCustomPlans and qRestorePlans bracket qLockState in Lock's round trip.
 	// A prepared statement settles on a generic plan after five executions,
-	// and a generic plan of qLockState is slow in two ways measured in the
-	// consumer benchmarks: "source = ANY($2)" over a parameter array is a
-	// linear search per row, so a table small enough for a sequential scan
-	// (a few thousand sources) is filtered row by row against every source
-	// of the batch (5 ms instead of 0.3 for 250 sources over 1000 rows, the
-	// largest statement of a batch); and a generic plan made while the table
-	// was nearly empty is kept while it grows (until the next autovacuum),
-	// 12–80 ms per batch at 1000 sources. A custom plan sees the sources as
-	// a constant (a hashed lookup in a sequential scan, or an index probe
-	// per source) and the table's current size, for about 0.3 ms of
-	// planning. Only this statement changes mode: the previous mode is put
+	// and a generic plan of the lock was measured slow in the consumer
+	// benchmarks, when it filtered by "source = ANY($2)": over a parameter
+	// array that is a linear search per row, so a table small enough for a
+	// sequential scan (a few thousand sources) was filtered row by row
+	// against every source of the batch (5 ms instead of 0.3 for 250
+	// sources over 1000 rows, the largest statement of a batch); and a
+	// generic plan made while the table was nearly empty is kept while it
+	// grows (until the next autovacuum), 12–80 ms per batch at 1000
+	// sources. The lock now joins the streams' unnest, whose generic plan
+	// guesses the array's length; a custom plan sees the streams as a
+	// constant (a hash join over a sequential scan, or an index probe per
+	// stream), their number and the table's current size, for about 0.3 ms
+	// of planning. Only this statement changes mode: the previous mode is put
 	// back right after it (SET LOCAL semantics: it never outlives the
 	// transaction).
 	qCustomPlans = `
@@ -41,42 +66,48 @@ SELECT set_config('onceflow.seqguard_plan_cache_mode', current_setting('plan_cac
 	qRestorePlans = `
 SELECT set_config('plan_cache_mode', current_setting('onceflow.seqguard_plan_cache_mode'), true)`
 
-	// The timer's lock: one source, never waiting.
+	// The timer's lock: one stream, never waiting. A stream with an open gap
+	// has started or has parked events, so it adopts nothing (NULLs).
 	qLockStateSkipLocked = `
-SELECT source, last_applied, first_seq, now() FROM onceflow.seq_state
-WHERE consumer = $1 AND source = $2
+SELECT source, producer, topic, last_applied, first_seq, now(), NULL::bigint, NULL::bigint FROM onceflow.seq_state
+WHERE consumer = $1 AND source = $2 AND producer = $3 AND topic = $4
 FOR UPDATE SKIP LOCKED`
 
 	// The given-up ranges holding a seq at or below last_applied: the event
 	// is late if there is one, a duplicate if not.
 	qGivenUpAt = `
 SELECT from_seq, to_seq, opened_at, deadline FROM onceflow.seq_gaps
-WHERE consumer = $1 AND source = $2 AND state = 'given_up' AND from_seq <= $3 AND to_seq >= $3
+WHERE consumer = $1 AND source = $2 AND producer = $4 AND topic = $5
+  AND state = 'given_up' AND from_seq <= $3 AND to_seq >= $3
 ORDER BY from_seq`
 
 	qDBNow = `SELECT now()`
 
 	qLoadParked = `
-SELECT source, seq FROM onceflow.inbox
-WHERE consumer = $1 AND source = ANY($2::text[]) AND status = 'parked'
-ORDER BY source, seq`
+SELECT k.source, k.producer, k.topic, i.seq FROM onceflow.inbox i
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
+    ON i.source = k.source AND i.producer = k.producer AND (k.producer = '' OR i.topic = k.topic)
+WHERE i.consumer = $1 AND i.status = 'parked'
+ORDER BY k.source, k.producer, k.topic, i.seq`
 
 	qLoadGaps = `
-SELECT source, from_seq, to_seq, opened_at, deadline FROM onceflow.seq_gaps
-WHERE consumer = $1 AND source = ANY($2::text[]) AND state = 'open'
-ORDER BY source, from_seq`
+SELECT g.source, g.producer, g.topic, g.from_seq, g.to_seq, g.opened_at, g.deadline FROM onceflow.seq_gaps g
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
+    ON g.source = k.source AND g.producer = k.producer AND g.topic = k.topic
+WHERE g.consumer = $1 AND g.state = 'open'
+ORDER BY g.source, g.producer, g.topic, g.from_seq`
 
 	// first_seq is written once, when the source starts ($5 NULL: unknown).
 	qSaveState = `
 UPDATE onceflow.seq_state SET last_applied = $3, updated_at = $4, first_seq = coalesce(first_seq, $5)
-WHERE consumer = $1 AND source = $2`
+WHERE consumer = $1 AND source = $2 AND producer = $6 AND topic = $7`
 
-	// Locked.Flush: the deferred last_applied of several sources at once.
+	// Locked.Flush: the deferred last_applied of several streams at once.
 	qSaveStates = `
-UPDATE onceflow.seq_state s SET last_applied = u.last_applied, updated_at = $4,
+UPDATE onceflow.seq_state s SET last_applied = u.last_applied, updated_at = $7,
     first_seq = coalesce(s.first_seq, nullif(u.first_seq, 0))
-FROM unnest($2::text[], $3::bigint[], $5::bigint[]) AS u(source, last_applied, first_seq)
-WHERE s.consumer = $1 AND s.source = u.source`
+FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) AS u(source, producer, topic, last_applied, first_seq)
+WHERE s.consumer = $1 AND s.source = u.source AND s.producer = u.producer AND s.topic = u.topic`
 
 	// The received event's inbox row (inserted by the consumer) becomes
 	// parked or held, keeping what is needed to apply it later. NULL headers
@@ -96,6 +127,7 @@ WITH old AS (
     SELECT event_id, seq, event_type, topic, kafka_partition, kafka_offset, headers, payload
     FROM onceflow.inbox
     WHERE consumer = $1 AND source = $2 AND status = 'parked' AND seq = ANY($3::bigint[])
+      AND producer = $5 AND ($5 = '' OR topic = $6)
     FOR UPDATE
 )
 UPDATE onceflow.inbox i
@@ -104,28 +136,30 @@ FROM old
 WHERE i.consumer = $1 AND i.event_id = old.event_id
 RETURNING old.event_id, old.seq, old.event_type, old.topic, old.kafka_partition, old.kafka_offset, old.headers, old.payload`
 
+	// The stream's producer and topic are the last two parameters of each
+	// gap statement.
 	qGapOpen = `
-INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline)
-VALUES ($1, $2, $3, $4, $5, $6)`
+INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline, producer, topic)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
 
 	qGapNarrow = `
 UPDATE onceflow.seq_gaps SET from_seq = $5, to_seq = $6
-WHERE consumer = $1 AND source = $2 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
+WHERE consumer = $1 AND source = $2 AND producer = $7 AND topic = $8 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
 
 	qGapFill = `
 UPDATE onceflow.seq_gaps SET state = 'filled', closed_at = $5
-WHERE consumer = $1 AND source = $2 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
+WHERE consumer = $1 AND source = $2 AND producer = $6 AND topic = $7 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
 
 	qGapGiveUp = `
 UPDATE onceflow.seq_gaps SET state = 'given_up', give_up_reason = $5, closed_at = $6
-WHERE consumer = $1 AND source = $2 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
+WHERE consumer = $1 AND source = $2 AND producer = $7 AND topic = $8 AND state = 'open' AND from_seq = $3 AND to_seq = $4`
 
-	// Sources with an expired open gap: candidates for the timer, read
+	// Streams with an expired open gap: candidates for the timer, read
 	// without locks; each is then locked (SKIP LOCKED) and re-read.
-	qExpiredSources = `
-SELECT DISTINCT source FROM onceflow.seq_gaps
+	qExpiredStreams = `
+SELECT DISTINCT source, producer, topic FROM onceflow.seq_gaps
 WHERE consumer = $1 AND state = 'open' AND deadline <= $2
-ORDER BY source
+ORDER BY source, producer, topic
 LIMIT $3`
 
 	qStats = `
@@ -137,16 +171,16 @@ SELECT
     (SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND status = 'held')`
 
 	qListGaps = `
-SELECT id, source, from_seq, to_seq, opened_at, deadline, state,
+SELECT id, source, producer, topic, from_seq, to_seq, opened_at, deadline, state,
        coalesce(give_up_reason, ''), closed_at, resolved_at, coalesce(resolved_note, '')
 FROM onceflow.seq_gaps
 WHERE consumer = $1 AND (
     state = 'open'
     OR ($2 AND state = 'given_up' AND (resolved_at IS NULL OR closed_at >= $3)))
-ORDER BY state = 'open' DESC, source, from_seq, id`
+ORDER BY state = 'open' DESC, source, producer, topic, from_seq, id`
 
 	qResolveGaps = `
 UPDATE onceflow.seq_gaps SET resolved_at = $6, resolved_note = $5
-WHERE consumer = $1 AND source = $2 AND state = 'given_up' AND resolved_at IS NULL
+WHERE consumer = $1 AND source = $2 AND producer = $7 AND topic = $8 AND state = 'given_up' AND resolved_at IS NULL
   AND from_seq >= $3 AND to_seq <= $4`
 )

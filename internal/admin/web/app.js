@@ -222,6 +222,12 @@
     );
   }
 
+  // A gap's stream in words: its source, and for a producer's stream (not a
+  // legacy one) the producer and topic.
+  function streamName(g) {
+    return "source " + g.source + (g.producer ? " (producer " + g.producer + ", topic " + g.topic + ")" : "");
+  }
+
   function renderGaps(data) {
     const rows = data.gaps.map((g) => {
       const range = g.from === g.to ? String(g.from) : g.from + "–" + g.to;
@@ -234,12 +240,16 @@
         } else {
           resolution = el("span", { class: "muted", text: "not resolved" });
           action = el("button", { type: "button", class: "small", text: "Resolve…",
-            "aria-label": "Resolve gap " + range + " of source " + g.source });
+            "aria-label": "Resolve gap " + range + " of " + streamName(g) });
           action.addEventListener("click", () => openResolve(g, action));
         }
       }
-      return el("tr", { "data-gap-id": String(g.id), "data-source": g.source, "data-state": g.state },
-        el("td", { class: "mono", text: g.source }),
+      const stream = g.producer
+        ? el("td", { class: "mono" }, g.source, el("span", { class: "sample", text: "producer " + g.producer + " · topic " + g.topic }))
+        : el("td", { class: "mono", text: g.source });
+      return el("tr", { "data-gap-id": String(g.id), "data-source": g.source, "data-producer": g.producer || "",
+        "data-topic": g.topic || "", "data-state": g.state },
+        stream,
         el("td", { class: "mono", text: range }),
         el("td", {}, state),
         el("td", {}, fmtTime(g.opened_at)),
@@ -464,7 +474,7 @@
   function openResolve(g, opener) {
     returnFocus = opener;
     resolve = { gap: g, requestID: newRequestID() };
-    $("resolve-what").textContent = "Source " + g.source + ", missing seqs " + g.from + "–" + g.to + ", given up " +
+    $("resolve-what").textContent = "Stream: " + streamName(g) + ", missing seqs " + g.from + "–" + g.to + ", given up " +
       new Date(g.closed_at).toISOString() + ".";
     $("resolve-note").value = "";
     $("resolve-error").textContent = "";
@@ -483,7 +493,8 @@
     $("resolve-confirm").disabled = true;
     const g = resolve.gap;
     try {
-      await api("api/v1/gaps/resolve", { request_id: resolve.requestID, source: g.source, from: g.from, to: g.to, note });
+      await api("api/v1/gaps/resolve", { request_id: resolve.requestID, source: g.source, producer: g.producer || "", topic: g.topic || "",
+        from: g.from, to: g.to, note });
       $("resolve-dialog").close();
       say("Gap " + g.source + " " + g.from + "–" + g.to + " resolved.");
       refresh();

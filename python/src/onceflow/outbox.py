@@ -44,7 +44,7 @@ _ENQUEUE_TRACED = (
 @dataclass(frozen=True)
 class Enqueued:
     """What ``onceflow.enqueue`` returned: the event id (generated unless
-    given) and the event's per-source sequence number."""
+    given) and the event's sequence number in its stream (source and topic)."""
 
     event_id: str
     seq: int

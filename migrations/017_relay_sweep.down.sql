@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS onceflow.outbox_published_id_span;
