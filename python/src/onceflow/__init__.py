@@ -9,12 +9,17 @@ the Go relay, consumer and ``effects.Do`` through the same tables.
 - :func:`event_key`, :func:`graph_key`: keys byte for byte as Go builds
   them; :func:`consumer_scope`: the ledger scope of a Go consumer's
   ``http`` handler, to fence a key that handler shares.
-- :mod:`onceflow.langgraph`: the key of the running LangGraph node.
+- :mod:`onceflow.langgraph`: the key of the running LangGraph node;
+  :mod:`onceflow.dbos`, :mod:`onceflow.pydantic_ai`,
+  :mod:`onceflow.openai_agents`: a DBOS step's or an agent tool call's key
+  and a decorator fencing it (:mod:`onceflow.digest`: the input digest
+  they share).
 """
 
 from .effects import AsyncConnectionSource, ConnectionSource, Fence, Result, current_fence, fenced
 from .errors import (
     DuplicateEventError,
+    EffectHeldError,
     FenceError,
     InvalidEventError,
     InvalidKeyError,
@@ -39,6 +44,7 @@ __all__ = [
     "AsyncConnectionSource",
     "ConnectionSource",
     "DuplicateEventError",
+    "EffectHeldError",
     "Enqueued",
     "Fence",
     "FenceError",

@@ -31,6 +31,7 @@ Both work with ``async with`` / ``async def`` and psycopg's async API.
 from __future__ import annotations
 
 import contextvars
+import datetime
 import functools
 import inspect
 import json
@@ -48,7 +49,7 @@ from psycopg import errors as pgerrors
 from psycopg.types.json import Jsonb
 
 from . import failpoint
-from .errors import FenceError, InvalidKeyError
+from .errors import EffectHeldError, FenceError, InvalidKeyError
 from .keys import validate_key, validate_scope
 
 __all__ = [
@@ -70,6 +71,11 @@ FAILPOINT_AFTER_RECORD = "effects-after-record"
 _CLAIM = "SELECT status, attempts, result_code, result FROM onceflow.effect_claim(%s, %s, %s)"
 _RECORD = "SELECT onceflow.effect_record(%s, %s, %s, %s)"
 _RELEASE = "SELECT onceflow.effect_release(%s, %s)"
+_AGE = "SELECT now() - created_at FROM onceflow.effects WHERE scope = %s AND idempotency_key = %s"
+
+Reconcile = Callable[[str], "Result | None | Awaitable[Result | None]"]
+"""Asks the downstream what became of the effect sent under a key: the
+:class:`Result` it recorded, or ``None`` when it has none."""
 
 
 class ConnectionSource(Protocol):
@@ -120,6 +126,7 @@ class Fence:
         self.replayed = False
         self.attempts = 0
         self.result: Result | None = None
+        self.reconciled = False
         self._conn: psycopg.Connection[Any] | None = None
         self._aconn: psycopg.AsyncConnection[Any] | None = None
         self._held = False
@@ -173,6 +180,18 @@ class Fence:
             raise FenceError(f"record result of {self.key!r}: {err}") from err
         return self._recorded(code, summary)
 
+    def _reconciled(self, found: Result) -> tuple[str, str, int | None, Jsonb | None]:
+        if not isinstance(found, Result):
+            raise FenceError(f"reconcile({self.key!r}) returned {type(found).__name__}, want Result or None")
+        args = self._record_args(found.code, found.summary)
+        return args
+
+    def _mark_reconciled(self, found: Result) -> None:
+        self._held = False
+        self.replayed = True
+        self.reconciled = True
+        self.result = Result(code=found.code, summary=json.loads(json.dumps(found.summary)), replayed=True)
+
     def _claimed(self, row: tuple[Any, ...] | None) -> None:
         if row is None:  # pragma: no cover - the function always returns a row
             raise FenceError(f"claim {self.key!r}: no row")
@@ -209,6 +228,18 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
     (sync or async), or ``None`` for ``$ONCEFLOW_DATABASE_URL``: the fence
     takes a connection of its own for the claim and gives it back at the
     end. ``event_id`` is stored in the ledger row for operators.
+
+    ``window`` is the downstream's idempotency window (how long it dedups
+    a key: Stripe 24 hours). A retry of an intent (an earlier attempt may
+    have called) whose first attempt is older than ``window`` is never sent
+    blindly — the downstream would take the key for a new one: with
+    ``reconcile`` the fence asks the downstream by key and records what it
+    answers (``fx.replayed`` and ``fx.reconciled``; nothing is called) or,
+    when it answers ``None`` (it has no such effect), lets the call go;
+    without ``reconcile`` it raises :class:`~onceflow.EffectHeldError` and
+    the effect stays held for an operator. ``reconcile`` must answer from
+    the downstream's durable records (a search by the key stored with the
+    effect), not from its idempotency cache, which has forgotten the key.
     """
 
     def __init__(
@@ -218,9 +249,17 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         *,
         db: DB = None,
         event_id: str | None = None,
+        window: datetime.timedelta | None = None,
+        reconcile: Reconcile | None = None,
     ) -> None:
         if not isinstance(scope, str):
             raise FenceError(f"scope is {type(scope).__name__}, want str")
+        if window is not None and (not isinstance(window, datetime.timedelta) or window <= datetime.timedelta(0)):
+            raise FenceError(f"window is {window!r}, want a positive timedelta")
+        if reconcile is not None and window is None:
+            raise FenceError("reconcile needs window: it is asked only for a retry after the downstream's window")
+        self._window = window
+        self._reconcile = reconcile
         self._key = key
         self.scope = scope
         self._db = db
@@ -260,6 +299,84 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         self._fence = None
         self._cm = None
 
+    # -------------------------------------------------- downstream window
+
+    def _too_old(self, f: Fence, row: tuple[Any, ...] | None) -> bool:
+        if row is None or row[0] is None:  # pragma: no cover - the claim wrote the row
+            raise FenceError(f"claim {f.key!r}: no ledger row for its age")
+        assert self._window is not None
+        self._age: datetime.timedelta = row[0]
+        return bool(row[0] > self._window)
+
+    def _held_error(self, f: Fence) -> EffectHeldError:
+        return EffectHeldError(
+            f"effect {f.key!r} (scope {f.scope!r}) held: attempt {f.attempts} is {self._age} after the first, "
+            f"past the downstream's idempotency window of {self._window}, and there is no reconcile hook; "
+            "nothing was sent: an operator must find out whether the first attempts reached the downstream",
+            key=f.key,
+            scope=f.scope,
+            attempts=f.attempts,
+            age=self._age,
+        )
+
+    def _past_window_sync(self, conn: psycopg.Connection[Any], f: Fence) -> bool:
+        if self._window is None or not f._held or f.attempts <= 1:
+            return False
+        try:
+            row = conn.execute(_AGE, (f.scope, f.key)).fetchone()
+            if not conn.autocommit:
+                conn.commit()
+        except psycopg.Error as err:
+            raise FenceError(f"age of {f.key!r}: {err}") from err
+        return self._too_old(f, row)
+
+    async def _past_window_async(self, conn: psycopg.AsyncConnection[Any], f: Fence) -> bool:
+        if self._window is None or not f._held or f.attempts <= 1:
+            return False
+        try:
+            cur = await conn.execute(_AGE, (f.scope, f.key))
+            row = await cur.fetchone()
+            if not conn.autocommit:
+                await conn.commit()
+        except psycopg.Error as err:
+            raise FenceError(f"age of {f.key!r}: {err}") from err
+        return self._too_old(f, row)
+
+    def _settle_sync(self, conn: psycopg.Connection[Any], f: Fence) -> None:
+        """Past the window: reconcile, or hold (the caller's ``except``
+        releases the key and leaves the intent)."""
+        if self._reconcile is None:
+            raise self._held_error(f)
+        found = self._reconcile(f.key)
+        if inspect.isawaitable(found):
+            raise FenceError("reconcile returned an awaitable: use `async with fenced(...)` or a sync hook")
+        if found is None:
+            return  # the downstream has no such effect: call
+        args = f._reconciled(found)
+        try:
+            conn.execute(_RECORD, args)
+            if not conn.autocommit:
+                conn.commit()
+        except psycopg.Error as err:
+            raise FenceError(f"record reconciled result of {f.key!r}: {err}") from err
+        f._mark_reconciled(found)
+
+    async def _settle_async(self, conn: psycopg.AsyncConnection[Any], f: Fence) -> None:
+        if self._reconcile is None:
+            raise self._held_error(f)
+        answer = self._reconcile(f.key)
+        found = await answer if inspect.isawaitable(answer) else answer
+        if found is None:
+            return
+        args = f._reconciled(found)
+        try:
+            await conn.execute(_RECORD, args)
+            if not conn.autocommit:
+                await conn.commit()
+        except psycopg.Error as err:
+            raise FenceError(f"record reconciled result of {f.key!r}: {err}") from err
+        f._mark_reconciled(found)
+
     # ---------------------------------------------------------------- sync
 
     def __enter__(self) -> Fence:
@@ -282,6 +399,8 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                 conn.close()  # the lock state is unknown: never reuse it
                 raise _claim_error(f.key, err) from err
             f._claimed(row)
+            if self._past_window_sync(conn, f):
+                self._settle_sync(conn, f)
         except BaseException:
             self._close_sync(f)
             self._finish()
@@ -344,6 +463,8 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                 await conn.close()
                 raise _claim_error(f.key, err) from err
             f._claimed(row)
+            if await self._past_window_async(conn, f):
+                await self._settle_async(conn, f)
         except BaseException:
             await self._close_async(f)
             self._finish()
@@ -400,7 +521,9 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
 
         def child(args: tuple[Any, ...], kwargs: dict[str, Any]) -> fenced:
             key = spec._key(*args, **kwargs) if callable(spec._key) else spec._key
-            return fenced(key, spec.scope, db=spec._db, event_id=spec._event_id)
+            return fenced(
+                key, spec.scope, db=spec._db, event_id=spec._event_id, window=spec._window, reconcile=spec._reconcile
+            )
 
         def unpack(value: Any) -> tuple[int | None, Any, bool]:
             # A Result with a code is recorded as code + summary and comes

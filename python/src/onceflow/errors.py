@@ -7,6 +7,8 @@ handlers keep working.
 
 from __future__ import annotations
 
+import datetime
+
 __all__ = [
     "OnceflowError",
     "InvalidKeyError",
@@ -14,6 +16,7 @@ __all__ = [
     "DuplicateEventError",
     "RetryableError",
     "FenceError",
+    "EffectHeldError",
 ]
 
 
@@ -53,3 +56,21 @@ class FenceError(OnceflowError):
     """The fencing protocol was misused or the ledger could not be written:
     a claim inside a transaction that already wrote, a record without a
     claim, a result that is not JSON. The message says which."""
+
+
+class EffectHeldError(FenceError):
+    """A retry of an effect whose first attempt is older than its
+    downstream's idempotency window, with no ``reconcile`` hook to ask the
+    downstream what became of it: nothing was sent. The intent stays in
+    the ledger (status ``intent``, ``attempts`` counting the held retries)
+    for an operator to resolve; every retry raises this again until then.
+
+    ``key``, ``scope``, ``attempts`` and ``age`` (a ``timedelta`` since
+    the first attempt) say which effect and why."""
+
+    def __init__(self, message: str, *, key: str, scope: str, attempts: int, age: datetime.timedelta) -> None:
+        super().__init__(message)
+        self.key = key
+        self.scope = scope
+        self.attempts = attempts
+        self.age = age
