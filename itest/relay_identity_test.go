@@ -209,6 +209,15 @@ func TestRelayLegacyCheckpoint(t *testing.T) {
 	if out, err := relayCmd(t, e.db, "identity", "legacy", "adopt", "-shard", "default", "-note", "this service alone used the checkpoint topic"); err != nil {
 		t.Fatalf("legacy adopt: %v\n%s", err, out)
 	}
+	// The note is kept with the decision, and shown.
+	var note string
+	if err := e.db.Pool.QueryRow(ctx, `SELECT decision_note FROM onceflow.relay_legacy_checkpoint WHERE shard = 'default'`).Scan(&note); err != nil ||
+		note != "this service alone used the checkpoint topic" {
+		t.Fatalf("decision_note %q, %v", note, err)
+	}
+	if out, err := relayCmd(t, e.db, "identity", "show"); err != nil || !strings.Contains(out, "(note: this service alone used the checkpoint topic)") {
+		t.Fatalf("identity show does not show the note: %v\n%s", err, out)
+	}
 	p := e.start("relay-adopted", nil, "-holder-id", "r")
 	if _, err := p.WaitFor(ctx, regexp.MustCompile(`"msg":"legacy checkpoint settled".*adopted, 3 rows marked published`)); err != nil {
 		t.Fatalf("%v\n%s", err, p.Output())

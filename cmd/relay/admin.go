@@ -56,7 +56,7 @@ func (c *adminConfig) RegisterFlags(fs *flag.FlagSet, cmd string) {
 		fs.StringVar(&c.note, "note", "", "why (required; kept in onceflow.database_identity)")
 	case "identity legacy":
 		fs.StringVar(&c.shard, "shard", outbox.DefaultShard, shardHelp)
-		fs.StringVar(&c.note, "note", "", "why (required; logged with the decision)")
+		fs.StringVar(&c.note, "note", "", "why (required; kept with the decision)")
 	case "outbox failed list":
 		fs.BoolVar(&c.all, "all", false, "also list resolved entries (published after a retry, or skipped)")
 	case "outbox failed retry":
@@ -170,7 +170,7 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "new identity %s for %s; restart the relays\n", idn.ID, idn.Place)
 	case "identity legacy":
-		err := outbox.DecideLegacyCheckpoint(ctx, pool, c.shard, pos[0])
+		err := outbox.DecideLegacyCheckpoint(ctx, pool, c.shard, pos[0], c.note)
 		if errors.Is(err, outbox.ErrNoLegacyCheckpoint) {
 			return fmt.Errorf("shard %q: %w (relay identity show lists them)", c.shard, err)
 		}
@@ -239,6 +239,9 @@ func identityShow(ctx context.Context, db outbox.DB, c adminConfig, w io.Writer)
 			state = "settled " + ts(l.SettledAt) + ": " + l.Outcome
 		} else if l.Decision != "" {
 			state = "unsettled, decision " + l.Decision + " by " + l.DecidedBy
+		}
+		if l.Note != "" {
+			state += " (note: " + l.Note + ")"
 		}
 		fmt.Fprintf(tw, "legacy checkpoint (shard %s)\t%s\n", l.Shard, state)
 	}

@@ -230,6 +230,8 @@ type LegacyCheckpoint struct {
 	Decision  string // "", "adopt" or "discard"
 	DecidedAt *time.Time
 	DecidedBy string
+	// Note is why, as the operator said it with the decision.
+	Note      string
 	SettledAt *time.Time
 	Outcome   string
 }
@@ -242,9 +244,9 @@ func ListLegacyCheckpoints(ctx context.Context, db DB) ([]LegacyCheckpoint, erro
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (LegacyCheckpoint, error) {
 		var l LegacyCheckpoint
-		var d, by, out *string
-		err := r.Scan(&l.Shard, &l.NotedAt, &d, &l.DecidedAt, &by, &l.SettledAt, &out)
-		l.Decision, l.DecidedBy, l.Outcome = deref(d), deref(by), deref(out)
+		var d, by, note, out *string
+		err := r.Scan(&l.Shard, &l.NotedAt, &d, &l.DecidedAt, &by, &note, &l.SettledAt, &out)
+		l.Decision, l.DecidedBy, l.Note, l.Outcome = deref(d), deref(by), deref(note), deref(out)
 		return l, err
 	})
 }
@@ -256,11 +258,12 @@ var ErrNoLegacyCheckpoint = errors.New("no unsettled legacy checkpoint for this 
 // legacy checkpoint: "adopt" (it is this database's: the relay marks the
 // rows it names) or "discard" (it may be another database's: the rows it
 // names are published again). The relay carries it out at its next start.
-func DecideLegacyCheckpoint(ctx context.Context, db DB, shard, decision string) error {
+// note (why) is kept with the decision.
+func DecideLegacyCheckpoint(ctx context.Context, db DB, shard, decision, note string) error {
 	if decision != "adopt" && decision != "discard" {
 		return fmt.Errorf("legacy checkpoint decision %q: want adopt or discard", decision)
 	}
-	tag, err := db.Exec(ctx, qLegacyDecide, shard, decision)
+	tag, err := db.Exec(ctx, qLegacyDecide, shard, decision, note)
 	if err != nil {
 		return fmt.Errorf("record legacy checkpoint decision: %w", err)
 	}

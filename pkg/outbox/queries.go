@@ -372,13 +372,13 @@ SELECT h.ord, o.id, o.event_id, coalesce(c.last_seq, l.last_seq)
 
 // Legacy checkpoints (settleLegacy, identity.go).
 const qLegacyList = `
-SELECT shard, noted_at, decision, decided_at, decided_by, settled_at, outcome
+SELECT shard, noted_at, decision, decided_at, decided_by, decision_note, settled_at, outcome
   FROM onceflow.relay_legacy_checkpoint ORDER BY shard`
 
 const qLegacyPendingAll = `SELECT shard, decision FROM onceflow.relay_legacy_checkpoint WHERE settled_at IS NULL ORDER BY shard`
 
 const qLegacyDecide = `
-UPDATE onceflow.relay_legacy_checkpoint SET decision = $2, decided_at = now(), decided_by = current_user
+UPDATE onceflow.relay_legacy_checkpoint SET decision = $2, decided_at = now(), decided_by = current_user, decision_note = $3
  WHERE shard = $1 AND settled_at IS NULL`
 
 const qLegacySettle = `UPDATE onceflow.relay_legacy_checkpoint SET settled_at = now(), outcome = $2 WHERE shard = $1 AND settled_at IS NULL`
