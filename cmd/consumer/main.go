@@ -54,7 +54,7 @@ commands:
                           rows per the retention file (for a CronJob)
   dlq list                list dead-lettered and held events; filters
                           (-event-type, -source, -error, -from/-to/-since,
-                          -group, -status) and -group-by error
+                          -error-group, -status) and -group-by error
   dlq replay EVENT-ID     re-drive one event through the handlers
   dlq replay FILTER -note "…"
                           re-drive the matching events, per source in seq
