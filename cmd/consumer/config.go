@@ -79,6 +79,7 @@ var inboxFlags = cli.Fields{
 	"RetryMaxElapsed":        "retry-max-elapsed",
 	"RetryMaxInterval":       "retry-max-interval",
 	"SessionTimeout":         "session-timeout",
+	"StartAt":                "start-at",
 	"Topics":                 "topics",
 }
 
@@ -159,6 +160,8 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.RetryMaxElapsed, "retry-max-elapsed", inbox.DefaultRetryMaxElapsed, "longest time spent retrying one event")
 	fs.DurationVar(&o.RetryMaxInterval, "retry-max-interval", inbox.DefaultRetryMaxInterval, "longest backoff between tries")
 	fs.DurationVar(&o.SessionTimeout, "session-timeout", inbox.DefaultSessionTimeout, "how long the group waits for a member that stopped heartbeating before reassigning its partitions (the broker allows 6s and up by default)")
+	cli.Var(fs, &o.StartAt, "start-at", "where a partition with no stored offset starts (a new group, a new or recreated topic): earliest (the whole retained log), latest, or an RFC 3339 time; other than earliest needs -first-seen accept-first-seen",
+		inbox.ParseStartPosition, inbox.StartPosition.String)
 	fs.Var((*cli.List)(&o.Topics), "topics", "comma-separated topics to consume (required)")
 }
 

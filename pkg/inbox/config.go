@@ -189,6 +189,15 @@ type Config struct {
 	// docs/tracing.md). Default: the global provider (otel.GetTracerProvider).
 	TracerProvider trace.TracerProvider
 
+	// StartAt is where a partition starts when neither PostgreSQL nor the
+	// consumer group has an offset for it — a new group, a new or recreated
+	// topic (default StartEarliest: the whole retained log, so a new group
+	// applies every event still on the topic, days of backlog included).
+	// StartLatest or StartAt(t) skip what came before; with OrderSeq they
+	// need FirstSeen = AcceptFirstSeen, since every stream's first event
+	// then has a seq above 1.
+	StartAt StartPosition
+
 	// Topics to consume (required).
 	Topics []string
 }
@@ -410,6 +419,8 @@ func (c *Config) Validate() error {
 		return bad("RetryMaxElapsed", "must be positive, got %s", c.RetryMaxElapsed)
 	case !positive(c.SessionTimeout):
 		return bad("SessionTimeout", "must be positive, got %s", c.SessionTimeout)
+	case !c.StartAt.IsEarliest() && c.Ordering == OrderSeq && c.FirstSeen == seqguard.ExpectFirstSeq1:
+		return bad("StartAt", "%s skips the first seqs of every stream: with OrderSeq it needs FirstSeen %s, or every stream opens a gap at 1", c.StartAt, seqguard.AcceptFirstSeen)
 	}
 	for _, t := range c.Topics {
 		if t == "" {

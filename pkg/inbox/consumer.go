@@ -153,7 +153,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.ConsumeTopics(c.cfg.Topics...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.ConsumeResetOffset(c.cfg.StartAt.offset()),
 		// No rebalance callback runs between a poll and AllowRebalance: every
 		// polled batch is handed to the worker of the assignment it was
 		// fetched under, never to the next owner's worker.
