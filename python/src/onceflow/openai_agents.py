@@ -41,15 +41,14 @@ replayed call returns it without running the tool. Requires
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from agents.tool_context import ToolContext
 
+from ._contexttool import context_tool_fence
 from .digest import input_digest
-from .effects import DB, fenced
+from .effects import DB
 from .errors import InvalidKeyError
 from .keys import graph_key
 
@@ -99,24 +98,6 @@ def fenced_tool(
     :class:`~onceflow.fenced`'s. Inside, ``current_fence().key`` is the key
     to send downstream."""
 
-    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        sig = inspect.signature(fn)
-
-        def key(*args: Any, **kwargs: Any) -> str:
-            try:
-                bound = sig.bind(*args, **kwargs)
-            except TypeError as err:
-                raise InvalidKeyError(f"onceflow.openai_agents: arguments of {fn.__qualname__}: {err}") from err
-            bound.apply_defaults()
-            named = dict(bound.arguments)
-            ctx = named.pop(next(iter(sig.parameters)), None)
-            if not isinstance(ctx, ToolContext):
-                raise InvalidKeyError(
-                    f"onceflow.openai_agents: {fn.__qualname__}'s first argument is not a ToolContext"
-                )
-            value = on(**named) if on is not None else named
-            return tool_key(ctx, value, identity=identity)
-
-        return functools.wraps(fn)(fenced(key, scope, db=db)(fn))
-
-    return decorate
+    return context_tool_fence(
+        "onceflow.openai_agents", ToolContext, lambda ctx, value: tool_key(ctx, value, identity=identity), scope, db, on
+    )

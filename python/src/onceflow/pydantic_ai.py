@@ -37,15 +37,14 @@ Requires ``pydantic-ai-slim`` (``pip install onceflow[pydantic-ai]``);
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic_ai import RunContext
 
+from ._contexttool import context_tool_fence
 from .digest import input_digest
-from .effects import DB, fenced
+from .effects import DB
 from .errors import InvalidKeyError
 from .keys import graph_key
 
@@ -101,22 +100,6 @@ def fenced_tool(
     :class:`~onceflow.fenced`'s. Inside, ``current_fence().key`` is the key
     to send downstream."""
 
-    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        sig = inspect.signature(fn)
-
-        def key(*args: Any, **kwargs: Any) -> str:
-            try:
-                bound = sig.bind(*args, **kwargs)
-            except TypeError as err:
-                raise InvalidKeyError(f"onceflow.pydantic_ai: arguments of {fn.__qualname__}: {err}") from err
-            bound.apply_defaults()
-            named = dict(bound.arguments)
-            ctx = named.pop(next(iter(sig.parameters)), None)
-            if not isinstance(ctx, RunContext):
-                raise InvalidKeyError(f"onceflow.pydantic_ai: {fn.__qualname__}'s first argument is not a RunContext")
-            value = on(**named) if on is not None else named
-            return tool_key(ctx, value, identity=identity)
-
-        return functools.wraps(fn)(fenced(key, scope, db=db)(fn))
-
-    return decorate
+    return context_tool_fence(
+        "onceflow.pydantic_ai", RunContext, lambda ctx, value: tool_key(ctx, value, identity=identity), scope, db, on
+    )
