@@ -427,10 +427,28 @@ func TestConsoleAPI(t *testing.T) {
 		t.Errorf("relay status, set-aside row: %+v", r)
 	}
 
+	// A snapshot held in the database shows in the summary.
+	holder, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck
+	if _, err := holder.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT count(*) FROM onceflow.outbox`); err != nil { // takes the snapshot
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `SELECT pg_sleep(0.2)`); err != nil {
+		t.Fatal(err)
+	}
 	var sum console.Summary
 	api.get("/api/v1/summary", &sum)
 	if sum.Dead != 0 || sum.Held != 1 || sum.OpenGaps != 1 || sum.GivenUpUnresolved != int64(states["given_up"]-1) || sum.Parked != 1 {
 		t.Errorf("summary: %+v", sum)
+	}
+	if sum.CleanupHolder != "transaction" || sum.CleanupHeldSeconds < 0.2 {
+		t.Errorf("summary: cleanup held back by %q for %vs, want a transaction for at least 0.2s", sum.CleanupHolder, sum.CleanupHeldSeconds)
 	}
 	if strings.Contains(logs.buf.String(), token) {
 		t.Error("the token reached the log")

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/onceflow/onceflow/internal/horizon"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/seqguard"
 )
@@ -98,6 +99,12 @@ type Summary struct {
 	Held              int64     `json:"held"`
 	Parked            int64     `json:"parked"`
 	DBTime            time.Time `json:"db_time"`
+	// CleanupHeldSeconds is the age of the oldest transaction or prepared
+	// transaction holding back PostgreSQL's cleanup in this database, and
+	// CleanupHolder its kind (internal/horizon; "" when none, or when the
+	// measurement failed).
+	CleanupHeldSeconds float64 `json:"cleanup_held_seconds"`
+	CleanupHolder      string  `json:"cleanup_holder,omitempty"`
 }
 
 // Summary counts what needs attention.
@@ -107,6 +114,14 @@ func (s *Service) Summary(ctx context.Context) (Summary, error) {
 		&out.Held, &out.Parked, &out.DBTime)
 	if err != nil {
 		return out, fmt.Errorf("summary: %w", err)
+	}
+	// What holds back cleanup: shown, never a reason to fail the summary.
+	if ages, err := horizon.Measure(ctx, s.cfg.Pool); err == nil {
+		for _, k := range []string{horizon.Transaction, horizon.Prepared} {
+			if a := ages[k]; a.Seconds > out.CleanupHeldSeconds {
+				out.CleanupHeldSeconds, out.CleanupHolder = a.Seconds, k
+			}
+		}
 	}
 	return out, nil
 }

@@ -219,6 +219,9 @@
       card("Dead letters", s.dead, s.dead > 0 ? "bad" : "ok"),
       card("Held", s.held, s.held > 0 ? "warn" : "ok"),
       card("Parked", s.parked, ""),
+      card("Cleanup held back",
+        s.cleanup_holder ? fmtAge(s.cleanup_held_seconds) + " (" + s.cleanup_holder + ")" : "no",
+        s.cleanup_held_seconds > 1800 ? "warn" : "ok"),
     );
   }
 
