@@ -414,7 +414,13 @@ BEGIN
     END IF;
     -- The seq: the trigger outbox_assign_seq's, from the stream's counter.
     INSERT INTO onceflow.outbox AS o (event_id, topic, source, event_type, content_type, record_key, headers, payload)
-    VALUES (coalesce(enqueue.event_id, gen_random_uuid()::text), enqueue.topic, enqueue.source,
+    -- A generated id is a UUIDv7 (RFC 9562), like Go's and enqueue_batch's:
+    -- 48 bits of Unix milliseconds, the version 7, then a version-4 UUID's
+    -- random bits from its 13th hex digit on.
+    VALUES (coalesce(enqueue.event_id,
+                     (SELECT substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7' || substr(gen_random_uuid()::text, 16)
+                        FROM lpad(to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') AS h)),
+            enqueue.topic, enqueue.source,
             enqueue.event_type, 'application/json', convert_to(enqueue.key, 'UTF8'), v_headers, v_payload)
     RETURNING o.event_id, o.seq INTO v_result.event_id, v_result.seq;
     RETURN v_result;

@@ -182,7 +182,7 @@ func TestSQLEnqueueBatchSameAs010(t *testing.T) {
 
 // Generated event ids are UUIDv7, like Go's: version 7, the RFC 9562
 // variant, the database's clock in their first 48 bits, all distinct.
-func TestSQLEnqueueBatchGeneratesUUIDv7(t *testing.T) {
+func TestSQLEnqueueGeneratesUUIDv7(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var before, after time.Time
@@ -198,6 +198,16 @@ func TestSQLEnqueueBatchGeneratesUUIDv7(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// onceflow.enqueue makes the same kind of id.
+	rows, err = b.db.Pool.Query(b.ctx, `SELECT (onceflow.enqueue('t', 's' || g, 'x', to_jsonb(g))).event_id FROM generate_series(1, 20) g`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, one...)
 	if err := b.db.Pool.QueryRow(b.ctx, `SELECT clock_timestamp()`).Scan(&after); err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +226,7 @@ func TestSQLEnqueueBatchGeneratesUUIDv7(t *testing.T) {
 			t.Fatalf("event id %q: time %s is not between %s and %s", id, at, before, after)
 		}
 	}
-	if len(ids) != 500 {
-		t.Fatalf("%d ids, want 500", len(ids))
+	if len(ids) != 520 {
+		t.Fatalf("%d ids, want 520", len(ids))
 	}
 }
