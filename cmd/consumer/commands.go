@@ -41,10 +41,17 @@ import (
 	"github.com/onceflow/onceflow/pkg/schema"
 )
 
+// positionalArgs are the positional arguments of the commands that take
+// some, for their usage line.
+var positionalArgs = map[string]string{
+	"consumer dlq replay":   " [EVENT-ID]",
+	"consumer gaps resolve": " SOURCE FROM-TO",
+}
+
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	if err := cli.Parse(fs, args); err != nil {
 		if err == flag.ErrHelp {
-			fmt.Fprintf(stderr, "usage: %s [flags]\n", fs.Name())
+			fmt.Fprintf(stderr, "usage: %s%s [flags]\n", fs.Name(), positionalArgs[fs.Name()])
 			cli.Usage(fs, stderr)
 			return err
 		}

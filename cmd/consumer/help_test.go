@@ -60,3 +60,19 @@ func TestHelpNamesOnlyRealFlags(t *testing.T) {
 		t.Fatalf("checked only %d flags in the help", checked)
 	}
 }
+
+// TestUsageShowsPositionalArguments: a command that takes positional
+// arguments names them in its usage line.
+func TestUsageShowsPositionalArguments(t *testing.T) {
+	t.Parallel()
+	for sub, want := range map[string]string{
+		"dlq replay":   "usage: consumer dlq replay [EVENT-ID] [flags]",
+		"gaps resolve": "usage: consumer gaps resolve SOURCE FROM-TO [flags]",
+	} {
+		var out strings.Builder
+		_ = run(context.Background(), append(strings.Fields(sub), "-h"), &out, &out)
+		if !strings.HasPrefix(out.String(), want+"\n") {
+			t.Errorf("consumer %s -h: %q, want it to start with %q", sub, strings.SplitN(out.String(), "\n", 2)[0], want)
+		}
+	}
+}

@@ -72,6 +72,13 @@ func (c *adminConfig) RegisterFlags(fs *flag.FlagSet, cmd string) {
 	}
 }
 
+// positionalArgs are the positional arguments of the commands that take
+// some, for their usage line.
+var positionalArgs = map[string]string{
+	"relay outbox failed retry": " ID",
+	"relay outbox failed skip":  " ID",
+}
+
 // parseInterleaved parses flags that may come before, between or after the
 // positional arguments, and returns the positional ones.
 func parseInterleaved(fs *flag.FlagSet, args []string, stdout io.Writer) ([]string, error) {
@@ -79,7 +86,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string, stdout io.Writer) ([]stri
 	for {
 		if err := cli.Parse(fs, args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprintf(stdout, "usage: %s [flags]\n", fs.Name())
+				fmt.Fprintf(stdout, "usage: %s%s [flags]\n", fs.Name(), positionalArgs[fs.Name()])
 				cli.Usage(fs, stdout)
 				return nil, err
 			}

@@ -200,3 +200,15 @@ func TestOperatorFlagsReadNoEnvironment(t *testing.T) {
 		t.Fatalf("migrate read ONCEFLOW_TO: %v", err)
 	}
 }
+
+// TestUsageShowsPositionalArguments: the operator commands that take an id
+// name it in their usage line.
+func TestUsageShowsPositionalArguments(t *testing.T) {
+	for _, sub := range []string{"retry", "skip"} {
+		var out strings.Builder
+		_ = run([]string{"outbox", "failed", sub, "-h"}, &out, &out)
+		if want := "usage: relay outbox failed " + sub + " ID [flags]\n"; !strings.HasPrefix(out.String(), want) {
+			t.Errorf("relay outbox failed %s -h: %q, want it to start with %q", sub, strings.SplitN(out.String(), "\n", 2)[0], want)
+		}
+	}
+}
