@@ -153,9 +153,9 @@ type Config struct {
 	// commit that made it durable, of each event dead-lettered (a malformed
 	// record, or a handler failing until the retries are exhausted), each
 	// sequence gap given up, and each late event (delivered marked late or,
-	// under seqguard.Hold, held) (default: none). Never for an attempt that
-	// rolled back; an event the commit made durable is reported once by the
-	// replica that committed it. They run on the goroutine that committed
+	// under seqguard.Hold, held) (default: none). Each fact is told once, by
+	// the replica that committed it, never for an attempt that rolled back.
+	// They run on the goroutine that committed
 	// (a partition's worker or the gap timer), so they must be quick: a slow
 	// one stalls that partition; hand slow work (paging, HTTP) to a
 	// goroutine of your own. A panic in one is recovered and logged.
