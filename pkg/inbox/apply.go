@@ -83,6 +83,8 @@ type outcome struct {
 	guard guardSteps
 	// deadReleased are released parked events the gap timer dead-lettered.
 	deadReleased []deadReleased
+	// notes are what the callbacks are told beyond the above (notify.go).
+	notes notices
 }
 
 func (o *outcome) add(p outcome) {
@@ -93,11 +95,14 @@ func (o *outcome) add(p outcome) {
 	o.deadItems = append(o.deadItems, p.deadItems...)
 	o.guard.add(p.guard)
 	o.deadReleased = append(o.deadReleased, p.deadReleased...)
+	o.notes.add(p.notes)
 }
 
 type deadLetter struct {
 	rec    *kgo.Record
 	reason string
+	// info is what Config.OnDeadLetter is told.
+	info DeadLettered
 }
 
 // applier runs the inbox transaction. It has no Kafka in it, so the
@@ -169,7 +174,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 		if inserted {
 			out.dead++
 			out.malformed++
-			out.deadItems = append(out.deadItems, deadLetter{rec: it.rec, reason: it.bad.Error()})
+			out.deadItems = append(out.deadItems, deadLetter{rec: it.rec, reason: it.bad.Error(), info: deadInfo(it, it.bad.Error())})
 			it.result = outcomeDeadLettered
 		} else {
 			out.duplicates++
@@ -209,6 +214,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 			released = append(released, a.tr.startReleased(ctx, v.apply, releaseReason(v.raw))...)
 			apply = append(apply, v.apply...)
 			out.guard.add(v.steps)
+			out.notes.late = append(out.notes.late, lateNotices(&it.ev, v.apply, v.raw)...)
 			// A redelivery of an event the guard applied in order (its
 			// inbox row was pruned) is a duplicate, under either late policy.
 			out.duplicates += v.steps.counts.Duplicates
@@ -488,7 +494,7 @@ func (a *applier) deadLetterTx(ctx context.Context, it *item, attempts int, reas
 	}
 	if inserted {
 		out.dead = 1
-		out.deadItems = []deadLetter{{rec: it.rec, reason: reason}}
+		out.deadItems = []deadLetter{{rec: it.rec, reason: reason, info: deadInfo(it, reason)}}
 		it.result = outcomeDeadLettered
 	} else {
 		out.duplicates = 1 // someone else applied or dead-lettered it meanwhile

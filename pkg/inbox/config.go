@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -133,7 +134,10 @@ type Config struct {
 	// either way. Only with OrderSeq.
 	LatePolicy seqguard.Late
 
-	// Logger receives the consumer's logs (default: discarded).
+	// Logger receives the consumer's logs (default: slog.Default(), so that
+	// an embedded consumer's given-up gaps and dead letters are logged at
+	// ERROR where the program logs; to silence it, pass
+	// slog.New(slog.DiscardHandler)).
 	Logger *slog.Logger
 
 	// MaxParked bounds the parked events of one source (default 1000). When
@@ -144,6 +148,20 @@ type Config struct {
 	// MaxPayloadBytes is the largest payload accepted; bigger records are
 	// dead-lettered as malformed (default envelope.DefaultMaxPayloadBytes).
 	MaxPayloadBytes int
+
+	// OnDeadLetter, OnGapGivenUp and OnLate are told, after the Postgres
+	// commit that made it durable, of each event dead-lettered (a malformed
+	// record, or a handler failing until the retries are exhausted), each
+	// sequence gap given up, and each late event (delivered marked late or,
+	// under seqguard.Hold, held) (default: none). Each fact is told once, by
+	// the replica that committed it, never for an attempt that rolled back.
+	// They run on the goroutine that committed
+	// (a partition's worker or the gap timer), so they must be quick: a slow
+	// one stalls that partition; hand slow work (paging, HTTP) to a
+	// goroutine of your own. A panic in one is recovered and logged.
+	OnDeadLetter func(ctx context.Context, info DeadLettered)
+	OnGapGivenUp func(ctx context.Context, info GapGivenUp)
+	OnLate       func(ctx context.Context, info LateEvent)
 
 	// Ordering is how each source's events are ordered (default OrderSeq:
 	// seq order through the sequence guard; OrderArrival: as they arrive).
@@ -159,6 +177,9 @@ type Config struct {
 	QueueDepth int
 
 	// Registerer receives the consumer's metrics (default: not registered).
+	// The library never registers with a global registry itself; to expose
+	// the metrics with the rest of a program's, pass
+	// prometheus.DefaultRegisterer (or your own registry).
 	Registerer prometheus.Registerer
 
 	// RetryInitialInterval is the first backoff after a handler error
@@ -293,7 +314,7 @@ func (c Config) WithDefaults() Config {
 		c.MaxParked = DefaultMaxParked
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes

@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -137,5 +138,17 @@ func TestValidateRefusesExplicitZero(t *testing.T) {
 	var ce *ConfigError
 	if err := rc.Validate(); !errors.As(err, &ce) || ce.Field != "MaxParked" {
 		t.Errorf("ReplayConfig MaxParked 0: %v", err)
+	}
+}
+
+// TestDefaultLoggerIsSlogDefault: an embedded consumer without a Logger logs
+// where the program logs, not nowhere.
+func TestDefaultLoggerIsSlogDefault(t *testing.T) {
+	if got := (Config{}).WithDefaults().Logger; got != slog.Default() {
+		t.Fatalf("default Logger %p, want slog.Default() %p", got, slog.Default())
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	if got := (Config{Logger: quiet}).WithDefaults().Logger; got != quiet {
+		t.Fatal("an explicit Logger was replaced")
 	}
 }

@@ -686,6 +686,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	c.logGivenUp(ctx, out.guard.givenUp)
 
 	c.cfg.Hooks.afterPGCommit()
+	c.notify(ctx, &out)
 	c.copyToDLQ(ctx, cl, out.deadItems)
 	// The Kafka commit follows (every CommitInterval, and on revocation).
 	cl.MarkCommitRecords(recs[len(recs)-1])

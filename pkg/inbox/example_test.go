@@ -3,12 +3,14 @@ package inbox_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
@@ -18,7 +20,10 @@ import (
 // Embedding the consumer engine in your own program: a Go handler upserts a
 // projection row in the inbox transaction, with the monotonic guard
 // "WHERE seq < EXCLUDED.seq" so that an older event never overwrites a newer
-// state.
+// state. The consumer logs to slog.Default() (Logger unset), its metrics go
+// to the registry passed as Registerer, and the On* callbacks tell the
+// program of every gap given up, dead letter and late event once it is
+// committed.
 func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -47,12 +52,27 @@ func Example() {
 		return err
 	})
 
+	// Your program's registry; prometheus.DefaultRegisterer serves the
+	// metrics with the rest of the program's on promhttp.Handler().
+	reg := prometheus.NewRegistry()
 	c, err := inbox.New(inbox.Config{
 		Group:     "example-" + env.topic,
 		Handler:   handler,
 		KafkaOpts: []kgo.Opt{kgo.SeedBrokers(env.brokers...)},
-		Pool:      pool,
-		Topics:    []string{env.topic},
+		// Callbacks run after the commit on the consumer's goroutines: keep
+		// them quick (hand paging or HTTP calls to a goroutine of your own).
+		OnDeadLetter: func(ctx context.Context, d inbox.DeadLettered) {
+			slog.ErrorContext(ctx, "alert: event dead-lettered", "event_id", d.EventID, "reason", d.Reason)
+		},
+		OnGapGivenUp: func(ctx context.Context, g inbox.GapGivenUp) {
+			slog.ErrorContext(ctx, "alert: events lost", "stream", g.Stream.String(), "from_seq", g.From, "to_seq", g.To)
+		},
+		OnLate: func(ctx context.Context, l inbox.LateEvent) {
+			slog.WarnContext(ctx, "late event", "event_id", l.EventID, "held", l.Held)
+		},
+		Pool:       pool,
+		Registerer: reg,
+		Topics:     []string{env.topic},
 	})
 	if err != nil {
 		panic(err)
@@ -80,7 +100,24 @@ func Example() {
 		panic(err)
 	}
 	fmt.Println(got.EventID, got.Source, got.Seq, total)
-	// Output: evt-1 order-88 1 42
+	fmt.Println("processed:", processedTotal(reg))
+	// Output:
+	// evt-1 order-88 1 42
+	// processed: 1
+}
+
+// processedTotal reads onceflow_consumer_processed_total from reg.
+func processedTotal(reg *prometheus.Registry) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "onceflow_consumer_processed_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
 }
 
 type exampleEnvironment struct {

@@ -49,6 +49,7 @@ func (c *Consumer) gapTick(ctx context.Context, g *seqGuard, failures map[string
 		c.m.addGuard(out.guard)
 		c.logGivenUp(ctx, out.guard.givenUp)
 		c.logDeadReleased(ctx, out.deadReleased, "gap timer")
+		c.notify(ctx, &out)
 		for _, d := range out.deadReleased {
 			delete(failures, d.EventID)
 		}
@@ -120,6 +121,7 @@ func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time,
 		}
 		releasedSpans = append(releasedSpans, a.tr.startReleased(ctx, evs, releaseReason(o.Steps))...)
 		apply = append(apply, evs...)
+		out.notes.late = append(out.notes.late, lateNotices(nil, evs, nil)...)
 		for _, a := range o.Apply {
 			released[a.Event.EventID] = a.Event
 		}
