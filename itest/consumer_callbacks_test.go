@@ -88,7 +88,8 @@ func TestCallbacksGapGivenUpAndLate(t *testing.T) {
 			cl := testkit.Client(t)
 			h, applied := failingHandler()
 			var got calls
-			cfg := inbox.Config{Pool: db.Pool, Group: "g-" + topic, Topics: []string{topic}, Handler: h,
+			var logs logBuf
+			cfg := inbox.Config{Pool: db.Pool, Group: "g-" + topic, Topics: []string{topic}, Handler: h, Logger: logs.logger(),
 				LatePolicy: policy, GapTimeout: time.Second, GapCheckInterval: 50 * time.Millisecond}
 			got.install(&cfg)
 			startEngine(t, cfg)
@@ -111,6 +112,10 @@ func TestCallbacksGapGivenUpAndLate(t *testing.T) {
 			l := got.late[0]
 			if l.EventID != "src-a-3" || l.Stream != want || l.Seq != 3 || l.Held != (policy == seqguard.Hold) {
 				t.Fatalf("OnLate told %+v, want src-a-3 of %+v held=%v", l, want, policy == seqguard.Hold)
+			}
+			// A late event gets a WARN line, callback or not.
+			if n := len(logs.lines(`"level":"WARN"`, "late event", `"event_id":"src-a-3"`)); n != 1 {
+				t.Fatalf("%d late-event WARN lines for src-a-3, want 1", n)
 			}
 			// Settle: a later event in order is applied and nothing else is told.
 			produce(t, cl, topic, producedEvent("src-a", 6))
@@ -206,5 +211,10 @@ func TestCallbacksRolledBackGiveUpToldOnce(t *testing.T) {
 	}
 	if d := got.dead[0]; d.EventID != "src-r-3" || d.Stream != want || d.Seq != 3 || d.Malformed {
 		t.Fatalf("OnDeadLetter told %+v", d)
+	}
+	// The give-up's ERROR line says how many released events were
+	// dead-lettered rather than claiming them applied.
+	if given := logs.lines("sequence gap given up", `"dead_lettered":1`); len(given) != 1 {
+		t.Fatalf("%d given-up lines counting 1 dead-lettered event, want 1:\n%s", len(given), strings.Join(logs.lines("sequence gap given up"), "\n"))
 	}
 }

@@ -683,7 +683,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	c.m.malformed.Add(float64(out.malformed))
 	c.m.batchSize.Observe(float64(len(recs)))
 	c.m.addGuard(out.guard)
-	c.logGivenUp(ctx, out.guard.givenUp)
+	c.logGivenUp(ctx, out.guard.givenUp, out.deadReleased)
 
 	c.cfg.Hooks.afterPGCommit()
 	c.notify(ctx, &out)

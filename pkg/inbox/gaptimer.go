@@ -47,7 +47,7 @@ func (c *Consumer) gapTick(ctx context.Context, g *seqGuard, failures map[string
 		c.m.processed.Add(float64(out.processed))
 		c.m.deadLettered.Add(float64(out.dead))
 		c.m.addGuard(out.guard)
-		c.logGivenUp(ctx, out.guard.givenUp)
+		c.logGivenUp(ctx, out.guard.givenUp, out.deadReleased)
 		c.logDeadReleased(ctx, out.deadReleased, "gap timer")
 		c.notify(ctx, &out)
 		for _, d := range out.deadReleased {
@@ -158,17 +158,24 @@ type deadReleased struct {
 }
 
 // logGivenUp logs each given-up gap at ERROR, after its commit, with the
-// trace of the transaction that gave it up (when traced).
-func (c *Consumer) logGivenUp(ctx context.Context, gaps []givenUpGap) {
+// trace of the transaction that gave it up (when traced) and how many of
+// the events released behind it the same transaction dead-lettered (dead).
+func (c *Consumer) logGivenUp(ctx context.Context, gaps []givenUpGap, dead []deadReleased) {
 	for _, g := range gaps {
 		lctx := ctx
 		if g.txSpan.IsValid() {
 			lctx = trace.ContextWithSpanContext(ctx, g.txSpan)
 		}
-		c.log.ErrorContext(lctx, "sequence gap given up: events of the source are missing; the events after them were applied without them",
+		n := 0
+		for _, d := range dead {
+			if d.stream() == g.stream {
+				n++
+			}
+		}
+		c.log.ErrorContext(lctx, "sequence gap given up: events of the stream are missing; the events parked after them went on without them (applied, or dead-lettered: see dead_lettered)",
 			"source", g.stream.Source, "producer", g.stream.Producer, "topic", g.stream.Topic, "from_seq", g.step.Gap.From, "to_seq", g.step.Gap.To,
 			"range", g.step.Gap.String(), "opened_at", g.step.Gap.OpenedAt, "deadline", g.step.Gap.Deadline,
-			"reason", string(g.step.Reason), "trace_ids", g.traceIDs)
+			"reason", string(g.step.Reason), "dead_lettered", n, "trace_ids", g.traceIDs)
 	}
 }
 

@@ -73,6 +73,16 @@ func (n *notices) add(o notices) { n.late = append(n.late, o.late...) }
 // panic in it is recovered and logged.
 func (c *Consumer) notify(ctx context.Context, out *outcome) {
 	cfg := &c.cfg
+	// A late event is worth a line even without a callback: its stream's
+	// order was given up for it.
+	for _, l := range out.notes.late {
+		what := "delivered to the handler marked late"
+		if l.Held {
+			what = "held for an operator (consumer dlq list -status held)"
+		}
+		c.log.WarnContext(ctx, "late event: its seq lies in a gap given up earlier; "+what,
+			"event_id", l.EventID, "source", l.Stream.Source, "producer", l.Stream.Producer, "topic", l.Stream.Topic, "seq", l.Seq)
+	}
 	if cfg.OnGapGivenUp != nil {
 		for _, g := range out.guard.givenUp {
 			lctx := ctx

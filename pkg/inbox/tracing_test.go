@@ -227,7 +227,7 @@ func TestGapGiveUpTraces(t *testing.T) {
 
 	var logs bytes.Buffer
 	c := &Consumer{log: slog.New(obs.TraceHandler(slog.NewJSONHandler(&logs, nil)))}
-	c.logGivenUp(ctx, out.guard.givenUp)
+	c.logGivenUp(ctx, out.guard.givenUp, out.deadReleased)
 	if !strings.Contains(logs.String(), `"trace_ids":["`+want[0]+`","`+want[1]+`"]`) {
 		t.Errorf("given-up ERROR line without the trace ids: %s", logs.String())
 	}
