@@ -46,6 +46,7 @@ import (
 var positionalArgs = map[string]string{
 	"consumer dlq replay":   " [EVENT-ID]",
 	"consumer gaps resolve": " SOURCE FROM-TO",
+	"consumer gaps give-up": " SOURCE FROM-TO",
 }
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {

@@ -143,6 +143,8 @@ type Gap struct {
 	ClosedAt     *time.Time `json:"closed_at,omitempty"`
 	ResolvedAt   *time.Time `json:"resolved_at,omitempty"`
 	ResolvedNote string     `json:"resolved_note,omitempty"`
+	// GiveUpBy names who asked to give the gap up now ("actor via cli").
+	GiveUpBy string `json:"give_up_by,omitempty"`
 }
 
 // Gaps lists the open gaps and the given-up ones that are unresolved or
@@ -159,7 +161,7 @@ func (s *Service) Gaps(ctx context.Context, all bool, since time.Duration) ([]Ga
 	out := make([]Gap, 0, len(recs))
 	for _, g := range recs {
 		out = append(out, Gap{ID: g.ID, Source: g.Source, Producer: g.Producer, Topic: g.Topic, From: g.From, To: g.To, State: g.State, OpenedAt: g.OpenedAt,
-			Deadline: g.Deadline, Reason: string(g.Reason), ClosedAt: g.ClosedAt, ResolvedAt: g.ResolvedAt, ResolvedNote: g.ResolvedNote})
+			Deadline: g.Deadline, Reason: string(g.Reason), ClosedAt: g.ClosedAt, ResolvedAt: g.ResolvedAt, ResolvedNote: g.ResolvedNote, GiveUpBy: g.GiveUpBy})
 	}
 	return out, nil
 }
