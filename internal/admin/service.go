@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/horizon"
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -35,6 +36,11 @@ type Config struct {
 	// committed offsets (optional: without it lag shows stored offsets
 	// only).
 	Kafka *kadm.Client
+	// KafkaReader makes a short-lived client with the given options added,
+	// for lag to look past commit markers: a caught-up partition of a topic
+	// written by Kafka transactions ends in a marker, which takes an offset
+	// but is no event (optional: without it lag counts markers).
+	KafkaReader func(opts ...kgo.Opt) (*kgo.Client, error)
 	// Logger receives one INFO line per change (default: discarded).
 	Logger *slog.Logger
 	// Pool reaches the onceflow schema (required).
