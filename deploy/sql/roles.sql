@@ -216,7 +216,7 @@ BEGIN
     -- Consumer: its ledgers and state.
     FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
               WHERE c.relnamespace = 'onceflow'::regnamespace AND c.relkind IN ('r', 'p')
-                AND c.relname IN ('inbox', 'consumer_offsets', 'seq_state', 'seq_gaps', 'effects')
+                AND c.relname IN ('inbox', 'consumer_offsets', 'seq_state', 'seq_applied', 'seq_gaps', 'effects')
     LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', r.rel, v_consumer);
     END LOOP;
