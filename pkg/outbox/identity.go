@@ -8,16 +8,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
-// DB is what the package's admin functions need of a PostgreSQL handle;
-// *pgxpool.Pool and *pgx.Conn have it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// DB is a PostgreSQL handle.
+//
+// Deprecated: use dbtx.DB.
+type DB = dbtx.DB
 
 // Identity is this database's identity (onceflow.database_identity, made by
 // the migrations). The relay's default transactional.id and its checkpoint
@@ -73,7 +71,7 @@ func DefaultTransactionalID(identity, shard string) string {
 func CheckpointKey(identity, shard string) string { return checkpointKey(identity, shard) }
 
 // CurrentPlace reads where the database the handle points to lives.
-func CurrentPlace(ctx context.Context, db DB) (Place, error) {
+func CurrentPlace(ctx context.Context, db dbtx.DB) (Place, error) {
 	var p Place
 	if err := db.QueryRow(ctx, qPlaceOID).Scan(&p.DatabaseOID); err != nil {
 		return p, fmt.Errorf("read database oid: %w", err)
@@ -95,7 +93,7 @@ func CurrentPlace(ctx context.Context, db DB) (Place, error) {
 }
 
 // ReadIdentity returns the database's identity.
-func ReadIdentity(ctx context.Context, db DB) (Identity, error) {
+func ReadIdentity(ctx context.Context, db dbtx.DB) (Identity, error) {
 	id, err := scanIdentity(db.QueryRow(ctx, qIdentity))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return id, ErrNoIdentity
@@ -138,7 +136,7 @@ func deref(s *string) string {
 //     new identity of its own;
 //   - another place, used: a copy or a move, which only an operator can
 //     tell apart; an *IdentityError says how.
-func bindIdentity(ctx context.Context, db DB) (id Identity, reminted bool, err error) {
+func bindIdentity(ctx context.Context, db dbtx.DB) (id Identity, reminted bool, err error) {
 	here, err := CurrentPlace(ctx, db)
 	if err != nil {
 		return id, false, err
@@ -184,7 +182,7 @@ func nullIfEmpty(s string) *string {
 // AdoptIdentity records that this database replaces the one its identity
 // was made in (moved, upgraded, restored in its place): the relay publishes
 // under the same identity and uses its checkpoint, still checked row by row.
-func AdoptIdentity(ctx context.Context, db DB, note string) (Identity, error) {
+func AdoptIdentity(ctx context.Context, db dbtx.DB, note string) (Identity, error) {
 	here, err := CurrentPlace(ctx, db)
 	if err != nil {
 		return Identity{}, err
@@ -201,7 +199,7 @@ func AdoptIdentity(ctx context.Context, db DB, note string) (Identity, error) {
 // Rows the old identity's last transaction published but had not marked
 // are published again (consumers drop them as duplicates by event id).
 // Unsettled legacy checkpoints are discarded with it.
-func ResetIdentity(ctx context.Context, db DB, note string) (Identity, error) {
+func ResetIdentity(ctx context.Context, db dbtx.DB, note string) (Identity, error) {
 	here, err := CurrentPlace(ctx, db)
 	if err != nil {
 		return Identity{}, err
@@ -237,7 +235,7 @@ type LegacyCheckpoint struct {
 }
 
 // ListLegacyCheckpoints lists the legacy checkpoint rows, settled or not.
-func ListLegacyCheckpoints(ctx context.Context, db DB) ([]LegacyCheckpoint, error) {
+func ListLegacyCheckpoints(ctx context.Context, db dbtx.DB) ([]LegacyCheckpoint, error) {
 	rows, err := db.Query(ctx, qLegacyList)
 	if err != nil {
 		return nil, fmt.Errorf("list legacy checkpoints: %w", err)
@@ -259,7 +257,7 @@ var ErrNoLegacyCheckpoint = errors.New("no unsettled legacy checkpoint for this 
 // rows it names) or "discard" (it may be another database's: the rows it
 // names are published again). The relay carries it out at its next start.
 // note (why) is kept with the decision.
-func DecideLegacyCheckpoint(ctx context.Context, db DB, shard, decision, note string) error {
+func DecideLegacyCheckpoint(ctx context.Context, db dbtx.DB, shard, decision, note string) error {
 	if decision != "adopt" && decision != "discard" {
 		return fmt.Errorf("legacy checkpoint decision %q: want adopt or discard", decision)
 	}

@@ -6,15 +6,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
-// Conn runs the prune statements: pgx.Tx, *pgx.Conn, *pgxpool.Conn and
-// *pgxpool.Pool all do.
-type Conn interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
+// Conn is a PostgreSQL handle.
+//
+// Deprecated: use dbtx.DB.
+type Conn = dbtx.DB
 
 // PublishedRow is a published outbox row as retention (pkg/retention) sees
 // it.
@@ -28,7 +27,7 @@ type PublishedRow struct {
 // and after the cursor (afterAt, afterID), in (published at, id) order; a
 // row's publish time is its batch's in onceflow.outbox_published.
 // Unpublished rows are never returned.
-func ScanPublished(ctx context.Context, db Conn, before, afterAt time.Time, afterID int64, limit int) ([]PublishedRow, error) {
+func ScanPublished(ctx context.Context, db dbtx.DB, before, afterAt time.Time, afterID int64, limit int) ([]PublishedRow, error) {
 	rows, err := db.Query(ctx, qScanPublished, before, afterAt, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("scan outbox: %w", err)
@@ -42,7 +41,7 @@ func ScanPublished(ctx context.Context, db Conn, before, afterAt time.Time, afte
 
 // DeletePublished deletes the rows of ids that are published and returns
 // how many it deleted; an unpublished row is never deleted.
-func DeletePublished(ctx context.Context, db Conn, ids []int64) (int64, error) {
+func DeletePublished(ctx context.Context, db dbtx.DB, ids []int64) (int64, error) {
 	tag, err := db.Exec(ctx, qDeletePublishedIDs, ids)
 	if err != nil {
 		return 0, fmt.Errorf("prune outbox: %w", err)
@@ -60,13 +59,13 @@ const qPruneSetAside = `SELECT onceflow.prune_outbox_set_aside($1::interval, $2)
 // resolved (published or skipped) more than keep ago, by the database's
 // clock, and returns how many it deleted. Open rows are never deleted; a
 // keep under 24h is refused by the database (SQLSTATE 42501).
-func PruneSetAside(ctx context.Context, db Conn, keep time.Duration, limit int) (int64, error) {
+func PruneSetAside(ctx context.Context, db dbtx.DB, keep time.Duration, limit int) (int64, error) {
 	return pruneCall(ctx, db, qPruneSetAside, "prune set-aside rows", keep, limit)
 }
 
 // pruneCall runs a SQL prune function that returns how many rows it
 // deleted.
-func pruneCall(ctx context.Context, db Conn, q, what string, args ...any) (int64, error) {
+func pruneCall(ctx context.Context, db dbtx.DB, q, what string, args ...any) (int64, error) {
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/schema"
 )
@@ -1311,7 +1312,7 @@ type row struct {
 // the statement measures each row before reading it, so the relay never
 // holds more than BatchMaxBytes of rows, whatever a row's size (a row over
 // it comes without its values: oversized).
-func (r *Relay) fetch(ctx context.Context, tx querier, exclude []int64) ([]row, error) {
+func (r *Relay) fetch(ctx context.Context, tx dbtx.DB, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
 // Reasons a row is set aside (onceflow.outbox_set_aside.reason and the label
@@ -147,7 +149,7 @@ func scanSetAside(r pgx.CollectableRow) (SetAside, error) {
 
 // ListSetAside lists the open set-aside rows, or every entry (resolved ones
 // too) when all is set.
-func ListSetAside(ctx context.Context, db DB, all bool) ([]SetAside, error) {
+func ListSetAside(ctx context.Context, db dbtx.DB, all bool) ([]SetAside, error) {
 	rows, err := db.Query(ctx, qSetAsideList, all)
 	if err != nil {
 		return nil, fmt.Errorf("list set-aside rows: %w", err)
@@ -160,7 +162,7 @@ func ListSetAside(ctx context.Context, db DB, all bool) ([]SetAside, error) {
 }
 
 // GetSetAside returns the entry of outbox row id, open or resolved.
-func GetSetAside(ctx context.Context, db DB, id int64) (SetAside, error) {
+func GetSetAside(ctx context.Context, db dbtx.DB, id int64) (SetAside, error) {
 	rows, err := db.Query(ctx, qSetAsideGet, id)
 	if err != nil {
 		return SetAside{}, fmt.Errorf("read set-aside row %d: %w", id, err)
@@ -176,7 +178,7 @@ func GetSetAside(ctx context.Context, db DB, id int64) (SetAside, error) {
 // poll (after the cause was fixed: the topic's max.message.bytes raised, the
 // topic created, …). It is tried alone: published, the entry is resolved and
 // its source flows again; refused again, it stays set aside.
-func RetrySetAside(ctx context.Context, db DB, id int64, note string) error {
+func RetrySetAside(ctx context.Context, db dbtx.DB, id int64, note string) error {
 	tag, err := db.Exec(ctx, qSetAsideRetry, id, note)
 	if err != nil {
 		return fmt.Errorf("retry set-aside row %d: %w", id, err)
@@ -192,7 +194,7 @@ func RetrySetAside(ctx context.Context, db DB, id int64, note string) error {
 // with note and the database role that ran it. The rest of its source
 // flows again; consumers see its seq missing and give the gap up loudly.
 // A note is required.
-func SkipSetAside(ctx context.Context, db DB, id int64, note string) error {
+func SkipSetAside(ctx context.Context, db dbtx.DB, id int64, note string) error {
 	if strings.TrimSpace(note) == "" {
 		return errors.New("skip set-aside row: a note saying why is required")
 	}

@@ -69,12 +69,6 @@ func (r *Relay) sweepRange(ctx context.Context, q pgx.Tx, lo, hi int64) (sweepRe
 	return res, err
 }
 
-// querier is what a read needs: a pool or a transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // sweepAndFetch reads the next batch after sweeping: the tail always, a
 // full-walk step when due, both in the batch's REPEATABLE READ snapshot, so
 // that the batch holds no row the sweep could not see. An idle relay (the
