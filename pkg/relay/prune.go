@@ -1,4 +1,4 @@
-package outbox
+package relay
 
 import (
 	"context"
@@ -9,11 +9,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/dbtx"
 )
-
-// Conn is a PostgreSQL handle.
-//
-// Deprecated: use dbtx.DB.
-type Conn = dbtx.DB
 
 // PublishedRow is a published outbox row as retention (pkg/retention) sees
 // it.

@@ -1,4 +1,4 @@
-package outbox_test
+package relay_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 // TestRelayReservesCheckpointTopic: the relay registers its checkpoint
@@ -21,7 +22,7 @@ func TestRelayReservesCheckpointTopic(t *testing.T) {
 	ctx := context.Background()
 	topic := testkit.Topic(t, "unit", 1, nil)
 	ckpt := testkit.Topic(t, "ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
-	rb := startRelay(t, topic, func(c *outbox.Config) { c.CheckpointTopic = ckpt })
+	rb := startRelay(t, topic, func(c *relay.Config) { c.CheckpointTopic = ckpt })
 	waitUntil(t, "the checkpoint topic reserved", func() bool {
 		var n int
 		_ = rb.db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.reserved_topics WHERE topic = $1`, ckpt).Scan(&n)

@@ -1,4 +1,4 @@
-package outbox_test
+package relay_test
 
 import (
 	"context"
@@ -11,13 +11,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
-// holdCommit is an outbox.DB whose transactions wait for release before
+// holdCommit is an dbtx.DB whose transactions wait for release before
 // they commit.
 type holdCommit struct {
-	outbox.DB
+	dbtx.DB
 	reached chan struct{}
 	release chan struct{}
 }
@@ -49,7 +51,7 @@ func TestSkipRacingRetry(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	topic := "missing-" + strings.ReplaceAll(t.Name(), "/", "_") + "-" + time.Now().Format("150405.000000")
-	rb := startRelay(t, topic, func(c *outbox.Config) { c.RetrySetAsideAfter = 4 * time.Second })
+	rb := startRelay(t, topic, func(c *relay.Config) { c.RetrySetAsideAfter = 4 * time.Second })
 	res, err := rb.enqueue(t, outbox.Writer{}, outbox.Message{Topic: topic, Source: "s", EventType: "x", Payload: []byte(`{}`)})
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +65,7 @@ func TestSkipRacingRetry(t *testing.T) {
 
 	h := holdCommit{DB: rb.db.Pool, reached: make(chan struct{}), release: make(chan struct{})}
 	skipped := make(chan error, 1)
-	go func() { skipped <- outbox.SkipSetAside(ctx, h, id, "race test") }()
+	go func() { skipped <- relay.SkipSetAside(ctx, h, id, "race test") }()
 	select {
 	case <-h.reached: // checked (not due) and deleted, not committed
 	case err := <-skipped:
@@ -81,7 +83,7 @@ func TestSkipRacingRetry(t *testing.T) {
 		return onTopic > 0 || waiting
 	})
 	close(h.release)
-	if err := <-skipped; err != nil && !errors.Is(err, outbox.ErrRetryDue) {
+	if err := <-skipped; err != nil && !errors.Is(err, relay.ErrRetryDue) {
 		t.Fatal(err)
 	}
 	var resolution string

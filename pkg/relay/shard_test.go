@@ -1,4 +1,4 @@
-package outbox_test
+package relay_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 // The hash is part of the deployment contract: a source must stay in its
@@ -36,7 +36,7 @@ func TestSourceShardIsStable(t *testing.T) {
 		{"anything", 0, 0}, {"anything", -3, 0},
 	}
 	for _, tt := range tests {
-		if got := outbox.SourceShard(tt.source, tt.shards); got != tt.want {
+		if got := relay.SourceShard(tt.source, tt.shards); got != tt.want {
 			t.Errorf("SourceShard(%q, %d) = %d, want %d", tt.source, tt.shards, got, tt.want)
 		}
 	}
@@ -50,7 +50,7 @@ func TestSourceShardSpreads(t *testing.T) {
 		counts := make([]int, n)
 		const sources = 20000
 		for i := range sources {
-			k := outbox.SourceShard(fmt.Sprintf("customer-%d", i), n)
+			k := relay.SourceShard(fmt.Sprintf("customer-%d", i), n)
 			if k < 0 || k >= n {
 				t.Fatalf("SourceShard(…, %d) = %d", n, k)
 			}
@@ -85,7 +85,7 @@ func TestSourceShardSQLMatchesGo(t *testing.T) {
 			if err := rows.Scan(&s, &k); err != nil {
 				t.Fatal(err)
 			}
-			if want := outbox.SourceShard(s, n); k != want {
+			if want := relay.SourceShard(s, n); k != want {
 				t.Errorf("onceflow.source_shard(%q, %d) = %d, SourceShard = %d", s, n, k, want)
 			}
 			seen++
@@ -155,8 +155,8 @@ func TestSourceShardNonUTF8DatabaseRefused(t *testing.T) {
 		if err := conn.QueryRow(ctx, `SELECT onceflow.source_shard($1, $2)`, source, n).Scan(&sqlShard); err != nil {
 			t.Fatal(err)
 		}
-		if sqlShard != outbox.SourceShard(source, n) {
-			t.Logf("LATIN1: onceflow.source_shard(%q, %d) = %d, SourceShard = %d", source, n, sqlShard, outbox.SourceShard(source, n))
+		if sqlShard != relay.SourceShard(source, n) {
+			t.Logf("LATIN1: onceflow.source_shard(%q, %d) = %d, SourceShard = %d", source, n, sqlShard, relay.SourceShard(source, n))
 			break
 		}
 		if n > 64 {
@@ -168,13 +168,13 @@ func TestSourceShardNonUTF8DatabaseRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	r, err := outbox.New(outbox.Config{DB: pool, Shards: 2, Shard: "0",
+	r, err := relay.New(relay.Config{DB: pool, Shards: 2, Shard: "0",
 		KafkaOpts: []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = r.Run(ctx)
-	var ce *outbox.ConfigError
+	var ce *relay.ConfigError
 	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "LATIN1") {
 		t.Fatalf("Run on a LATIN1 database with 2 shards: %v, want a ConfigError naming the encoding", err)
 	}

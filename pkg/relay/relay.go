@@ -1,4 +1,4 @@
-package outbox
+package relay
 
 import (
 	"cmp"
@@ -22,6 +22,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/schema"
 )
 
@@ -630,7 +631,7 @@ func (s *leaderSession) screen(ctx context.Context, rows []row) []row {
 		return nil
 	}
 	if len(rows) == 1 {
-		if err := CheckTopic(rows[0].topic); err != nil {
+		if err := outbox.CheckTopic(rows[0].topic); err != nil {
 			s.setAside(ctx, rows[0], ReasonInvalidTopic, err)
 			return nil
 		}
@@ -1378,7 +1379,7 @@ func (r *Relay) sharded(whole, shard string, args ...any) (string, []any) {
 func isolate(rows []row, suspects map[int64]refused) []row {
 	for i, w := range rows {
 		_, suspect := suspects[w.id]
-		if suspect || w.retrying || w.oversized || CheckTopic(w.topic) != nil {
+		if suspect || w.retrying || w.oversized || outbox.CheckTopic(w.topic) != nil {
 			if i == 0 {
 				return rows[:1]
 			}

@@ -1,4 +1,4 @@
-package outbox_test
+package relay_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 type relayBundle struct {
@@ -22,12 +23,12 @@ type relayBundle struct {
 	topic string
 	reg   *prometheus.Registry
 	logs  *logbuf.Buffer
-	relay *outbox.Relay
+	relay *relay.Relay
 	done  chan error
 	stop  context.CancelFunc
 }
 
-func startRelay(t *testing.T, topic string, mutate ...func(*outbox.Config)) relayBundle {
+func startRelay(t *testing.T, topic string, mutate ...func(*relay.Config)) relayBundle {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("-short: needs PostgreSQL and Kafka")
@@ -35,7 +36,7 @@ func startRelay(t *testing.T, topic string, mutate ...func(*outbox.Config)) rela
 	b := setup(t)
 	ckpt := testkit.Topic(t, "ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
 	rb := relayBundle{bundle: b, topic: topic, reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}, done: make(chan error, 1)}
-	cfg := outbox.Config{
+	cfg := relay.Config{
 		CheckpointTopic:       ckpt,
 		DB:                    b.db.Pool,
 		KafkaOpts:             []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)},
@@ -46,7 +47,7 @@ func startRelay(t *testing.T, topic string, mutate ...func(*outbox.Config)) rela
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	r, err := outbox.New(cfg)
+	r, err := relay.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestRelayMissingTopic(t *testing.T) {
 	t.Parallel()
 	missing := "missing-" + strings.ReplaceAll(t.Name(), "/", "_") + "-" + time.Now().Format("150405.000000")
 	other := testkit.Topic(t, "unit", 1, nil)
-	rb := startRelay(t, missing, func(c *outbox.Config) { c.RetrySetAsideAfter = 300 * time.Millisecond })
+	rb := startRelay(t, missing, func(c *relay.Config) { c.RetrySetAsideAfter = 300 * time.Millisecond })
 	for _, m := range []outbox.Message{
 		{Topic: missing, Source: "s", EventType: "x", Payload: []byte(`{}`)},
 		{Topic: other, Source: "o", EventType: "x", Payload: []byte(`{}`)},
@@ -231,7 +232,7 @@ func TestRelayListenWakes(t *testing.T) {
 		t.Skip("-short: needs PostgreSQL and Kafka")
 	}
 	topic := testkit.Topic(t, "unit", 1, nil)
-	rb := startRelay(t, topic, func(c *outbox.Config) {
+	rb := startRelay(t, topic, func(c *relay.Config) {
 		c.Listen = true
 		c.PollInterval = 30 * time.Second
 	})
@@ -263,7 +264,7 @@ func TestRelayRetentionPrunesWholeBatches(t *testing.T) {
 	t.Parallel()
 	missing := "missing-" + strings.ReplaceAll(t.Name(), "/", "_") + "-" + time.Now().Format("150405.000000")
 	topic := testkit.Topic(t, "unit", 1, nil)
-	rb := startRelay(t, topic, func(c *outbox.Config) {
+	rb := startRelay(t, topic, func(c *relay.Config) {
 		c.BatchMaxRows = 10
 		c.PruneBatchRows = 15
 		c.PruneInterval = 50 * time.Millisecond

@@ -1,4 +1,4 @@
-package outbox
+package relay
 
 import (
 	"context"
@@ -11,11 +11,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/dbtx"
 )
-
-// DB is a PostgreSQL handle.
-//
-// Deprecated: use dbtx.DB.
-type DB = dbtx.DB
 
 // Identity is this database's identity (onceflow.database_identity, made by
 // the migrations). The relay's default transactional.id and its checkpoint
