@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/relay"
+	"github.com/onceflow/onceflow/pkg/relay/admin"
 )
 
 // The operator commands:
@@ -166,20 +167,20 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 	case "identity show":
 		return identityShow(ctx, pool, c, stdout)
 	case "identity adopt":
-		idn, err := relay.AdoptIdentity(ctx, pool, c.note)
+		idn, err := admin.AdoptIdentity(ctx, pool, c.note)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "identity %s adopted: it now belongs to %s\n", idn.ID, idn.Place)
 	case "identity reset":
-		idn, err := relay.ResetIdentity(ctx, pool, c.note)
+		idn, err := admin.ResetIdentity(ctx, pool, c.note)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "new identity %s for %s; restart the relays\n", idn.ID, idn.Place)
 	case "identity legacy":
-		err := relay.DecideLegacyCheckpoint(ctx, pool, c.shard, pos[0], c.note)
-		if errors.Is(err, relay.ErrNoLegacyCheckpoint) {
+		err := admin.DecideLegacyCheckpoint(ctx, pool, c.shard, pos[0], c.note)
+		if errors.Is(err, admin.ErrNoLegacyCheckpoint) {
 			return fmt.Errorf("shard %q: %w (relay identity show lists them)", c.shard, err)
 		}
 		if err != nil {
@@ -189,15 +190,15 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 	case "outbox failed list":
 		return failedList(ctx, pool, c.all, stdout)
 	case "outbox failed retry":
-		if err := relay.RetrySetAside(ctx, pool, id, c.note); err != nil {
+		if err := admin.RetrySetAside(ctx, pool, id, c.note); err != nil {
 			return fmt.Errorf("outbox row %d: %w", id, err)
 		}
 		fmt.Fprintf(stdout, "outbox row %d: the relay tries it again at its next poll (relay outbox failed list shows the outcome)\n", id)
 	case "outbox failed skip":
-		if err := relay.SkipSetAside(ctx, pool, id, c.note); err != nil {
+		if err := admin.SkipSetAside(ctx, pool, id, c.note); err != nil {
 			return fmt.Errorf("outbox row %d: %w", id, err)
 		}
-		s, err := relay.GetSetAside(ctx, pool, id)
+		s, err := admin.GetSetAside(ctx, pool, id)
 		if err != nil {
 			return err
 		}
@@ -208,11 +209,11 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 }
 
 func identityShow(ctx context.Context, db dbtx.DB, c adminConfig, w io.Writer) error {
-	idn, err := relay.ReadIdentity(ctx, db)
+	idn, err := admin.ReadIdentity(ctx, db)
 	if err != nil {
 		return err
 	}
-	here, err := relay.CurrentPlace(ctx, db)
+	here, err := admin.CurrentPlace(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -237,7 +238,7 @@ func identityShow(ctx context.Context, db dbtx.DB, c adminConfig, w io.Writer) e
 	}
 	fmt.Fprintf(tw, "transactional.id (shard %s)\t%s\n", c.shard, txn)
 	fmt.Fprintf(tw, "checkpoint key (shard %s)\t%s\n", c.shard, relay.CheckpointKey(idn.ID, c.shard))
-	legacy, err := relay.ListLegacyCheckpoints(ctx, db)
+	legacy, err := admin.ListLegacyCheckpoints(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -263,7 +264,7 @@ func identityShow(ctx context.Context, db dbtx.DB, c adminConfig, w io.Writer) e
 }
 
 func failedList(ctx context.Context, db dbtx.DB, all bool, w io.Writer) error {
-	rows, err := relay.ListSetAside(ctx, db, all)
+	rows, err := admin.ListSetAside(ctx, db, all)
 	if err != nil {
 		return err
 	}

@@ -47,13 +47,6 @@ type IdentityError struct {
 
 func (e *IdentityError) Error() string { return e.Problem + ". Fix: " + e.Fix }
 
-// ErrSetAsideNotFound means no open set-aside entry has that outbox id.
-var ErrSetAsideNotFound = errors.New("no open set-aside row with that outbox id")
-
-// ErrRetryDue means the set-aside row is being retried (its retry time has
-// come): the relay may be publishing it right now, so it cannot be skipped.
-var ErrRetryDue = errors.New("a retry of the row is due or running: wait until it is published or set aside again")
-
 // ErrTopicRefused is what a Config.TopicCheck error wraps to say that the
 // topic itself is wrong (it breaks its contract), as opposed to the check
 // failing to run: the relay then sets the row aside instead of retrying it.

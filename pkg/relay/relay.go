@@ -23,6 +23,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay/internal/identity"
 	"github.com/onceflow/onceflow/pkg/schema"
 )
 
@@ -967,7 +968,16 @@ func (r *Relay) recover(ctx context.Context, log *slog.Logger) (*kgo.Client, err
 // package function) and returns it; the identity may not change while the
 // relay runs.
 func (r *Relay) bindIdentity(ctx context.Context) (string, error) {
-	id, reminted, err := bindIdentity(ctx, r.cfg.DB)
+	id, reminted, err := identity.Bind(ctx, r.cfg.DB)
+	var moved *identity.MovedError
+	if errors.As(err, &moved) {
+		err = &IdentityError{
+			Problem: fmt.Sprintf("database identity %s belongs to %s, but this is %s: the database was copied or moved (restore, dump and restore, pg_upgrade, CREATE DATABASE … TEMPLATE)",
+				moved.ID, moved.Belongs, moved.Here),
+			Fix: "if this database replaces the original (moved, upgraded, restored in its place), run `relay identity adopt -note …`; " +
+				"if it is a separate copy that must publish on its own, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
+		}
+	}
 	if err != nil {
 		return "", fmt.Errorf("database identity: %w", err)
 	}
@@ -1198,7 +1208,7 @@ func (r *Relay) settleLegacy(ctx context.Context, log *slog.Logger) error {
 		return cmp.Compare(boolInt(a.shard != r.cfg.Shard), boolInt(b.shard != r.cfg.Shard))
 	})
 	for _, p := range ps {
-		if err := r.settleLegacyShard(ctx, log, p.shard, deref(p.decision)); err != nil {
+		if err := r.settleLegacyShard(ctx, log, p.shard, identity.Deref(p.decision)); err != nil {
 			return err
 		}
 	}

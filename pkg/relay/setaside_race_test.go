@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/relay"
+	"github.com/onceflow/onceflow/pkg/relay/admin"
 )
 
 // holdCommit is an dbtx.DB whose transactions wait for release before
@@ -65,7 +66,7 @@ func TestSkipRacingRetry(t *testing.T) {
 
 	h := holdCommit{DB: rb.db.Pool, reached: make(chan struct{}), release: make(chan struct{})}
 	skipped := make(chan error, 1)
-	go func() { skipped <- relay.SkipSetAside(ctx, h, id, "race test") }()
+	go func() { skipped <- admin.SkipSetAside(ctx, h, id, "race test") }()
 	select {
 	case <-h.reached: // checked (not due) and deleted, not committed
 	case err := <-skipped:
@@ -83,7 +84,7 @@ func TestSkipRacingRetry(t *testing.T) {
 		return onTopic > 0 || waiting
 	})
 	close(h.release)
-	if err := <-skipped; err != nil && !errors.Is(err, relay.ErrRetryDue) {
+	if err := <-skipped; err != nil && !errors.Is(err, admin.ErrRetryDue) {
 		t.Fatal(err)
 	}
 	var resolution string

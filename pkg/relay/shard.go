@@ -28,3 +28,12 @@ func isShardIndex(s string, shards int) bool {
 	k, err := strconv.Atoi(s)
 	return err == nil && k >= 0 && k < shards && strconv.Itoa(k) == s
 }
+
+// DefaultTransactionalID is the transactional.id a relay of shard uses when
+// no TransactionalIDPrefix is configured.
+func DefaultTransactionalID(identity, shard string) string {
+	return "onceflow-relay-" + identity + "-" + shard
+}
+
+// CheckpointKey is the key of shard's checkpoint records for identity.
+func CheckpointKey(identity, shard string) string { return checkpointKey(identity, shard) }
