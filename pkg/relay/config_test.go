@@ -171,7 +171,7 @@ func TestShardNames(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if txn, ckpt := r.txnIDOf(id, r.cfg.Shard), checkpointKey(id, r.cfg.Shard); txn != tt.txn || ckpt != tt.ckpt {
+		if txn, ckpt := r.rec.txnIDOf(id, r.cfg.Shard), checkpointKey(id, r.cfg.Shard); txn != tt.txn || ckpt != tt.ckpt {
 			t.Errorf("Shard %q of %d, prefix %q: transactional.id %q, checkpoint key %q; want %q, %q", tt.shard, tt.shards, tt.prefix, txn, ckpt, tt.txn, tt.ckpt)
 		}
 	}

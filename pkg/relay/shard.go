@@ -37,3 +37,28 @@ func DefaultTransactionalID(identity, shard string) string {
 
 // CheckpointKey is the key of shard's checkpoint records for identity.
 func CheckpointKey(identity, shard string) string { return checkpointKey(identity, shard) }
+
+// layout is this relay's place among its database's shards.
+type layout struct {
+	shards int
+	index  int // Shard's index when shards > 1
+}
+
+// sharded returns the statement for this relay's rows: whole when Shards is
+// 1, else shard with the shard count and this shard's index appended to
+// args.
+func (l layout) sharded(whole, shard string, args ...any) (string, []any) {
+	if l.shards <= 1 {
+		return whole, args
+	}
+	return shard, append(args, l.shards, l.index)
+}
+
+// own is the filter of the sources this shard publishes; nil with one
+// shard (every source).
+func (l layout) own() func(source string) bool {
+	if l.shards <= 1 {
+		return nil
+	}
+	return func(source string) bool { return SourceShard(source, l.shards) == l.index }
+}

@@ -72,10 +72,14 @@ type recovery struct {
 // a new trace (a batch has no single parent) with a link to each row's
 // producer context.
 // unmarked is how many ids of the previous batch its checkpoint names too.
-func (r *Relay) startTxn(ctx context.Context, rows []row, unmarked int) txnSpan {
-	ctx, span := r.tracer.Start(ctx, "relay transaction", trace.WithSpanKind(trace.SpanKindProducer), trace.WithNewRoot())
+func (p *publisher) startTxn(ctx context.Context, rows []row, unmarked int) txnSpan {
+	ctx, span := p.tracer.Start(ctx, "relay transaction", trace.WithSpanKind(trace.SpanKindProducer), trace.WithNewRoot())
 	if !span.IsRecording() {
 		return txnSpan{ctx: ctx, span: span}
+	}
+	txnID := ""
+	if p.prod != nil {
+		txnID = p.prod.txnID
 	}
 	bytes := 0
 	for i := range rows {
@@ -96,13 +100,13 @@ func (r *Relay) startTxn(ctx context.Context, rows []row, unmarked int) txnSpan 
 		}
 	}
 	span.SetAttributes(semconv.MessagingSystemKafka, semconv.MessagingOperationTypeSend,
-		semconv.MessagingOperationName("publish"), attrShard.String(r.cfg.Shard), attrTxnID.String(r.txnID),
+		semconv.MessagingOperationName("publish"), attrShard.String(p.cfg.Shard), attrTxnID.String(txnID),
 		attrRows.Int(len(rows)), semconv.MessagingBatchMessageCount(len(rows)), attrBytes.Int(bytes),
 		attrCkptIDs.Int(unmarked+len(rows)))
-	if rec := r.recovered; rec != nil {
-		r.recovered = nil
+	if rec := p.recovered; rec != nil {
+		p.recovered = nil
 		span.AddEvent("producer initialised: older producers of the transactional.id are fenced",
-			trace.WithAttributes(attrTxnID.String(r.txnID)))
+			trace.WithAttributes(attrTxnID.String(txnID)))
 		span.AddEvent("recovered from checkpoint",
 			trace.WithAttributes(attrCkptIDs.Int(rec.checkpointIDs), attrMarked.Int64(rec.marked)))
 	}

@@ -32,7 +32,7 @@ func TestTxnSpanOutcomes(t *testing.T) {
 	} {
 		sr := tracetest.NewSpanRecorder()
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-		r := &Relay{cfg: Config{Shard: "s"}, tracer: tracer(tp), recovered: &recovery{checkpointIDs: 2, marked: 1}}
+		r := &publisher{cfg: Config{Shard: "s"}, tracer: tracer(tp), recovered: &recovery{checkpointIDs: 2, marked: 1}}
 		r.startTxn(context.Background(), []row{{id: 1, payload: []byte("{}")}}, 0).end(tt.err)
 		s := sr.Ended()[0]
 		var outcome string
