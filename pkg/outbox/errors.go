@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/envelope/spec"
 )
 
 // ErrDuplicateEventID is matched (errors.Is) by a *DuplicateEventError.
@@ -30,7 +30,7 @@ func (e *DuplicateEventError) Is(target error) bool { return target == ErrDuplic
 
 // FieldError is an invalid Message field, refused before anything is written.
 // It is the envelope's error type: the field names are the contract's.
-type FieldError = envelope.FieldError
+type FieldError = spec.FieldError
 
 // SQLSTATEs the package interprets.
 const (

@@ -10,7 +10,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/envelope/spec"
 )
 
 // Tracing (see docs/tracing.md). Everything OpenTelemetry touches in this
@@ -74,11 +74,11 @@ func (w Writer) startEnqueue(ctx context.Context, msgs []Message) (context.Conte
 	w3c.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
 	for i := range msgs {
 		m := &msgs[i]
-		if m.Traceparent != "" || m.Tracestate != "" || m.Headers[envelope.HeaderTracestate] != "" {
+		if m.Traceparent != "" || m.Tracestate != "" || m.Headers[spec.HeaderTracestate] != "" {
 			continue // the caller's own trace context
 		}
-		m.Traceparent = carrier[envelope.HeaderTraceparent]
-		m.Tracestate = carrier[envelope.HeaderTracestate]
+		m.Traceparent = carrier[spec.HeaderTraceparent]
+		m.Tracestate = carrier[spec.HeaderTracestate]
 	}
 	return ctx, span
 }
