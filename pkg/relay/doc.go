@@ -15,7 +15,11 @@
 // identity (onceflow.database_identity), every checkpoint carries it, and a
 // checkpoint is used only once proven to be this database's, row by row;
 // otherwise Run stops with an *IdentityError naming the fix. A row Kafka
-// refuses for good is set aside (onceflow.outbox_set_aside, see ListSetAside,
-// RetrySetAside, SkipSetAside): only its source waits behind it.
-// docs/relay.md explains the design and its trade-offs.
+// refuses for good is set aside (onceflow.outbox_set_aside; the operator's
+// commands over it are in package admin): only its source waits behind it.
+//
+// Relay is a façade over parts that each own their state: the lease
+// (internal/lease), the database identity (internal/identity), recovery,
+// the publisher of a term, and housekeeping. docs/architecture.md draws
+// them; docs/relay.md explains the design and its trade-offs.
 package relay

@@ -83,7 +83,7 @@ const qSelectBatchTail = `
  WHERE b.upto <= $3 OR b.upto = CASE WHEN b.size <= $3 THEN b.size ELSE 1024 END`
 
 // qSweep queues the outbox rows with ids in ($1, $2] that are neither
-// queued nor in the publish log (sweep.go). It returns how many it queued,
+// queued nor in the publish log (reader.go). It returns how many it queued,
 // their lowest and highest id, how many of them have a later row of their
 // source that is neither queued nor among them (published already: they
 // come out of order), and the newest outbox id. (The later-row test is a
@@ -250,7 +250,7 @@ SELECT h.ord, o.id, o.event_id, coalesce(c.last_seq, l.last_seq)
   LEFT JOIN onceflow.source_seq c ON c.source = h.source AND c.topic = h.topic
   LEFT JOIN onceflow.source_seq_legacy l ON l.source = h.source`
 
-// Set-aside rows (setaside.go).
+// Set-aside rows (setaside.go, the publisher).
 
 // qSetAside opens (or, for a row retried and refused again, updates) the
 // set-aside entry of an unpublished row. $4 > 0 schedules an automatic

@@ -14,7 +14,7 @@ UPDATE onceflow.database_identity
        changed_at = now(), changed_by = current_user, change_note = 'reset: ' || $3
 RETURNING ` + identity.QCols
 
-// Legacy checkpoints (settleLegacy, identity.go).
+// Legacy checkpoints (legacy_v1.go).
 const qLegacyList = `
 SELECT shard, noted_at, decision, decided_at, decided_by, decision_note, settled_at, outcome
   FROM onceflow.relay_legacy_checkpoint ORDER BY shard`
