@@ -7,11 +7,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
-// Execer is a PostgreSQL handle.
-//
-// Deprecated: use dbtx.DB.
-type Execer = dbtx.DB
-
 // qDeleteDoneOfEvents deletes the done rows of some events in the scopes
 // under a prefix; an intent is never deleted.
 const qDeleteDoneOfEvents = `
