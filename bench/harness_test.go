@@ -28,7 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 // sizes are the workload sizes of one run. benchSizes reads them for `make
@@ -400,7 +400,7 @@ func relayKafkaOpts(tb testing.TB) []kgo.Opt {
 func startBenchRelay(tb testing.TB, db *testkit.DB, batch int, deleteOnPublish, listen bool, reg prometheus.Registerer) (stop func()) {
 	tb.Helper()
 	ckpt := testkit.Topic(tb, "bench-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
-	r, err := outbox.New(outbox.Config{
+	r, err := relay.New(relay.Config{
 		BatchMaxRows:          batch,
 		CheckpointTopic:       ckpt,
 		DB:                    db.Pool,

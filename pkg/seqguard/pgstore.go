@@ -12,15 +12,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
-// Querier runs statements: pgx.Tx, *pgx.Conn and *pgxpool.Pool all are one.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// Querier is a PostgreSQL handle.
+//
+// Deprecated: use dbtx.DB.
+type Querier = dbtx.DB
 
 // Event is an event as the guard needs it. For the event passed to Receive
 // EventID, Source and Seq are required, and Producer and Topic name its
@@ -630,7 +629,7 @@ type Stats struct {
 // Stats reads the gauges (onceflow_consumer_seq_open_gaps,
 // _seq_oldest_open_gap_age_seconds, _parked_events, _held_events). A zero
 // now measures the oldest gap's age on the database's clock.
-func (s *PGStore) Stats(ctx context.Context, q Querier, now time.Time) (Stats, error) {
+func (s *PGStore) Stats(ctx context.Context, q dbtx.DB, now time.Time) (Stats, error) {
 	var st Stats
 	var oldest *time.Time
 	var dbNow time.Time
@@ -671,7 +670,7 @@ type GapRecord struct {
 // ListGaps lists the open gaps and, when includeGivenUp is set, the
 // given-up gaps that are unresolved or were given up at or after since.
 // Open gaps come first; then by source and range.
-func (s *PGStore) ListGaps(ctx context.Context, q Querier, includeGivenUp bool, since time.Time) ([]GapRecord, error) {
+func (s *PGStore) ListGaps(ctx context.Context, q dbtx.DB, includeGivenUp bool, since time.Time) ([]GapRecord, error) {
 	rows, err := q.Query(ctx, qListGaps, s.Consumer, includeGivenUp, since)
 	if err != nil {
 		return nil, fmt.Errorf("list gaps: %w", err)
@@ -700,7 +699,7 @@ func (r GapRecord) Stream() Stream {
 // stream k lying within from..to and returns how many it resolved
 // (ErrGapNotFound when none). It changes no guard state: a given-up gap's
 // events are handled by the late policy whenever they arrive.
-func (s *PGStore) ResolveGap(ctx context.Context, q Querier, k Stream, from, to int64, note string, now time.Time) (int64, error) {
+func (s *PGStore) ResolveGap(ctx context.Context, q dbtx.DB, k Stream, from, to int64, note string, now time.Time) (int64, error) {
 	if note == "" {
 		return 0, errors.New("seqguard: resolve gap: a note is required")
 	}
