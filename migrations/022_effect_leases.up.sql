@@ -7,7 +7,7 @@
 --       status 'claimed' → the intent is recorded, claimed by owner until
 --                          lease_until: call the downstream with the key
 --                          (no transaction, no connection needed), then
---   SELECT onceflow.effect_lease_record(key, scope, result_code, result);
+--   SELECT onceflow.effect_lease_record(key, scope, result_code, result, event_id);
 --       → status done; may run inside the business transaction (the inbox
 --         transaction of the event), so that the result commits with it.
 --   status 'busy'        → another owner's lease runs until lease_until: do
@@ -106,28 +106,33 @@ $fn$;
 -- Returns true when it recorded, false when the key was done already (a
 -- claimant that took over an expired lease recorded first: the first result
 -- is kept; both calls carried the same key). Runs in any transaction, the
--- business one included.
-CREATE FUNCTION onceflow.effect_lease_record(key text, scope text, result_code integer, result jsonb)
+-- business one included. A missing row (a claim lost in a database crash
+-- before it reached the disk) is inserted done: the call was made with the
+-- key whatever became of its claim.
+CREATE FUNCTION onceflow.effect_lease_record(key text, scope text, result_code integer, result jsonb, event_id text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
+DECLARE
+    v_err text := onceflow.effect_key_error(effect_lease_record.key);
 BEGIN
-    UPDATE onceflow.effects AS e
-       SET status = 'done', result_code = effect_lease_record.result_code, result = effect_lease_record.result,
-           completed_at = now(), claimed_by = NULL, lease_until = NULL
-     WHERE e.scope = effect_lease_record.scope AND e.idempotency_key = effect_lease_record.key AND e.status = 'intent';
-    IF FOUND THEN
-        RETURN true;
+    IF v_err IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: %', v_err USING ERRCODE = '22023';
     END IF;
-    IF EXISTS (SELECT 1 FROM onceflow.effects e
-                WHERE e.scope = effect_lease_record.scope AND e.idempotency_key = effect_lease_record.key AND e.status = 'done') THEN
-        RETURN false;
+    IF effect_lease_record.scope IS NULL THEN
+        RAISE EXCEPTION 'onceflow.effect_lease_record: scope is NULL (use '''' for none)' USING ERRCODE = '22023';
     END IF;
-    RAISE EXCEPTION 'onceflow.effect_lease_record: no claim for key % in scope % (claim it with onceflow.effect_lease_claim first)',
-        quote_literal(effect_lease_record.key), quote_literal(effect_lease_record.scope)
-        USING ERRCODE = '55000';
+    INSERT INTO onceflow.effects AS e (scope, idempotency_key, event_id, status, attempts, result_code, result, completed_at)
+    VALUES (effect_lease_record.scope, effect_lease_record.key, effect_lease_record.event_id, 'done', 1,
+            effect_lease_record.result_code, effect_lease_record.result, now())
+    ON CONFLICT (scope, idempotency_key) DO UPDATE
+       SET status = 'done', result_code = EXCLUDED.result_code, result = EXCLUDED.result,
+           completed_at = EXCLUDED.completed_at, claimed_by = NULL, lease_until = NULL,
+           event_id = COALESCE(e.event_id, EXCLUDED.event_id)
+     WHERE e.status = 'intent';
+    RETURN FOUND;
 END
 $fn$;
 

@@ -42,16 +42,25 @@ type Claim struct {
 }
 
 // The lease protocol's SQL functions (migrations/022_effect_leases.up.sql).
+//
+// The claim's commit is not waited for on disk (synchronous_commit off for
+// its own transaction only): a claim lost in a database crash costs no
+// correctness, since the record does not need it (effect_lease_record
+// inserts the done row when the claim is missing) and a call made again is
+// made with the same key. A claim per event would otherwise wait for a WAL
+// flush of its own, which bounded the slow-handler benchmark.
 const (
-	qLeaseClaim = `SELECT status, attempts, result_code, result::text, claimed_by, lease_until
-	  FROM onceflow.effect_lease_claim($1, $2, $3, $4, make_interval(secs => $5::float8))`
-	qLeaseRecord  = `SELECT onceflow.effect_lease_record($1, $2, $3, $4::jsonb)`
+	qLeaseClaim = `SELECT c.status, c.attempts, c.result_code, c.result::text, c.claimed_by, c.lease_until
+	  FROM set_config('synchronous_commit', 'off', true) AS sc,
+	       onceflow.effect_lease_claim($1, $2, $3, $4, make_interval(secs => $5::float8)) AS c`
+	qLeaseRecord  = `SELECT onceflow.effect_lease_record($1, $2, $3, $4::jsonb, $5)`
 	qLeaseRelease = `SELECT onceflow.effect_lease_release($1, $2, $3)`
 )
 
 // ClaimLease claims key in scope for owner until lease has passed, in one
-// short statement that commits on its own: db must not be a transaction
-// that has written (the claim has to be committed before the call). It
+// short statement that commits on its own: pass a pool or a connection not
+// in a transaction (a transaction that has written is refused, and the
+// claim makes its transaction's commit asynchronous: see qLeaseClaim). It
 // holds nothing once it returns: no transaction, no connection, no lock.
 //
 // The claim is granted (StatusClaimed) when the key is new, has only an
@@ -114,20 +123,43 @@ func ClaimLease(ctx context.Context, db Querier, scope, key, eventID, owner stri
 // consumer records in the event's inbox transaction), or on its own. It
 // reports false when the key was done already: a claimant that took over
 // an expired lease recorded first, and its result is kept (both calls sent
-// the same key).
+// the same key). A key without a row (its claim was lost in a database
+// crash) is recorded done all the same.
 func RecordLease(ctx context.Context, db Querier, scope, key string, res Result) (bool, error) {
-	var summary any
-	if len(res.Summary) > 0 {
-		if !json.Valid(res.Summary) {
-			return false, fmt.Errorf("effects: result summary of %q is not JSON", key)
-		}
-		summary = string(res.Summary)
+	return RecordLeaseOf(ctx, db, scope, key, "", res)
+}
+
+// RecordLeaseOf is RecordLease naming the event the effect belongs to, kept
+// when the claim's row is missing (see qLeaseClaim) and the record inserts
+// it.
+func RecordLeaseOf(ctx context.Context, db Querier, scope, key, eventID string, res Result) (bool, error) {
+	sql, args, err := RecordLeaseQuery(scope, key, eventID, res)
+	if err != nil {
+		return false, err
 	}
 	var recorded bool
-	if err := db.QueryRow(ctx, qLeaseRecord, key, scope, res.Code, summary).Scan(&recorded); err != nil {
+	if err := db.QueryRow(ctx, sql, args...).Scan(&recorded); err != nil {
 		return false, fmt.Errorf("effects: record result of %q: %w", key, err)
 	}
 	return recorded, nil
+}
+
+// RecordLeaseQuery is the statement RecordLeaseOf runs, with its
+// arguments, for a caller that sends it in a batch of its own (pgx.Batch):
+// one row, one boolean column (recorded).
+func RecordLeaseQuery(scope, key, eventID string, res Result) (string, []any, error) {
+	var summary any
+	if len(res.Summary) > 0 {
+		if !json.Valid(res.Summary) {
+			return "", nil, fmt.Errorf("effects: result summary of %q is not JSON", key)
+		}
+		summary = string(res.Summary)
+	}
+	var evID any
+	if eventID != "" {
+		evID = eventID
+	}
+	return qLeaseRecord, []any{key, scope, res.Code, summary, evID}, nil
 }
 
 // ReleaseLease drops owner's lease on key after a failed call: the intent
@@ -200,7 +232,7 @@ func DoLeased(ctx context.Context, db Querier, scope, key, owner string, lease t
 		}
 		return Result{}, fmt.Errorf("effects: call %q: %w", key, err)
 	}
-	if _, err := RecordLease(context.WithoutCancel(ctx), db, scope, key, res); err != nil {
+	if _, err := RecordLeaseOf(context.WithoutCancel(ctx), db, scope, key, eventIDString(ctx), res); err != nil {
 		return Result{}, err
 	}
 	res.Replayed = false

@@ -78,6 +78,14 @@ func TestLeaseClaimProtocol(t *testing.T) {
 			t.Fatalf("claim by %s after the record: %+v, want done with the first result", owner, c)
 		}
 	}
+	// A record whose claim was lost (a database crash before the claim's
+	// commit reached the disk) records the result all the same.
+	if ok, err := effects.RecordLeaseOf(ctx, db.Pool, scope, "lost", "e9", effects.Result{Code: 202}); err != nil || !ok {
+		t.Fatalf("record without a claim: %v, %v", ok, err)
+	}
+	if e, _, _ := effects.LookupScoped(ctx, db.Pool, scope, "lost"); e.Status != effects.StatusDone || e.EventID != "e9" || e.Result.Code != 202 {
+		t.Fatalf("after a record without a claim: %+v", e)
+	}
 	// Release: the intent stays, the lease goes.
 	if c, _ := effects.ClaimLease(ctx, db.Pool, scope, "k2", "", "a", time.Minute); c.Status != effects.StatusClaimed {
 		t.Fatalf("claim k2: %+v", c)

@@ -18,6 +18,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -213,6 +214,23 @@ func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Eve
 			continue
 		}
 		if c.kind == "http" {
+			// A call made before the transaction: its record joins the
+			// batch's pipeline (one round trip for the batch).
+			if f, err := prepared(&evs[i]); err != nil {
+				return &inbox.HandlerError{EventID: evs[i].EventID, Err: err}
+			} else if f != nil {
+				if f.res.Replayed {
+					continue
+				}
+				sql, args, err := effects.RecordLeaseQuery(f.scope, f.key, f.eventID, f.res)
+				if err != nil {
+					return &inbox.HandlerError{EventID: evs[i].EventID, Err: err}
+				}
+				b.Queue(sql, args...)
+				queued = append(queued, evs[i].EventID)
+				spans = append(spans, trace.SpanFromContext(context.Background())) // the call had its span
+				continue
+			}
 			if err := c.http.handle(ctx, tx, &evs[i]); err != nil {
 				return &inbox.HandlerError{EventID: evs[i].EventID, Err: err}
 			}

@@ -334,8 +334,8 @@ func (h *httpHandler) claimOwner(ctx context.Context) string {
 // fenced is one event's effect: its ledger identity and the call's result
 // (Replayed when the ledger had it and nothing was sent).
 type fenced struct {
-	scope, key, owner string
-	res               effects.Result
+	scope, key, owner, eventID string
+	res                        effects.Result
 }
 
 // Abandon drops the claim of an effect whose inbox transaction will not run
@@ -379,7 +379,7 @@ func (h *httpHandler) fencedCall(ctx context.Context, db effects.Querier, ev *in
 	if span.IsRecording() {
 		span.SetAttributes(attrIdemKey.String(key))
 	}
-	f = &fenced{scope: effects.ConsumerScope(inbox.ConsumerName(ctx), "http", h.entry), key: key, owner: h.claimOwner(ctx)}
+	f = &fenced{scope: effects.ConsumerScope(inbox.ConsumerName(ctx), "http", h.entry), key: key, owner: h.claimOwner(ctx), eventID: ev.EventID}
 	lease := h.lease()
 	start := time.Now() // before the claim: the call ends before the database's lease does
 	c, err := effects.ClaimWait(ctx, db, f.scope, f.key, ev.EventID, f.owner, lease)
@@ -419,10 +419,24 @@ func (f *fenced) record(ctx context.Context, tx pgx.Tx) error {
 	if f.res.Replayed {
 		return nil
 	}
-	if _, err := effects.RecordLease(ctx, tx, f.scope, f.key, f.res); err != nil {
+	if _, err := effects.RecordLeaseOf(ctx, tx, f.scope, f.key, f.eventID, f.res); err != nil {
 		return err
 	}
 	return nil
+}
+
+// prepared is the effect made for ev before its transaction (nil when none
+// was), or the error making it failed with.
+func prepared(ev *inbox.Event) (*fenced, error) {
+	p := ev.Prepared()
+	if p == nil {
+		return nil, nil
+	}
+	if p.Err != nil {
+		return nil, p.Err
+	}
+	f, _ := p.Value.(*fenced)
+	return f, nil
 }
 
 // effect is the handler's inbox.Effecter side: the call is made before the
@@ -440,13 +454,10 @@ func (h *httpHandler) effect(ctx context.Context, db *pgxpool.Pool, ev inbox.Eve
 // that had none (a released parked event, a late one, a replay), makes it
 // now: claim on the ledger pool, call, record in tx.
 func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-	if p := ev.Prepared(); p != nil {
-		if p.Err != nil {
-			return p.Err
-		}
-		if f, ok := p.Value.(*fenced); ok {
-			return f.record(ctx, tx)
-		}
+	if f, err := prepared(ev); err != nil {
+		return err
+	} else if f != nil {
+		return f.record(ctx, tx)
 	}
 	pool, err := h.ledgerPool(ctx, tx)
 	if err != nil {

@@ -291,10 +291,10 @@ func EffectOwner(ctx context.Context) string {
 
 // effecterOf is the Effecter among the configured handlers, if any.
 func effecterOf(cfg *Config) Effecter {
-	if e, ok := cfg.BatchHandler.(Effecter); ok && cfg.BatchHandler != nil {
+	if e, ok := cfg.BatchHandler.(Effecter); ok {
 		return e
 	}
-	if e, ok := cfg.Handler.(Effecter); ok && cfg.Handler != nil {
+	if e, ok := cfg.Handler.(Effecter); ok {
 		return e
 	}
 	return nil
