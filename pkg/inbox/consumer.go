@@ -641,7 +641,12 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	var out outcome
 	// todo is what is applied: the batch, or its prefix when the worker was
 	// stopped while the effects were made.
-	todo, stopped := items, false
+	todo, stopped, committed := items, false, false
+	defer func() {
+		if errors.Is(err, errStopped) && !committed {
+			c.app.abandon(ctx, items) // stopped in a retry wait: nothing more commits here
+		}
+	}()
 	for {
 		var err error
 		if w.expectDups {
@@ -691,6 +696,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 			return err
 		}
 	}
+	committed = true
 	recs = recs[:len(todo)]
 	w.expectDups = out.duplicates == len(todo)
 	c.m.processed.Add(float64(out.processed))

@@ -215,16 +215,24 @@ func (a *applier) prepare(ctx context.Context, items []item, stop <-chan struct{
 			break
 		}
 	}
-	for i := n; i < len(items); i++ {
+	a.abandon(ctx, items[n:])
+	return n, nil
+}
+
+// abandon gives up the preparations of items whose transaction will not run
+// here (the worker stops): the next owner claims them at once instead of
+// after their lease. An effect whose result was committed meanwhile is not
+// affected (its row is done).
+func (a *applier) abandon(ctx context.Context, items []item) {
+	for i := range items {
 		if p := items[i].ev.prep; p != nil && p.Err == nil && p.Value != nil {
 			if err := p.Value.Abandon(context.WithoutCancel(ctx), a.cfg.Pool); err != nil {
 				a.cfg.Logger.WarnContext(ctx, "abandon a prepared effect (the next owner claims it when its lease expires)",
 					"event_id", items[i].key, "error", err)
 			}
-			items[i].ev.prep = nil
 		}
+		items[i].ev.prep = nil
 	}
-	return n, nil
 }
 
 // effect runs Effect for one event, a panic included.
