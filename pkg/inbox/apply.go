@@ -114,6 +114,10 @@ type applier struct {
 	// See guard.go.
 	guard guard
 	tr    *tracing
+	// eff is the handler's Effecter side (nil: none), owner the owner of
+	// its claims (prepare.go).
+	eff   Effecter
+	owner string
 }
 
 // errStopped means the worker was told to stop while waiting to retry.
@@ -398,7 +402,7 @@ func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err e
 			err = &HandlerError{EventID: id, Err: err}
 		}
 	}()
-	return a.handler.HandleBatch(withConsumerName(ctx, a.cfg.ConsumerName), tx, evs)
+	return a.handler.HandleBatch(withOwner(withConsumerName(ctx, a.cfg.ConsumerName), a.owner), tx, evs)
 }
 
 // applyIsolated applies items one transaction each, retrying a failing event
@@ -415,6 +419,11 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 			backoff.WithMaxElapsedTime(a.cfg.RetryMaxElapsed),
 		)
 		for attempt := 1; ; attempt++ {
+			if n, err := a.prepare(ctx, it, stop); err != nil {
+				return total, err
+			} else if n == 0 {
+				return total, errStopped
+			}
 			out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return a.applyTx(ctx, it) })
 			if err == nil {
 				total.add(out)
@@ -426,6 +435,9 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 			}
 			onHandlerErr(err)
 			handlerFailed(&items[i], attempt, he.Err)
+			if p := items[i].ev.prep; p != nil && p.Err != nil {
+				items[i].ev.prep = nil // the next try makes the effect again
+			}
 			wait := b.NextBackOff()
 			if (attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop) && he.withReleased {
 				// The failure may be a released parked event's: one last try
