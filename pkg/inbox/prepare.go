@@ -59,7 +59,8 @@ func (ev Event) Prepared() *Preparation { return ev.prep }
 
 // qPeek reads, for each event of a batch (parallel arrays of event ids,
 // sources, producers, topics of their streams), whether the inbox has it,
-// its stream's last applied seq (NULL: not started), whether the stream has
+// its stream's last applied seq (NULL: not started; the greater of
+// seq_state's floor and its newest seq_applied row), whether the stream has
 // an open gap, and, for a producer's stream that has not started, its
 // source's legacy last applied seq (which the stream may adopt). Read
 // without locks: the guard's answer can only move an event from "next in
@@ -67,11 +68,15 @@ func (ev Event) Prepared() *Preparation { return ev.prep }
 const qPeek = `
 SELECT k.i::int,
     EXISTS (SELECT 1 FROM onceflow.inbox b WHERE b.consumer = $1 AND b.event_id = k.id),
-    s.last_applied,
+    greatest(s.last_applied, (SELECT max(a.last_applied) FROM onceflow.seq_applied a
+        WHERE a.consumer = $1 AND a.source = k.source AND a.producer = k.producer AND a.topic = k.topic)),
     EXISTS (SELECT 1 FROM onceflow.seq_gaps g
              WHERE g.consumer = $1 AND g.source = k.source AND g.producer = k.producer AND g.topic = k.topic AND g.state = 'open'),
-    CASE WHEN k.producer <> '' AND s.last_applied IS NULL THEN (
-        SELECT l.last_applied FROM onceflow.seq_state l
+    CASE WHEN k.producer <> '' AND s.last_applied IS NULL AND NOT EXISTS (SELECT 1 FROM onceflow.seq_applied a
+            WHERE a.consumer = $1 AND a.source = k.source AND a.producer = k.producer AND a.topic = k.topic) THEN (
+        SELECT greatest(l.last_applied, (SELECT max(la.last_applied) FROM onceflow.seq_applied la
+                WHERE la.consumer = $1 AND la.source = k.source AND la.producer = '' AND la.topic = ''))
+          FROM onceflow.seq_state l
          WHERE l.consumer = $1 AND l.source = k.source AND l.producer = '' AND l.topic = '') END
 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS k(id, source, producer, topic, i)
 LEFT JOIN onceflow.seq_state s ON s.consumer = $1 AND s.source = k.source AND s.producer = k.producer AND s.topic = k.topic`
