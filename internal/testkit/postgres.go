@@ -19,9 +19,10 @@ import (
 )
 
 var (
-	templateOnce sync.Once
-	templateName string
-	templateErr  error
+	templateMu sync.Mutex
+	// templates are the migrated template databases made by this process,
+	// per server (admin URL).
+	templates = map[string]string{}
 )
 
 // DB is an isolated, migrated database for one test.
@@ -35,9 +36,15 @@ type DB struct {
 // the test ends. The pool is closed on cleanup too.
 func NewDB(t testing.TB) *DB {
 	t.Helper()
+	return NewDBAt(t, DatabaseURL(t))
+}
+
+// NewDBAt is NewDB on the server of admin, a URL of a role that may create
+// databases (package inboxtest gives its users' URL).
+func NewDBAt(t testing.TB, admin string) *DB {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	admin := DatabaseURL(t)
 	tpl, err := migratedTemplate(ctx, admin)
 	if err != nil {
 		t.Fatalf("test database template: %v", err)
@@ -119,10 +126,17 @@ func WithDatabase(u, name string) string {
 // migratedTemplate creates (once per migration set, shared across test
 // processes) a template database holding the migrated schema.
 func migratedTemplate(ctx context.Context, admin string) (string, error) {
-	templateOnce.Do(func() {
-		templateName, templateErr = buildTemplate(ctx, admin)
-	})
-	return templateName, templateErr
+	templateMu.Lock()
+	defer templateMu.Unlock()
+	if name, ok := templates[admin]; ok {
+		return name, nil
+	}
+	name, err := buildTemplate(ctx, admin)
+	if err != nil {
+		return "", err
+	}
+	templates[admin] = name
+	return name, nil
 }
 
 func buildTemplate(ctx context.Context, admin string) (string, error) {

@@ -394,7 +394,13 @@ func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err e
 			return
 		}
 		if tx.Conn().IsClosed() || isRetryableDB(err) {
-			err = fmt.Errorf("handler: %w", err) // infrastructure: retried, never dead-lettered
+			// Infrastructure: retried, never dead-lettered, so no
+			// *HandlerError (perEvent's included) may remain in the chain.
+			var he *HandlerError
+			if errors.As(err, &he) {
+				err = he.Err
+			}
+			err = fmt.Errorf("handler: %w", err)
 			return
 		}
 		var he *HandlerError
