@@ -40,9 +40,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/migrate/migratetest"
 )
 
 // Topic is the topic name the harness's records carry.
@@ -51,9 +51,10 @@ const Topic = "inboxtest"
 // Config configures a Harness.
 type Config struct {
 	// DSN is the URL of a PostgreSQL role that may create databases
-	// (required). Each Harness creates a database there (once per test
-	// process, a template database "onceflow_tpl_<hash>" holding the
-	// migrated schema, which is kept for the next run).
+	// (required). Each Harness creates a database there with
+	// migratetest.NewDatabase (a copy of a template database
+	// "onceflow_tpl_<hash>" holding the migrated schema, kept for the next
+	// run) and drops it when the test ends.
 	DSN string
 
 	// Handler is the handler under test (required), e.g. an
@@ -99,7 +100,7 @@ func New(t testing.TB, cfg Config) *Harness {
 	if cfg.Handler == nil {
 		t.Fatalf("inboxtest: Config.Handler is required")
 	}
-	db := testkit.NewDBAt(t, cfg.DSN)
+	db := migratetest.NewDatabase(t, cfg.DSN)
 	if cfg.Setup != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
