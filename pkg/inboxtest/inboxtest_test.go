@@ -134,3 +134,10 @@ func TestCheckRedeliveryCatchesFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestExample runs the package example's test body, so that the code the
+// documentation shows works.
+func TestExample(t *testing.T) {
+	t.Setenv("DATABASE_URL", testkit.DatabaseURL(t))
+	testShipper(t)
+}
