@@ -146,7 +146,9 @@ func (h *Harness) newApplier(hd inbox.Handler) *inbox.Applier {
 // Event returns the next event of source (seq 1, 2, … per source, as the
 // outbox allocates them) of eventType with v encoded as JSON as its payload
 // (a []byte or json.RawMessage is taken as is). Its EventID is
-// "<source>:<seq>".
+// "<source>:<seq>". Apply a source's events in the order they were made:
+// as in production, an event whose predecessors were never applied is
+// parked behind the gap (ApplyResult.Parked).
 func (h *Harness) Event(source, eventType string, v any) envelope.Envelope {
 	h.t.Helper()
 	var payload []byte
