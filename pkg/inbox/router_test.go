@@ -147,3 +147,39 @@ func TestApplierRetriesThenDeadLetters(t *testing.T) {
 		t.Fatalf("NewApplier without Group: %v", err)
 	}
 }
+
+// TestApplierConnectionLostIsNotTheEventsFault: a handler whose connection
+// dies mid-event (as when PostgreSQL or the network drops it), twice, gets
+// an infrastructure error back each time, never a retry or a dead letter
+// for the event (RetryMaxAttempts is 1); the next delivery applies it.
+func TestApplierConnectionLostIsNotTheEventsFault(t *testing.T) {
+	t.Parallel()
+	testkit.SkipIfShort(t, "PostgreSQL")
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	cuts := 2
+	a, err := inbox.NewApplier(inbox.Config{Pool: db.Pool, Group: "g",
+		Handler: inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, _ inbox.Event) error {
+			if cuts > 0 {
+				cuts--
+				_ = tx.Conn().Close(ctx)
+				return errors.New("conn closed")
+			}
+			return nil
+		}),
+		RetryMaxAttempts: 1, RetryInitialInterval: time.Millisecond, RetryMaxInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := typedRecord("e1", 0, "t", `{}`)
+	for i := range 2 {
+		res, err := a.Apply(ctx, r)
+		var he *inbox.HandlerError
+		if err == nil || errors.As(err, &he) {
+			t.Fatalf("Apply #%d with the connection cut: %+v, %v; want an infrastructure error (no *HandlerError)", i+1, res, err)
+		}
+	}
+	if res, err := a.Apply(ctx, r); err != nil || res != (inbox.ApplyResult{Processed: 1}) {
+		t.Fatalf("redelivery: %+v, %v; want it applied", res, err)
+	}
+}
