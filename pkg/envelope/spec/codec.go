@@ -1,4 +1,4 @@
-package envelope
+package spec
 
 import "encoding/json"
 
