@@ -11,7 +11,8 @@ import (
 // sequence guard, the handler and the partition's next offset in one
 // transaction; on a handler failure, one transaction per event with
 // retries and then a dead letter — for records handed to it, without
-// Kafka. It is what a Consumer's partition worker does with a fetched batch,
+// Kafka. It is what a Consumer's partition worker does with a fetched batch
+// (an Effecter handler's effects made first, outside the transaction),
 // and exists for tests of handlers (package inboxtest runs a handler through
 // it) and for tools that feed recorded events. It runs no gap timer,
 // callbacks, metrics or DLQ-topic copies; a Consumer is the way to consume
@@ -52,7 +53,7 @@ func NewApplier(cfg Config) (*Applier, error) {
 	if h == nil {
 		h = asBatch(cfg.Handler)
 	}
-	app := &applier{cfg: &cfg, handler: h}
+	app := &applier{cfg: &cfg, handler: h, eff: effecterOf(&cfg), owner: newOwner(&cfg)}
 	app.guard = newGuard(app.cfg)
 	app.tr = newTracing(app.cfg)
 	return &Applier{app: app}, nil
@@ -67,12 +68,23 @@ func (a *Applier) Apply(ctx context.Context, recs ...*kgo.Record) (ApplyResult, 
 	for i, r := range recs {
 		items[i] = decodeItem(r, a.app.cfg.MaxPayloadBytes, "")
 	}
+	// An Effecter's effects first, holding no transaction, as a worker
+	// makes them; ctx ending meanwhile leaves a prefix (abandoned here).
+	n, err := a.app.prepare(ctx, items, ctx.Done())
+	if err != nil {
+		return ApplyResult{}, err
+	}
+	if n < len(items) {
+		a.app.abandon(context.WithoutCancel(ctx), items[:n])
+		return ApplyResult{}, context.Cause(ctx)
+	}
 	out, err := a.app.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return a.app.applyTx(ctx, items) })
 	var he *HandlerError
 	if errors.As(err, &he) {
 		out, err = a.app.applyIsolated(ctx, items, ctx.Done(), func(error) {})
 	}
 	if errors.Is(err, errStopped) {
+		a.app.abandon(context.WithoutCancel(ctx), items) // ctx ended in a retry wait
 		err = context.Cause(ctx)
 	}
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
@@ -181,5 +182,49 @@ func TestApplierConnectionLostIsNotTheEventsFault(t *testing.T) {
 	}
 	if res, err := a.Apply(ctx, r); err != nil || res != (inbox.ApplyResult{Processed: 1}) {
 		t.Fatalf("redelivery: %+v, %v; want it applied", res, err)
+	}
+}
+
+// effecter makes its "effect" before the transaction (Effecter) and checks
+// in the handler that the event arrives prepared.
+type effecter struct{ effects, prepared int }
+
+type noteEffect struct{}
+
+func (noteEffect) Abandon(context.Context, *pgxpool.Pool) error { return nil }
+
+func (e *effecter) Effect(context.Context, *pgxpool.Pool, inbox.Event) (inbox.Prepared, error) {
+	e.effects++
+	return noteEffect{}, nil
+}
+
+func (e *effecter) Handle(_ context.Context, _ pgx.Tx, ev inbox.Event) error {
+	if p := ev.Prepared(); p != nil && p.Err == nil {
+		e.prepared++
+	}
+	return nil
+}
+
+// TestApplierRunsEffecter: an Applier makes an Effecter handler's effects
+// before the transaction, as a partition worker does, and the handler sees
+// them; a redelivery makes none.
+func TestApplierRunsEffecter(t *testing.T) {
+	t.Parallel()
+	testkit.SkipIfShort(t, "PostgreSQL")
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	h := &effecter{}
+	a, err := inbox.NewApplier(inbox.Config{Pool: db.Pool, Group: "g", Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := typedRecord("e1", 0, "t", `{}`), typedRecord("e2", 1, "t", `{}`)
+	for range 2 {
+		if _, err := a.Apply(ctx, r1, r2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h.effects != 2 || h.prepared != 2 {
+		t.Fatalf("effects %d, handler saw %d prepared; want 2 and 2", h.effects, h.prepared)
 	}
 }
