@@ -394,7 +394,13 @@ func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err e
 			return
 		}
 		if tx.Conn().IsClosed() || isRetryableDB(err) {
-			err = fmt.Errorf("handler: %w", err) // infrastructure: retried, never dead-lettered
+			// Infrastructure: retried, never dead-lettered, so no
+			// *HandlerError (perEvent's included) may remain in the chain.
+			var he *HandlerError
+			if errors.As(err, &he) {
+				err = he.Err
+			}
+			err = fmt.Errorf("handler: %w", err)
 			return
 		}
 		var he *HandlerError
@@ -439,7 +445,8 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 				items[i].ev.prep = nil // the next try makes the effect again
 			}
 			wait := b.NextBackOff()
-			if (attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop) && he.withReleased {
+			last := attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop || isPermanent(he.Err)
+			if last && he.withReleased {
 				// The failure may be a released parked event's: one last try
 				// dead-letters a failing released event in place and applies
 				// the rest; if the event itself fails, it is dead-lettered below.
@@ -457,7 +464,7 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 				}
 				onHandlerErr(err)
 			}
-			if attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop {
+			if last {
 				out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) {
 					return a.deadLetterTx(ctx, &items[i], attempt, he.Err.Error())
 				})
