@@ -54,7 +54,9 @@ func ParseFormat(s string) (Format, error) {
 }
 
 // Registered reports whether the format needs a schema registry.
-func (f Format) Registered() bool { return f == FormatAvro || f == FormatProtobuf || f == FormatJSONSchema }
+func (f Format) Registered() bool {
+	return f == FormatAvro || f == FormatProtobuf || f == FormatJSONSchema
+}
 
 // ContentType is the content-type header of a record in format f: what the
 // bytes of the value are (the CloudEvents datacontenttype in binary mode).
