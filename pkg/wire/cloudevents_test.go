@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceflow/onceflow/contract"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/wire"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -142,5 +143,13 @@ func TestTopicFormatValidate(t *testing.T) {
 		if (tc.bad == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.bad)) {
 			t.Errorf("%+v: %v, want %q", tc.tf, err, tc.bad)
 		}
+	}
+}
+
+// The version written on the wire is the contract's (contract/VERSION).
+func TestContractVersionMatches(t *testing.T) {
+	t.Parallel()
+	if v := contract.Version(); v != wire.ContractVersion {
+		t.Fatalf("wire.ContractVersion %q, contract/VERSION %q", wire.ContractVersion, v)
 	}
 }
