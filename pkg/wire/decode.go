@@ -70,6 +70,11 @@ func (d *Decoder) View(ctx context.Context, r *kgo.Record) (*kgo.Record, error) 
 			structured = true
 		}
 	}
+	// A value from another producer's Confluent serializer may come with
+	// neither header: JSON never starts with a NUL byte, the framing's magic.
+	if !framed && !structured && d.Registry != nil && len(r.Value) > 5 && r.Value[0] == 0 {
+		framed = true
+	}
 	if !ce && !framed && !structured {
 		return r, nil
 	}

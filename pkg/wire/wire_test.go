@@ -129,6 +129,24 @@ func TestRoundTripRegistered(t *testing.T) {
 			if _, err := (&wire.Decoder{}).View(ctx, rec); err == nil {
 				t.Fatal("a framed record without a registry decoded")
 			}
+			// Another producer's Confluent serializer writes neither
+			// wire-format nor a content type: the magic byte is enough.
+			bare := *rec
+			bare.Headers = nil
+			for _, h := range rec.Headers {
+				if h.Key != wire.HeaderWireFormat && h.Key != "content-type" {
+					bare.Headers = append(bare.Headers, h)
+				}
+			}
+			view, err = dec.View(ctx, &bare)
+			if err != nil {
+				t.Fatalf("framed record without format headers: %v", err)
+			}
+			if got, err := envelope.Decode(view, 0); err != nil {
+				t.Fatalf("framed record without format headers: %v", err)
+			} else {
+				sameJSON(t, got.Payload, []byte(tc.view))
+			}
 		})
 	}
 }
