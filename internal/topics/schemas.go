@@ -68,3 +68,15 @@ func VerifySchemas(ctx context.Context, cl *sr.Client, spec *Spec) ([]Drift, err
 	}
 	return out, nil
 }
+
+// Encoder builds the pkg/wire encoder for spec's named events topics: what
+// the relay lays records out with (wire.Encoder.Record where it builds a
+// record from an outbox row). A spec with avro, protobuf or json-schema
+// topics needs cl, and their schemas registered (topics apply), else the
+// error wraps wire.ErrNotRegistered.
+func Encoder(ctx context.Context, cl *sr.Client, spec *Spec) (*wire.Encoder, error) {
+	if spec.NeedsRegistry() && cl == nil {
+		return nil, fmt.Errorf("the topic spec has topics in avro, protobuf or json-schema: a schema registry URL is required")
+	}
+	return wire.NewEncoder(ctx, cl, spec.WireFormats())
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/wire"
@@ -75,6 +76,25 @@ func TestApplyRefusesIncompatibleSchema(t *testing.T) {
 	}
 	if out, err := run("verify", spec); err != nil {
 		t.Fatalf("verify after apply: %v\n%s", err, out)
+	}
+	// The relay's encoder for the spec: avro + binary CloudEvents.
+	reg, err := sr.NewClient(sr.URLs(registry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := Load(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, err := Encoder(ctx, reg, loaded)
+	if err != nil {
+		t.Fatalf("Encoder after apply: %v", err)
+	}
+	if tf := enc.Format(events); tf.Format != wire.FormatAvro || tf.CloudEvents != wire.CloudEventsBinary {
+		t.Fatalf("encoder format of %s = %+v", events, tf)
+	}
+	if _, err := Encoder(ctx, nil, loaded); err == nil {
+		t.Fatal("Encoder without a registry for an avro spec passed")
 	}
 	if err := Command(ctx, "relay", []string{"apply", "-kafka-brokers", brokers, "-topics-spec", spec}, &bytes.Buffer{}, nil); err == nil || !strings.Contains(err.Error(), "-schema-registry-url") {
 		t.Fatalf("apply without a registry URL = %v, want a usage error naming -schema-registry-url", err)
