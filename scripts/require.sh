@@ -30,6 +30,7 @@ need postgres   '/usr/lib/postgresql/*/bin/initdb'    postgresql
 need kafka      java                                  openjdk-17-jre-headless
 need kafka      mvn                                   maven
 need kafka      kcat                                  kcat
+need kafka      curl                                  curl
 need test       promtool                              prometheus
 need test image buildah                               buildah
 need test image /etc/ssl/certs/ca-certificates.crt    ca-certificates

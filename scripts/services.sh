@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Starts and stops the throwaway PostgreSQL and Apache Kafka that the tests,
-# benchmarks and `make demo --kafka=local` use. Everything runs on loopback and
+# Starts and stops the throwaway PostgreSQL, Apache Kafka and schema registry
+# (Apicurio Registry, Confluent-compatible API) that the tests, benchmarks and
+# `make demo --kafka=local` use. Everything runs on loopback and
 # lives outside the work tree.
 #
-#   scripts/services.sh up [pg|kafka|all]   start (or reuse) the services; prints env lines
+#   scripts/services.sh up [pg|kafka|registry|all]   start (or reuse) the services; prints env lines
 #   scripts/services.sh down                stop what this script started
 #   scripts/services.sh env                 print the env lines of running services
 #   scripts/services.sh status              one line per service
@@ -11,8 +12,9 @@
 #   scripts/services.sh kafka-config P C    write the shared broker's configuration into $ONCEFLOW_RUN_DIR/kafka
 #                                           (from internal/kafkanode's templates), start nothing
 #
-# ONCEFLOW_TEST_DATABASE_URL / ONCEFLOW_TEST_KAFKA_BROKERS, when set, name
-# external services: then nothing is started for that service.
+# ONCEFLOW_TEST_DATABASE_URL / ONCEFLOW_TEST_KAFKA_BROKERS /
+# ONCEFLOW_TEST_SCHEMA_REGISTRY_URL, when set, name external services: then
+# nothing is started for that service.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,12 +25,14 @@ cache_dir=${ONCEFLOW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/onceflow}
 run_dir=${ONCEFLOW_RUN_DIR:-${TMPDIR:-/tmp}/onceflow-$(id -u)}
 pg_dir=$run_dir/pg
 kafka_dir=$run_dir/kafka
+registry_dir=$run_dir/registry
 # Tool overrides (also used by the tests of this script's error messages).
 java_bin=${ONCEFLOW_JAVA:-java}
 mvn_bin=${ONCEFLOW_MVN:-mvn}
 kcat_bin=${ONCEFLOW_KCAT:-kcat}
 pg_glob=${ONCEFLOW_PG_BINDIR:-/usr/lib/postgresql/*/bin}
 kafka_lib=$cache_dir/kafka-lib-$(sha256sum "$repo/tools/kafka/pom.xml" | cut -c1-12)
+registry_lib=$cache_dir/apicurio-$(sha256sum "$repo/tools/apicurio/pom.xml" | cut -c1-12)
 
 die() { echo "services: $*" >&2; exit 1; }
 log() { echo "services: $*" >&2; }
@@ -225,6 +229,79 @@ kafka_down() {
   log "kafka stopped"
 }
 
+# ---------------------------------------------------------------- schema registry
+# Apicurio Registry with in-memory storage; tests use its Confluent-compatible
+# API, so the env line names .../apis/ccompat/v7. Its default compatibility is
+# NONE; it is set to BACKWARD (what Confluent's registry defaults to) at start.
+
+registry_server() {
+  if [ ! -f "$registry_lib/.complete" ]; then
+    need "$mvn_bin" mvn maven
+    log "resolving Apicurio Registry with mvn into $registry_lib (first run only)"
+    rm -rf "$registry_lib"
+    (cd "$repo/tools/apicurio" && "$mvn_bin" -B -q dependency:unpack -Dregistry.dir="$registry_lib" \
+      >"$run_dir/mvn-registry.log" 2>&1) || die "mvn could not resolve Apicurio Registry: see $run_dir/mvn-registry.log"
+    rm -rf "$repo/tools/apicurio/target"
+    touch "$registry_lib/.complete"
+  fi
+  local jar; jar=$(ls "$registry_lib"/apicurio-registry-app-*-runner.jar 2>/dev/null | head -n1)
+  [ -n "$jar" ] || die "no apicurio-registry-app-*-runner.jar in $registry_lib (remove it to resolve again)"
+  echo "$jar"
+}
+
+registry_url() { echo "http://127.0.0.1:$(cat "$registry_dir/port")/apis/ccompat/v7"; }
+
+registry_answers() { curl -sf -m 2 "$1/config" >/dev/null 2>&1; }
+
+registry_running() {
+  [ -f "$registry_dir/pid" ] && [ -f "$registry_dir/port" ] || return 1
+  kill -0 "$(cat "$registry_dir/pid")" 2>/dev/null || return 1
+  registry_answers "$(registry_url)"
+}
+
+registry_up() {
+  if [ -n "${ONCEFLOW_TEST_SCHEMA_REGISTRY_URL:-}" ]; then echo "ONCEFLOW_TEST_SCHEMA_REGISTRY_URL=$ONCEFLOW_TEST_SCHEMA_REGISTRY_URL"; return; fi
+  need "$java_bin" java openjdk-17-jre-headless
+  need curl curl curl
+  if registry_running; then
+    log "schema registry already running at $(registry_url) (log: $registry_dir/registry.log)"
+    echo "ONCEFLOW_TEST_SCHEMA_REGISTRY_URL=$(registry_url)"; return
+  fi
+  [ -f "$registry_dir/pid" ] && kill -9 "$(cat "$registry_dir/pid")" 2>/dev/null || true
+  rm -rf "$registry_dir"; mkdir -p "$registry_dir"
+  local jar; jar=$(registry_server)
+  local port mport
+  port=$(free_port "${ONCEFLOW_REGISTRY_PORT:-58081}")
+  mport=$(free_port $((port + 100)))
+  echo "$port" >"$registry_dir/port"
+  (cd "$registry_dir" || exit 1; nohup "$java_bin" -Xms64m -Xmx384m -XX:+UseSerialGC -Djava.awt.headless=true \
+    -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$port" \
+    -Dquarkus.management.host=127.0.0.1 -Dquarkus.management.port="$mport" \
+    -jar "$jar" >"$registry_dir/registry.log" 2>&1 </dev/null 9>&- & echo $! >"$registry_dir/pid")
+  for _ in $(seq 1 120); do
+    kill -0 "$(cat "$registry_dir/pid")" 2>/dev/null || die "schema registry exited during start: see $registry_dir/registry.log"
+    registry_answers "$(registry_url)" && break
+    sleep 0.5
+  done
+  registry_answers "$(registry_url)" || die "schema registry did not answer on $(registry_url): see $registry_dir/registry.log"
+  curl -sf -m 5 -X PUT -H 'Content-Type: application/json' -d '{"compatibility":"BACKWARD"}' "$(registry_url)/config" >/dev/null \
+    || die "could not set the schema registry's global compatibility: see $registry_dir/registry.log"
+  log "schema registry $(basename "$jar" -runner.jar | sed 's/apicurio-registry-app-/apicurio /') at $(registry_url) (log: $registry_dir/registry.log)"
+  echo "ONCEFLOW_TEST_SCHEMA_REGISTRY_URL=$(registry_url)"
+}
+
+registry_down() {
+  [ -f "$registry_dir/pid" ] || { rm -rf "$registry_dir"; return 0; }
+  local pid; pid=$(cat "$registry_dir/pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -rf "$registry_dir"
+  log "schema registry stopped"
+}
+
 # ---------------------------------------------------------------- main
 
 cmd=${1:-}
@@ -235,20 +312,24 @@ case "$cmd" in
     case "$what" in
       pg) pg_up ;;
       kafka) kafka_up ;;
-      all) pg_up; kafka_up ;;
-      *) die "unknown service '$what' (want pg, kafka or all)" ;;
+      registry) registry_up ;;
+      all) pg_up; kafka_up; registry_up ;;
+      *) die "unknown service '$what' (want pg, kafka, registry or all)" ;;
     esac ;;
   down)
     with_lock
-    kafka_down; pg_down ;;
+    registry_down; kafka_down; pg_down ;;
   env)
     if [ -n "${ONCEFLOW_TEST_DATABASE_URL:-}" ]; then echo "ONCEFLOW_TEST_DATABASE_URL=$ONCEFLOW_TEST_DATABASE_URL"
     elif pg_running; then echo "ONCEFLOW_TEST_DATABASE_URL=$(pg_url)"; fi
     if [ -n "${ONCEFLOW_TEST_KAFKA_BROKERS:-}" ]; then echo "ONCEFLOW_TEST_KAFKA_BROKERS=$ONCEFLOW_TEST_KAFKA_BROKERS"
-    elif kafka_running; then echo "ONCEFLOW_TEST_KAFKA_BROKERS=$(kafka_brokers)"; fi ;;
+    elif kafka_running; then echo "ONCEFLOW_TEST_KAFKA_BROKERS=$(kafka_brokers)"; fi
+    if [ -n "${ONCEFLOW_TEST_SCHEMA_REGISTRY_URL:-}" ]; then echo "ONCEFLOW_TEST_SCHEMA_REGISTRY_URL=$ONCEFLOW_TEST_SCHEMA_REGISTRY_URL"
+    elif registry_running; then echo "ONCEFLOW_TEST_SCHEMA_REGISTRY_URL=$(registry_url)"; fi ;;
   status)
     if pg_running; then echo "postgres: running on 127.0.0.1:$(cat "$pg_dir/port")"; else echo "postgres: stopped"; fi
-    if kafka_running; then echo "kafka: running on $(kafka_brokers)"; else echo "kafka: stopped"; fi ;;
+    if kafka_running; then echo "kafka: running on $(kafka_brokers)"; else echo "kafka: stopped"; fi
+    if registry_running; then echo "registry: running at $(registry_url)"; else echo "registry: stopped"; fi ;;
   kafka-config)
     # Writes the shared broker's configuration without starting it (the
     # kafkanode test compares it with the Go launcher's).
@@ -258,5 +339,5 @@ case "$cmd" in
     # The lock is only needed while the jars are resolved.
     [ -f "$kafka_lib/.complete" ] || with_lock
     kafka_classpath ;;
-  *) die "usage: services.sh up [pg|kafka|all] | down | env | status | classpath | kafka-config PORT CPORT" ;;
+  *) die "usage: services.sh up [pg|kafka|registry|all] | down | env | status | classpath | kafka-config PORT CPORT" ;;
 esac

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -119,6 +120,11 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	icfg.Pool = pool
 	icfg.Registerer = reg
 	icfg.TracerProvider = tracing.Provider
+	if cfg.SchemaRegistryURL != "" {
+		if icfg.SchemaRegistry, err = sr.NewClient(sr.URLs(cfg.SchemaRegistryURL)); err != nil {
+			return &cli.UsageError{Err: fmt.Errorf("%s: %w", cli.Named("schema-registry-url"), err)}
+		}
+	}
 	c, err := inbox.New(icfg)
 	if err != nil {
 		return &cli.UsageError{Err: inboxError(err)}

@@ -22,6 +22,10 @@ import (
 const (
 	EnvDatabaseURL  = "ONCEFLOW_TEST_DATABASE_URL"
 	EnvKafkaBrokers = "ONCEFLOW_TEST_KAFKA_BROKERS"
+	// EnvSchemaRegistryURL is the base URL of a Confluent-compatible schema
+	// registry API (scripts/services.sh starts Apicurio Registry and names
+	// its /apis/ccompat/v7).
+	EnvSchemaRegistryURL = "ONCEFLOW_TEST_SCHEMA_REGISTRY_URL"
 )
 
 var (
@@ -109,4 +113,18 @@ func KafkaBrokers(t testing.TB) string {
 		t.Fatalf("Apache Kafka for tests: %v", err)
 	}
 	return b
+}
+
+// SchemaRegistryURL is the base URL of the test schema registry's
+// Confluent-compatible API (started by scripts/services.sh up registry
+// unless ONCEFLOW_TEST_SCHEMA_REGISTRY_URL names one). A registry that cannot
+// be had fails the test with the reason; -short skips it.
+func SchemaRegistryURL(t testing.TB) string {
+	t.Helper()
+	SkipIfShort(t, "the schema registry")
+	u, err := service("registry", EnvSchemaRegistryURL)
+	if err != nil {
+		t.Fatalf("schema registry for tests (scripts/services.sh up registry, or set %s): %v", EnvSchemaRegistryURL, err)
+	}
+	return u
 }

@@ -9,14 +9,18 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
+	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/onceflow/onceflow/contract"
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 // Role says what a topic is for; the spec rules depend on it.
@@ -87,8 +91,115 @@ type TopicSpec struct {
 	// Configs are further topic configs, compared as strings. They may not
 	// repeat a config that has a typed field above.
 	Configs map[string]string `json:"configs,omitempty"`
+	// Wire is the topic's wire format (default: json with onceflow's
+	// envelope headers). Only events topics have one.
+	Wire *WireSpec `json:"wire,omitempty"`
 
 	re *regexp.Regexp
+}
+
+// WireSpec is how an events topic's records are laid out (pkg/wire).
+type WireSpec struct {
+	// Format is json (default), avro, protobuf or json-schema. The last
+	// three need a schema and a schema registry; only a named entry may
+	// have one (its subject derives from the topic's name).
+	Format string `json:"format,omitempty"`
+	// Schema is the schema text inline; SchemaFile a file holding it,
+	// relative to the spec file (for the built-in spec: to contract/).
+	// Exactly one for avro, protobuf and json-schema.
+	Schema     string `json:"schema,omitempty"`
+	SchemaFile string `json:"schema_file,omitempty"`
+	// Subject is the registry subject (default "<topic>-value").
+	Subject string `json:"subject,omitempty"`
+	// Message is the Protobuf message (default: the schema's first).
+	Message string `json:"message,omitempty"`
+	// Compatibility is the subject's compatibility level, set by apply
+	// (default BACKWARD).
+	Compatibility string `json:"compatibility,omitempty"`
+	// CloudEvents is "" (onceflow's envelope headers), binary or
+	// structured.
+	CloudEvents string `json:"cloudevents,omitempty"`
+
+	// fileText is SchemaFile's content once read.
+	fileText string
+}
+
+// TopicFormat is the pkg/wire form of w (schema files read already).
+func (w *WireSpec) TopicFormat() wire.TopicFormat {
+	if w == nil {
+		return wire.TopicFormat{Format: wire.FormatJSON}
+	}
+	f, _ := wire.ParseFormat(w.Format)
+	schema := w.Schema
+	if w.SchemaFile != "" {
+		schema = w.fileText
+	}
+	return wire.TopicFormat{Format: f, Schema: schema, Subject: w.Subject, Message: w.Message, CloudEvents: wire.CloudEvents(w.CloudEvents)}
+}
+
+// Level is w's compatibility level.
+func (w *WireSpec) Level() wire.Compatibility {
+	c, _ := wire.ParseCompatibility(w.Compatibility)
+	return c
+}
+
+// Registered reports whether the entry's format needs a schema registry.
+func (t *TopicSpec) Registered() bool {
+	return t.Wire != nil && t.Wire.TopicFormat().Format.Registered()
+}
+
+// WireFormats is the wire format of every named events topic that is not
+// plain json, for pkg/wire's Encoder.
+func (s *Spec) WireFormats() map[string]wire.TopicFormat {
+	m := map[string]wire.TopicFormat{}
+	for _, t := range s.Topics {
+		if t.Name != "" && t.Wire != nil {
+			m[t.Name] = t.Wire.TopicFormat()
+		}
+	}
+	return m
+}
+
+// readSchemas loads each entry's schema_file with read (relative paths).
+func (s *Spec) readSchemas(read func(name string) ([]byte, error)) error {
+	for i := range s.Topics {
+		w := s.Topics[i].Wire
+		if w == nil || w.SchemaFile == "" {
+			continue
+		}
+		b, err := read(w.SchemaFile)
+		if err != nil {
+			return fmt.Errorf("topics[%d] (%s): wire.schema_file: %w", i, s.Topics[i].Label(), err)
+		}
+		w.fileText = string(b)
+	}
+	return nil
+}
+
+func (w *WireSpec) validate(t *TopicSpec) error {
+	if t.Role != RoleEvents {
+		return fmt.Errorf("wire: only an events topic has a wire format, not a %s topic", t.Role)
+	}
+	if w.Schema != "" && w.SchemaFile != "" {
+		return fmt.Errorf("wire: set schema or schema_file, not both")
+	}
+	if _, err := wire.ParseCompatibility(w.Compatibility); err != nil {
+		return fmt.Errorf("wire: %w", err)
+	}
+	tf := w.TopicFormat()
+	if _, err := wire.ParseFormat(w.Format); err != nil {
+		return fmt.Errorf("wire: %w", err)
+	}
+	if tf.Format.Registered() && t.Pattern != "" {
+		return fmt.Errorf("wire: format %s needs a named entry (its registry subject is the topic's), not a pattern", tf.Format)
+	}
+	if w.SchemaFile != "" && w.fileText == "" {
+		return nil // validated once read (Load, Default)
+	}
+	if err := tf.Validate(); err != nil {
+		return fmt.Errorf("wire: %w", err)
+	}
+	return nil
 }
 
 // Label names the entry in messages: its name or its pattern.
@@ -117,19 +228,38 @@ func Default() (*Spec, error) {
 		return nil, err
 	}
 	s, err := Parse(b)
+	if err == nil {
+		err = s.readSchemas(func(name string) ([]byte, error) { return fs.ReadFile(contract.FS, path.Clean(name)) })
+	}
+	if err == nil {
+		err = s.Validate()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("embedded contract/topics.json: %w", err)
 	}
 	return s, nil
 }
 
-// Load reads and validates the spec file at path.
+// Load reads and validates the spec file at path, and the schema files it
+// names (relative to the file's directory).
 func Load(path string) (*Spec, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read topic spec: %w", err)
 	}
 	s, err := Parse(b)
+	if err == nil {
+		dir := filepath.Dir(path)
+		err = s.readSchemas(func(name string) ([]byte, error) {
+			if !filepath.IsAbs(name) {
+				name = filepath.Join(dir, name)
+			}
+			return os.ReadFile(name)
+		})
+	}
+	if err == nil {
+		err = s.Validate() // now with the schemas read
+	}
 	if err != nil {
 		return nil, fmt.Errorf("topic spec %s: %w", path, err)
 	}
@@ -226,6 +356,11 @@ func (t *TopicSpec) validate() error {
 			return fmt.Errorf("configs: empty config name")
 		}
 	}
+	if t.Wire != nil {
+		if err := t.Wire.validate(t); err != nil {
+			return err
+		}
+	}
 	switch t.Role {
 	case RoleEvents, RoleDLQ:
 		// Keyed by source: compaction would delete all but each source's
@@ -307,6 +442,10 @@ func (s *Spec) clone() *Spec {
 	c.Topics = make([]TopicSpec, len(s.Topics))
 	for i, t := range s.Topics {
 		t.Configs = maps.Clone(t.Configs)
+		if t.Wire != nil {
+			w := *t.Wire
+			t.Wire = &w
+		}
 		c.Topics[i] = t
 	}
 	return &c

@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/seqguard"
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 // malformedKeyPrefix starts the inbox key of a record that has no valid
@@ -65,13 +66,20 @@ type item struct {
 }
 
 // decodeItem decodes a record fetched from the topic with the given ID (""
-// when unknown).
-func decodeItem(r *kgo.Record, maxPayload int, topicID string) item {
-	env, err := envelope.Decode(r, maxPayload)
+// when unknown). dec turns a record in another wire format (avro, protobuf,
+// json-schema, CloudEvents) into the JSON view first; the item keeps the
+// view, which is what a parked event's inbox row and a DLQ copy hold. A
+// record that cannot be viewed is malformed and keeps its raw form.
+func decodeItem(ctx context.Context, dec *wire.Decoder, r *kgo.Record, maxPayload int, topicID string) item {
+	view, err := dec.View(ctx, r)
 	if err != nil {
 		return item{rec: r, bad: err, key: malformedKey(r, topicID), topicID: topicID}
 	}
-	return item{rec: r, ev: eventFromEnvelope(env, r.Topic, r.Partition, r.Offset), key: env.EventID, topicID: topicID}
+	env, err := envelope.Decode(view, maxPayload)
+	if err != nil {
+		return item{rec: r, bad: err, key: malformedKey(r, topicID), topicID: topicID}
+	}
+	return item{rec: view, ev: eventFromEnvelope(env, r.Topic, r.Partition, r.Offset), key: env.EventID, topicID: topicID}
 }
 
 // outcome counts what a committed transaction did.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 // scriptedGuard answers from a table keyed by event id: the event ids to
@@ -91,7 +92,7 @@ func rec(id string, seq, offset int64) *kgo.Record {
 func items(recs ...*kgo.Record) []item {
 	out := make([]item, len(recs))
 	for i, r := range recs {
-		out[i] = decodeItem(r, 0, "")
+		out[i] = decodeItem(context.Background(), &wire.Decoder{}, r, 0, "")
 	}
 	return out
 }
@@ -448,7 +449,7 @@ func TestReplayUsesGuardSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []*kgo.Record{srcRec("r", "bad-r3", 3, 1), srcRec("m", "bad-m4", 4, 4)} {
-		it := decodeItem(r, 0, "")
+		it := decodeItem(context.Background(), &wire.Decoder{}, r, 0, "")
 		if _, err := s.app.deadLetterTx(ctx, &it, 1, "nope"); err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
@@ -209,6 +210,12 @@ type Config struct {
 
 	// RetryMaxInterval caps the backoff between tries (default 5s).
 	RetryMaxInterval time.Duration
+
+	// SchemaRegistry reads the schemas of records in a registered wire
+	// format (avro, protobuf, json-schema; pkg/wire) (default: none; such a
+	// record is then dead-lettered as malformed, naming the missing
+	// registry). json records and CloudEvents need none.
+	SchemaRegistry *sr.Client
 
 	// SessionTimeout is how long the group waits for a member that stopped
 	// heartbeating before it reassigns the member's partitions (default

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pkg/schema"
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 // Consumer is the consumer engine: a Kafka consumer group member that applies
@@ -24,9 +25,11 @@ import (
 // and start it with Run.
 type Consumer struct {
 	cfg Config
-	app *applier
-	m   *metrics
-	log *slog.Logger
+	// wire decodes records of every wire format into the JSON view.
+	wire *wire.Decoder
+	app  *applier
+	m    *metrics
+	log  *slog.Logger
 
 	running atomic.Bool
 	// degraded holds the last infrastructure error (nil when healthy).
@@ -109,6 +112,10 @@ func New(cfg Config) (*Consumer, error) {
 		log:          cfg.Logger,
 		workers:      map[tp]*worker{},
 		resubscribed: map[string]time.Time{},
+		// A CloudEvent without the sequence extension has no seq: ordered
+		// by arrival it gets its offset+1 (ignored there); ordered by seq
+		// it is malformed.
+		wire: &wire.Decoder{Registry: cfg.SchemaRegistry, SeqFromOffset: cfg.Ordering == OrderArrival},
 	}
 	c.app = &applier{cfg: &c.cfg, handler: h, tr: newTracing(&c.cfg), eff: effecterOf(&c.cfg), owner: newOwner(&c.cfg)}
 	c.app.guard = newGuard(&c.cfg)
@@ -633,7 +640,7 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	items := make([]item, len(recs))
 	id := topicIDText(topicID)
 	for i, r := range recs {
-		items[i] = decodeItem(r, c.cfg.MaxPayloadBytes, id)
+		items[i] = decodeItem(ctx, c.wire, r, c.cfg.MaxPayloadBytes, id)
 	}
 	c.app.tr.startProcess(ctx, items)
 	defer func() { c.app.tr.endProcess(items, err) }()

@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/wire"
+)
+
+// benchAvroSchema is the bench payload ({"pad": "xxx…"}) as Avro.
+const benchAvroSchema = `{"type":"record","name":"Bench","namespace":"onceflow.bench","fields":[{"name":"pad","type":"string"}]}`
+
+// BenchmarkWireAvro prints what the Avro wire format costs beside json:
+// the consumer's drain of the same events (sql upsert handler) from a json
+// topic and from an avro topic (Confluent framing, schema from the
+// registry, decoded to the JSON view before the handler), target >= 0.8 of
+// json; and the relay's record building per event (envelope.Record beside
+// wire.Encoder.Record, the call that takes its place in the relay), one
+// core. ONCEFLOW_BENCH_WIRE_EVENTS sets the drain size (default 100000).
+func BenchmarkWireAvro(b *testing.B) {
+	ctx := context.Background()
+	n := envInt(b, "ONCEFLOW_BENCH_WIRE_EVENTS", 100_000)
+	reg, err := sr.NewClient(sr.URLs(testkit.SchemaRegistryURL(b)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	db := testkit.NewDB(b)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.bench_state (source text PRIMARY KEY, seq bigint NOT NULL, n bigint NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	jsonTopic := testkit.Topic(b, "bench-wire-json", benchPartitions, nil)
+	avroTopic := testkit.Topic(b, "bench-wire-avro", benchPartitions, nil)
+	tf := wire.TopicFormat{Format: wire.FormatAvro, Schema: benchAvroSchema}
+	if _, err := wire.Register(ctx, reg, avroTopic, tf, wire.CompatBackward); err != nil {
+		b.Fatal(err)
+	}
+	enc, err := wire.NewEncoder(ctx, reg, map[string]wire.TopicFormat{avroTopic: tf})
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	// The relay's record building, one goroutine.
+	payload := []byte(`{"pad":"` + strings.Repeat("x", benchPayload-len(`{"pad":""}`)) + `"}`)
+	build := func(topic string, f func(*envelope.Envelope, string) (*kgo.Record, error)) float64 {
+		const k = 200_000
+		start := time.Now()
+		for i := range k {
+			ev := envelope.Envelope{EventID: fmt.Sprintf("bench-%d", i), Source: "src", Seq: int64(i + 1), EventType: "bench.event", Payload: payload, Producer: "db"}
+			if _, err := f(&ev, topic); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return k / time.Since(start).Seconds()
+	}
+	record := benchReport.measure()
+	jsonBuild := build(jsonTopic, func(e *envelope.Envelope, t string) (*kgo.Record, error) { return e.Record(t), nil })
+	avroBuild := build(avroTopic, enc.Record)
+	record(figure{Name: "relay record building, avro (wire.Encoder.Record)", Value: avroBuild, Unit: "records/s", CeilingName: "json (envelope.Record)", Ceiling: jsonBuild,
+		Notes: []string{"one core, 256 B payloads; the relay's drain in avro is measured once the relay calls wire.Encoder.Record (pkg/relay)"}})
+
+	prefillWire(b, jsonTopic, n, nil)
+	prefillWire(b, avroTopic, n, enc)
+	h := sqlUpsertHandler(b)
+	record = benchReport.measure()
+	jsonDrain, _ := drain(b, db.Pool, jsonTopic, "wire-json", h, "onceflow_consumer_processed_total", n)
+	jsonRate := float64(n) / jsonDrain.Seconds()
+	for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	avroDrain, _ := drain(b, db.Pool, avroTopic, "wire-avro", h, "onceflow_consumer_processed_total", n,
+		func(c *inbox.Config) { c.SchemaRegistry = reg })
+	avroRate := float64(n) / avroDrain.Seconds()
+	record(figure{Name: "consumer drain, avro (sql upsert handler)", Value: avroRate, Unit: "events/s", CeilingName: "the same drain, json", Ceiling: jsonRate,
+		Target: ">= 0.80 of json", Met: met(avroRate >= 0.8*jsonRate),
+		Notes: []string{fmt.Sprintf("%d events, %d partitions; avro records decoded through the registry (schema cached by id) into the JSON view", n, benchPartitions)}})
+	b.ReportMetric(avroRate, "avro_events/s")
+	b.ReportMetric(jsonRate, "json_events/s")
+	fmt.Printf("wire formats: %d events\n  consumer drain json %.0f ev/s, avro %.0f ev/s -> %.2f of json\n  record building json %.0f/s, avro %.0f/s -> %.2f of json\n",
+		n, jsonRate, avroRate, avroRate/jsonRate, jsonBuild, avroBuild, avroBuild/jsonBuild)
+}
+
+// prefillWire produces n bench events to topic, through enc when it is not
+// nil (else as json with the plain envelope).
+func prefillWire(b testing.TB, topic string, n int, enc *wire.Encoder) {
+	b.Helper()
+	cl := testkit.Client(b, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100_000), kgo.ProducerBatchMaxBytes(1<<20))
+	payload := []byte(`{"pad":"` + strings.Repeat("x", benchPayload-len(`{"pad":""}`)) + `"}`)
+	seqs := make([]int64, benchSources)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for i := range n {
+		src := i % benchSources
+		seqs[src]++
+		ev := envelope.Envelope{EventID: fmt.Sprintf("bench-%s-%d", topic, i), Source: fmt.Sprintf("src-%d", src), Seq: seqs[src],
+			EventType: "bench.event", Payload: payload}
+		rec := ev.Record(topic)
+		if enc != nil {
+			var err error
+			if rec, err = enc.Record(&ev, topic); err != nil {
+				b.Fatal(err)
+			}
+		}
+		wg.Add(1)
+		cl.Produce(context.Background(), rec, func(_ *kgo.Record, err error) {
+			defer wg.Done()
+			if err != nil {
+				mu.Lock()
+				firstErr = err
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		b.Fatalf("prefill %s: %v", topic, firstErr)
+	}
+}
