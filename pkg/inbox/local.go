@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 // Applier runs the consumer's PostgreSQL side — the inbox rows, the
@@ -19,6 +21,9 @@ import (
 // a topic.
 type Applier struct {
 	app *applier
+	// dec decodes records as a worker does (wire formats, CloudEvents),
+	// keeping the schemas it fetched.
+	dec *wire.Decoder
 }
 
 // ApplyResult counts what one Apply did.
@@ -56,7 +61,7 @@ func NewApplier(cfg Config) (*Applier, error) {
 	app := &applier{cfg: &cfg, handler: h, eff: effecterOf(&cfg), owner: newOwner(&cfg)}
 	app.guard = newGuard(app.cfg)
 	app.tr = newTracing(app.cfg)
-	return &Applier{app: app}, nil
+	return &Applier{app: app, dec: &wire.Decoder{Registry: cfg.SchemaRegistry, SeqFromOffset: cfg.Ordering == OrderArrival}}, nil
 }
 
 // Apply applies recs, records of one partition in offset order, as a
@@ -66,7 +71,7 @@ func NewApplier(cfg Config) (*Applier, error) {
 func (a *Applier) Apply(ctx context.Context, recs ...*kgo.Record) (ApplyResult, error) {
 	items := make([]item, len(recs))
 	for i, r := range recs {
-		items[i] = decodeItem(r, a.app.cfg.MaxPayloadBytes, "")
+		items[i] = decodeItem(ctx, a.dec, r, a.app.cfg.MaxPayloadBytes, "")
 	}
 	// An Effecter's effects first, holding no transaction, as a worker
 	// makes them; ctx ending meanwhile leaves a prefix (abandoned here).
