@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/internal/admin"
@@ -129,6 +130,7 @@ type config struct {
 
 	topicsVerify bool
 	topics       topics.Config
+	registryURL  string
 }
 
 // outboxFlags is the flag of each relay.Config field `relay run` sets: an
@@ -197,6 +199,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", relay.DefaultTransactionTimeout, "Kafka transaction timeout")
 	fs.BoolVar(&c.topicsVerify, "topics-verify", false, "verify the checkpoint topic at start and each event topic before its first publish against the topic spec; refuse to publish to a topic that breaks it (create topics with `relay topics apply` first)")
 	c.topics.RegisterFlags(fs)
+	fs.StringVar(&c.registryURL, "schema-registry-url", "", "schema registry (Confluent-compatible API) for topics whose wire format in the topic spec is avro, protobuf or json-schema (register their schemas with `relay topics apply` first)")
 }
 
 func (c *config) validate() error {
@@ -267,6 +270,27 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 
+	// Each topic's wire format, from the topic spec (docs/contract.md, "Wire
+	// formats"): the schemas must be registered (relay topics apply) before
+	// the relay starts.
+	spec, err := c.topics.Load()
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	var registry *sr.Client
+	if spec.NeedsRegistry() {
+		if c.registryURL == "" {
+			return cli.Usagef("%s is required: the topic spec has topics in avro, protobuf or json-schema", cli.Named("schema-registry-url"))
+		}
+		if registry, err = sr.NewClient(sr.URLs(c.registryURL)); err != nil {
+			return &cli.UsageError{Err: fmt.Errorf("%s: %w", cli.Named("schema-registry-url"), err)}
+		}
+	}
+	enc, err := topics.Encoder(ctx, registry, spec)
+	if err != nil {
+		return fmt.Errorf("wire formats of the topic spec (register the schemas with `relay topics apply -schema-registry-url …`): %w", err)
+	}
+
 	var tokens *admin.Tokens
 	if c.admin.Enabled {
 		if tokens, err = admin.LoadTokens(c.admin.TokenFile); err != nil {
@@ -284,6 +308,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	oc.Logger = log
 	oc.Registerer = reg
 	oc.TopicCheck = topicCheck
+	oc.Wire = enc
 	oc.TracerProvider = tracing.Provider
 	relay, err := relay.New(oc)
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 // Config configures a Relay. Fields are alphabetized; each says its default.
@@ -118,6 +120,12 @@ type Config struct {
 	// retried with backoff. Both count as errors_total{kind="topic"}.
 	// Default: none.
 	TopicCheck func(ctx context.Context, topic string) error
+	// Wire encodes each event for its topic's wire format (json, avro,
+	// protobuf, json-schema; CloudEvents) and sets the contract-version
+	// header (docs/contract.md). A payload that does not fit the topic's
+	// schema sets its row aside (reason schema_mismatch); only its source
+	// waits. Default nil: every topic json.
+	Wire *wire.Encoder
 	// TracerProvider makes the span of each Kafka transaction ("relay
 	// transaction", linked to each event's producer context; see
 	// docs/tracing.md). Default: the global provider (otel.GetTracerProvider).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/relay/internal/lease"
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 // maxSetAsideRetry caps the automatic retry interval of set-aside rows.
@@ -308,6 +309,7 @@ func (p *publisher) transact(ctx context.Context, rows []row, unmarked ckptSet) 
 	// is still running.
 	ckpt := newCkptSet(len(rows) + len(unmarked.fps))
 	ckpt.merge(unmarked)
+	var misfits map[int64]refused
 	for _, w := range rows {
 		ckpt.add(w)
 		env := envelope.Envelope{
@@ -328,9 +330,32 @@ func (p *publisher) transact(ctx context.Context, rows []row, unmarked ckptSet) 
 			}
 		}
 		env.Headers = w.headers
-		rec := env.Record(w.topic)
+		// The topic's wire format (pkg/wire; nil: json) and the
+		// contract-version header. A payload that does not fit the topic's
+		// schema is refused like a record Kafka refuses: the row is tried
+		// alone, then set aside with the reason, and other sources flow.
+		rec, err := p.cfg.Wire.Record(&env, w.topic)
+		if err != nil {
+			var pe *wire.PayloadError
+			if !errors.As(err, &pe) {
+				_ = cl.EndTransaction(ctx, kgo.TryAbort)
+				return fmt.Errorf("encode event %s for topic %q: %w", w.eventID, w.topic, err)
+			}
+			if misfits == nil {
+				misfits = map[int64]refused{}
+			}
+			misfits[w.id] = refused{reason: ReasonSchema, err: err}
+			continue
+		}
 		rowOf[rec] = w.id
 		recs = append(recs, rec)
+	}
+	if misfits != nil {
+		// Nothing was produced yet: end the (empty) transaction.
+		if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+			return errors.Join(&refusedError{refused: misfits}, fmt.Errorf("abort transaction: %w", err))
+		}
+		return &refusedError{refused: misfits}
 	}
 	recs = append(recs, &kgo.Record{Topic: p.cfg.CheckpointTopic, Key: []byte(p.prod.ckptKey), Value: encodeCheckpointSet(p.prod.identity, ckpt)})
 

@@ -17,9 +17,10 @@ const (
 	ReasonTopicAuthorization = "topic_authorization" // TOPIC_AUTHORIZATION_FAILED: retried by the relay
 	ReasonTopicMissing       = "topic_missing"       // UNKNOWN_TOPIC_OR_PARTITION after the client's retries: retried by the relay
 	ReasonTopicContract      = "topic_contract"      // Config.TopicCheck refused the topic: retried by the relay
+	ReasonSchema             = "schema_mismatch"     // the payload does not fit the topic's registered schema (Config.Wire)
 )
 
-var setAsideReasons = []string{ReasonTooLarge, ReasonInvalidTopic, ReasonInvalidRecord, ReasonTopicAuthorization, ReasonTopicMissing, ReasonTopicContract}
+var setAsideReasons = []string{ReasonTooLarge, ReasonInvalidTopic, ReasonInvalidRecord, ReasonTopicAuthorization, ReasonTopicMissing, ReasonTopicContract, ReasonSchema}
 
 // retriedByRelay reports whether rows set aside for reason are tried again
 // by the relay on its own (the cause may go away without touching the row:
