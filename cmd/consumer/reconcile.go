@@ -150,6 +150,9 @@ func (c *reconcileConfig) engineConfig(set map[string]bool) (reconcile.Config, e
 		return rc, err
 	}
 	rc.KafkaOpts = c.Kafka.Opts(nil)
+	if c.Settle == 0 {
+		rc.Settle = -1 // none (the engine's zero is its default)
+	}
 	switch {
 	case c.Group == "":
 		return rc, fmt.Errorf("%s is required", cli.Named("group"))

@@ -98,7 +98,7 @@ type Config struct {
 	OutboxPool *pgxpool.Pool
 	// Settle leaves out the outbox rows committed in its last stretch
 	// before the run: the relay may not have published them yet (default
-	// DefaultSettle).
+	// DefaultSettle; negative: none).
 	Settle time.Duration
 	// Topics are the topics to read (required).
 	Topics []string
@@ -118,8 +118,11 @@ func (c *Config) withDefaults() {
 	if c.MaxRanges == 0 {
 		c.MaxRanges = DefaultMaxRanges
 	}
-	if c.Settle == 0 {
+	switch {
+	case c.Settle == 0:
 		c.Settle = DefaultSettle
+	case c.Settle < 0:
+		c.Settle = 0
 	}
 }
 
@@ -152,8 +155,6 @@ func (c *Config) validate() error {
 		return &ConfigError{"To", "must be after From"}
 	case c.ClockMargin < 0:
 		return &ConfigError{"ClockMargin", "must not be negative"}
-	case c.Settle < 0:
-		return &ConfigError{"Settle", "must not be negative"}
 	case c.MaxRanges < 0:
 		return &ConfigError{"MaxRanges", "must not be negative"}
 	}
