@@ -102,7 +102,7 @@ func TestReconcileFabricatedHistories(t *testing.T) {
 
 	cfg := reconcile.Config{ConsumerPool: db.Pool, OutboxPool: db.Pool, Consumer: inbox.DefaultConsumerName, Group: group,
 		KafkaOpts: []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)},
-		From: start.Add(-time.Minute), Settle: -1, Topics: []string{clean}}
+		From:      start.Add(-time.Minute), Settle: -1, Topics: []string{clean}}
 	rep, err := reconcile.Run(ctx, cfg)
 	if err != nil {
 		t.Fatalf("reconcile %s: %v", clean, err)
