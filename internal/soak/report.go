@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/reconcile"
 )
 
 // Report is what a soak run found.
@@ -39,7 +41,10 @@ type Report struct {
 	Stalls       int              `json:"stalls"`
 	Latency      Stats            `json:"probe_latency"`
 	Anomalies    []Anomaly        `json:"anomalies"`
-	ByKind       map[string]int   `json:"anomalies_by_kind"`
+	// Reconcile is what the reconcile check read and found (nil when it
+	// could not run: then it is an anomaly).
+	Reconcile *ReconcileSummary `json:"reconcile,omitempty"`
+	ByKind    map[string]int    `json:"anomalies_by_kind"`
 
 	UnexpectedExits   []string `json:"unexpected_exits"`
 	ProducerErrors    int64    `json:"producer_errors"`
@@ -47,6 +52,13 @@ type Report struct {
 	TopicPollErrors   int64    `json:"topic_poll_errors"`
 	Notes             []string `json:"notes"`
 	Series            []sample `json:"series"`
+}
+
+// ReconcileSummary is the reconcile check's part of the report.
+type ReconcileSummary struct {
+	Counts    reconcile.Counts `json:"counts"`
+	Anomalies int              `json:"anomalies"`
+	Seconds   float64          `json:"seconds"`
 }
 
 // EventCounts are the totals of the run.
@@ -167,6 +179,11 @@ func (rep *Report) Text() string {
 	}
 	p("latency      %s (probe commit to applied, whole run)\n", rep.Latency)
 
+	if rc := rep.Reconcile; rc != nil {
+		c := rc.Counts
+		p("reconcile    %d outbox rows, %d records, %d applied on %d streams; %d anomalies (%s, at most %d seq ranges held)\n",
+			c.Committed, c.Records, c.Applied, c.Streams, rc.Anomalies, secs(rc.Seconds), c.Ranges)
+	}
 	p("\nanomalies    ")
 	if len(rep.Anomalies) == 0 {
 		p("none: nothing lost, duplicated, reordered or phantom; no gap given up\n")
