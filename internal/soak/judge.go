@@ -25,16 +25,16 @@ const (
 	AnomalyPartialTxn = "partial-commit" // a producer transaction committed in part
 	// AnomalyReconcile prefixes a finding of the reconcile check (e.g.
 	// "reconcile:committed_not_published"); alone, the check could not run.
-	AnomalyReconcile   = "reconcile"
-	maxExamples        = 5
-	whereTopic         = "topic"
-	whereApplied       = "applied"
-	whereInbox         = "inbox"
-	whereProducer      = "producer"
-	whereReconcile     = "reconcile"
+	AnomalyReconcile = "reconcile"
+	maxExamples      = 5
+	whereTopic       = "topic"
+	whereApplied     = "applied"
+	whereInbox       = "inbox"
+	whereProducer    = "producer"
+	whereReconcile   = "reconcile"
 	// reconcileWindow is how far back the reconcile check looks: well
 	// within the relay's default retention (outbox.DefaultRetention).
-	reconcileWindow = 40 * time.Minute
+	reconcileWindow    = 40 * time.Minute
 	whereSeqGaps       = "seq_gaps"
 	appliedScanTimeout = 10 * time.Minute
 )
