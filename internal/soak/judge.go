@@ -55,6 +55,8 @@ type appliedWatch struct {
 	dupes     []string
 	reordered []string
 	firstAt   map[string]string
+	// The event ids of dupes and reordered, for the per-fault table.
+	dupeIDs, reorderedIDs []string
 }
 
 func newAppliedWatch() *appliedWatch {
@@ -77,9 +79,11 @@ func (w *appliedWatch) add(a appliedRow) {
 		w.seq.Total++
 	} else if w.seq.Add(a.id, a.source, a.seq) {
 		w.reordered = append(w.reordered, fmt.Sprintf("%s: seq %d (%s) %s after seq %d", a.source, a.seq, a.id, at, w.seq.LastSeq(a.source)))
+		w.reorderedIDs = append(w.reorderedIDs, a.id)
 	}
 	if f, ok := w.firstAt[a.id]; ok {
 		w.dupes = append(w.dupes, fmt.Sprintf("%s (%s seq %d) %s, first %s", a.id, a.source, a.seq, at, f))
+		w.dupeIDs = append(w.dupeIDs, a.id)
 	} else {
 		w.firstAt[a.id] = at
 	}
@@ -290,6 +294,7 @@ func (r *run) judge(ctx context.Context) (*Report, error) {
 	rep.Faults = append([]Fault(nil), r.faults...)
 	r.faultsMu.Unlock()
 	rep.summarizeFaults()
+	rep.ByFault = byFault(l, r.topic, aw, rep.Faults, r.start)
 	rep.Latency = durationStats(r.probes.latencySnapshot())
 	r.exitsMu.Lock()
 	rep.UnexpectedExits = append([]string(nil), r.exits...)

@@ -38,9 +38,12 @@ type Report struct {
 	Restarts     int              `json:"broker_and_database_restarts"`
 	Recovery     Stats            `json:"recovery"`
 	RecoveryBy   map[string]Stats `json:"recovery_by_kind"`
-	Stalls       int              `json:"stalls"`
-	Latency      Stats            `json:"probe_latency"`
-	Anomalies    []Anomaly        `json:"anomalies"`
+	// ByFault is the per-fault-kind table: faults, the events near them
+	// lost, duplicated or reordered, and recovery.
+	ByFault   []FaultKindRow `json:"by_fault_kind"`
+	Stalls    int            `json:"stalls"`
+	Latency   Stats          `json:"probe_latency"`
+	Anomalies []Anomaly      `json:"anomalies"`
 	// Reconcile is what the reconcile check read and found (nil when it
 	// could not run: then it is an anomaly).
 	Reconcile *ReconcileSummary `json:"reconcile,omitempty"`
@@ -168,9 +171,23 @@ func (rep *Report) Text() string {
 	p("  sources            %d\n", e.Sources)
 
 	p("\nfaults       %d in all, %d broker or database restarts\n", len(rep.Faults), rep.Restarts)
-	for _, k := range AllKinds {
-		if n := rep.FaultsByKind[k]; n > 0 {
-			p("  %-28s %4d   recovery %s\n", k, n, rep.RecoveryBy[k])
+	if len(rep.ByFault) > 0 {
+		// Each broken event counts on the fault that began nearest its
+		// commit (60 s before to 30 s after it), else on "(no fault)".
+		p("  %-28s %6s %6s %10s %9s   %s\n", "kind", "faults", "lost", "duplicated", "reordered", "recovery")
+		for _, r := range rep.ByFault {
+			n := fmt.Sprint(r.Faults)
+			rec := r.Recovery.String()
+			if r.Kind == NoFault {
+				n, rec = "-", "-"
+			}
+			p("  %-28s %6s %6d %10d %9d   %s\n", r.Kind, n, r.Lost, r.Duplicated, r.Reordered, rec)
+		}
+	} else {
+		for _, k := range AllKinds {
+			if n := rep.FaultsByKind[k]; n > 0 {
+				p("  %-28s %4d   recovery %s\n", k, n, rep.RecoveryBy[k])
+			}
 		}
 	}
 	p("recovery     %s (fault to progress again on every partition)\n", rep.Recovery)
