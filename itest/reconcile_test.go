@@ -167,6 +167,11 @@ func TestReconcileFabricatedHistories(t *testing.T) {
 		t.Fatalf("reconcile %s: %v", anom, err)
 	}
 	check("time window", rep)
+	var text strings.Builder
+	if err := reconcile.WriteText(&text, rep); err != nil || !strings.Contains(text.String(), "7 anomalies") {
+		t.Errorf("the summary: %v\n%s", err, text.String())
+	}
+	t.Logf("the summary:\n%s", text.String())
 	cfg.From, cfg.FromID = time.Time{}, 1
 	if rep, err = reconcile.Run(ctx, cfg); err != nil {
 		t.Fatalf("reconcile %s by id: %v", anom, err)
