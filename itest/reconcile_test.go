@@ -40,7 +40,9 @@ import (
 //	gap        seq 2 deleted before the relay saw it; the
 //	           consumer gives the gap up                      gap_given_up 2 (skipped: nowhere)
 //
-// The same through the binary: exit status 0 on the clean topic, 1 on the
+// With -max-ranges below what the window needs, the run stops
+// (ErrTooLarge) instead of growing. The same through the binary: exit
+// status 0 on the clean topic, 1 on the
 // other (and the run recorded, which the console's GET /api/v1/reconcile
 // shows), 2 when a topic does not exist.
 func TestReconcileFabricatedHistories(t *testing.T) {
@@ -177,6 +179,11 @@ func TestReconcileFabricatedHistories(t *testing.T) {
 		t.Fatalf("reconcile %s by id: %v", anom, err)
 	}
 	check("id range", rep)
+	small := cfg
+	small.MaxRanges = 100 // under the 7 streams' cost: the run stops instead of growing
+	if _, err := reconcile.Run(ctx, small); !errors.Is(err, reconcile.ErrTooLarge) {
+		t.Errorf("reconcile with -max-ranges 100: %v, want ErrTooLarge", err)
+	}
 
 	// The binary: exit status and JSON, and the run recorded.
 	t.Logf("history made and judged in %s", time.Since(start).Round(time.Millisecond))
