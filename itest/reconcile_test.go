@@ -179,6 +179,20 @@ func TestReconcileFabricatedHistories(t *testing.T) {
 		t.Fatalf("reconcile %s by id: %v", anom, err)
 	}
 	check("id range", rep)
+	// -consumer-only (a relay with -delete-on-publish): no producer-side
+	// findings, the rest as before.
+	only := cfg
+	only.ConsumerOnly = true
+	if rep, err = reconcile.Run(ctx, only); err != nil {
+		t.Fatalf("reconcile %s, consumer only: %v", anom, err)
+	}
+	var kinds []string
+	for _, f := range rep.Findings {
+		kinds = append(kinds, f.Source+" "+f.Kind)
+	}
+	if wantOnly := []string{"doubled applied_twice", "gap gap_given_up", "reorder out_of_order", "unapplied published_not_applied"}; !slices.Equal(kinds, wantOnly) {
+		t.Errorf("consumer only: %v, want %v", kinds, wantOnly)
+	}
 	small := cfg
 	small.MaxRanges = 100 // under the 7 streams' cost: the run stops instead of growing
 	if _, err := reconcile.Run(ctx, small); !errors.Is(err, reconcile.ErrTooLarge) {

@@ -25,6 +25,7 @@ type reconcileConfig struct {
 	Log      logConfig
 
 	ClockMargin  time.Duration
+	ConsumerOnly bool
 	ConsumerName string
 	From, To     string
 	FromID, ToID int64
@@ -55,10 +56,11 @@ func (c *reconcileConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Settle, "settle", reconcile.DefaultSettle, "leave out the rows committed this recently (the relay may not have published them yet)")
 	fs.DurationVar(&c.ClockMargin, "clock-margin", reconcile.DefaultClockMargin, "how far the clocks of the database, relay and consumer may disagree")
 	fs.IntVar(&c.MaxRanges, "max-ranges", reconcile.DefaultMaxRanges, "memory bound: most seq ranges held (about 16 bytes each, a stream counts 32); beyond it the run stops (status 2)")
+	fs.BoolVar(&c.ConsumerOnly, "consumer-only", false, "judge the consumer's side only (a relay with -delete-on-publish keeps no record of what it published)")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON instead of the summary")
 	fs.BoolVar(&c.Record, "record", true, "store the run's summary in onceflow.reconcile_runs for the console (-record=false: write nothing)")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up the run after this long (status 2)")
-	cli.Local(fs, "since", "from", "to", "from-id", "to-id", "settle", "clock-margin", "max-ranges", "json", "record", "timeout")
+	cli.Local(fs, "consumer-only", "since", "from", "to", "from-id", "to-id", "settle", "clock-margin", "max-ranges", "json", "record", "timeout")
 }
 
 // runReconcile is `consumer reconcile`: exit status 0 clean, 1 anomalies,
@@ -133,7 +135,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 // engineConfig checks the flags and returns the engine's config (without
 // pools and logger).
 func (c *reconcileConfig) engineConfig(set map[string]bool) (reconcile.Config, error) {
-	rc := reconcile.Config{ClockMargin: c.ClockMargin, Consumer: c.ConsumerName, FromID: c.FromID, ToID: c.ToID,
+	rc := reconcile.Config{ClockMargin: c.ClockMargin, Consumer: c.ConsumerName, ConsumerOnly: c.ConsumerOnly, FromID: c.FromID, ToID: c.ToID,
 		Group: c.Group, MaxRanges: c.MaxRanges, Settle: c.Settle, Topics: c.Topics}
 	c.OutboxDB.MaxConns = c.DB.MaxConns
 	if err := c.DB.Validate(); err != nil {

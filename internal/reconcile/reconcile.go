@@ -72,6 +72,10 @@ type Config struct {
 	ClockMargin time.Duration
 	// Consumer is the inbox's logical consumer name (required).
 	Consumer string
+	// ConsumerOnly skips the producer's side: committed_not_published and
+	// published_never_committed are not judged (for a relay that runs with
+	// -delete-on-publish, whose outbox keeps nothing of what it published).
+	ConsumerOnly bool
 	// ConsumerPool reaches the consumer's database: onceflow.inbox,
 	// consumer_offsets, seq_gaps (required).
 	ConsumerPool *pgxpool.Pool
@@ -563,7 +567,7 @@ func (r *run) judge(ctx context.Context) error {
 	slices.SortFunc(keys, streamKey.compare)
 	for _, k := range keys {
 		s := r.streams[k]
-		if k.producer == r.rep.Producer {
+		if k.producer == r.rep.Producer && !r.cfg.ConsumerOnly {
 			if err := r.judgeProducer(ctx, k, s); err != nil {
 				return err
 			}
