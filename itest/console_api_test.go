@@ -339,6 +339,12 @@ func TestConsoleAPI(t *testing.T) {
 	if a := api.call("POST", "/api/v1/gaps/resolve", console.ResolveRequest{RequestID: "req-nogap", Source: "acct-3", From: 1, To: 1, Note: "x"}); a.code != http.StatusNotFound {
 		t.Errorf("resolve of a resolved gap: %d %s", a.code, a.body)
 	}
+	// Giving up a gap that is not open: refused, audited (the CLI test
+	// TestGapGiveUpNow gives an open one up through the same service).
+	if a := api.call("POST", "/api/v1/gaps/give-up", console.GiveUpRequest{RequestID: "req-giveup", Source: "acct-3", From: 1, To: 1, Note: "x"}); a.code != http.StatusNotFound ||
+		!strings.Contains(string(a.body), "no open gap") {
+		t.Errorf("give-up of a given-up gap: %d %s", a.code, a.body)
+	}
 
 	// One audit row per change, with who, how, what and why.
 	type auditRow struct {
@@ -367,7 +373,7 @@ func TestConsoleAPI(t *testing.T) {
 	}
 	want := "req-early:dlq.replay:partial req-billing:dlq.replay:ok req-email:dlq.replay:ok req-one:dlq.replay:ok " +
 		"req-none:dlq.replay:rejected req-stale:dlq.replay:rejected " +
-		"req-gap:gap.resolve:ok req-nogap:gap.resolve:rejected"
+		"req-gap:gap.resolve:ok req-nogap:gap.resolve:rejected req-giveup:gap.give_up:rejected"
 	if strings.Join(got, " ") != want {
 		t.Errorf("audit rows:\n got %s\nwant %s", strings.Join(got, " "), want)
 	}
@@ -376,7 +382,7 @@ func TestConsoleAPI(t *testing.T) {
 	}
 	var auditAPI struct{ Audit []console.AuditEntry }
 	api.get("/api/v1/audit?limit=50", &auditAPI)
-	if len(auditAPI.Audit) != len(audit) || auditAPI.Audit[0].RequestID != "req-nogap" || strings.Contains(string(auditAPI.Audit[len(audit)-2].Result), `"events"`) {
+	if len(auditAPI.Audit) != len(audit) || auditAPI.Audit[0].RequestID != "req-giveup" || strings.Contains(string(auditAPI.Audit[len(audit)-2].Result), `"events"`) {
 		t.Errorf("audit API: %d rows, newest %+v", len(auditAPI.Audit), auditAPI.Audit[0])
 	}
 

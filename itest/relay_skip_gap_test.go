@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/base64"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,15 +18,21 @@ import (
 )
 
 // TestRelaySkipGapGivenUp: an operator's `relay outbox failed skip` ends,
-// on the consumer's side, in a loud gap. Source src-skip writes seqs 1–4;
+// on the consumer's side, in a loud gap, closed at once by the command the
+// skip prints. Source src-skip writes seqs 1–4;
 // seq 2 is 150 KiB on a topic whose max.message.bytes is 64 KiB, so the
 // relay binary sets it aside and holds src-skip back while src-ok (seqs 1–4)
 // flows through a real broker to an in-process consumer engine (gap timeout
-// 1s for the class). After the skip, src-skip's seqs 3 and 4 are published;
-// the consumer opens the gap 2–2, gives it up after its timeout (one
-// seq_gaps row given_up by timeout, the given-up counter at 1, one ERROR line
-// naming the source and range) and applies 3 and 4 after 1. A fifth event of
-// each source then flows as usual.
+// an hour for the class). After the skip, src-skip's seqs 3 and 4 are
+// published and parked behind the gap 2–2; the skip's output names the
+// `consumer gaps give-up` command for the stream, which the operator runs:
+// the consumer gives the gap up at its next check (one seq_gaps row given_up
+// by the operator, the given-up counter at 1, one ERROR line naming the
+// source and range) and applies 3 and 4 after 1. A fifth event of each
+// source then flows as usual.
+// giveUpHint is the command `relay outbox failed skip` prints.
+var giveUpHint = regexp.MustCompile(`consumer gaps give-up (\S+) (\S+) -producer (\S+) -topic (\S+) -note (".*")`)
+
 func TestRelaySkipGapGivenUp(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
@@ -61,7 +68,7 @@ func TestRelaySkipGapGivenUp(t *testing.T) {
 	var logs logBuf
 	c := startEngine(t, inbox.Config{Pool: e.db.Pool, Group: "g-" + e.topic, Topics: []string{e.topic},
 		BatchHandler: seqHandler(t), Logger: logs.logger(),
-		GapTimeout: time.Hour, GapTimeouts: []inbox.GapTimeout{{Pattern: "test.*", Timeout: time.Second}},
+		GapTimeout: time.Hour, GapTimeouts: []inbox.GapTimeout{{Pattern: "test.*", Timeout: 2 * time.Hour}},
 		GapCheckInterval: 50 * time.Millisecond})
 	relay := e.start("relay", nil, "-holder-id", "skip-gap")
 	t0 := time.Now()
@@ -83,7 +90,23 @@ func TestRelaySkipGapGivenUp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("skip: %v\n%s", err, out)
 	}
+	m := giveUpHint.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the skip's output names no consumer gaps give-up command:\n%s", out)
+	}
+	note, err := strconv.Unquote(m[5])
+	if err != nil {
+		t.Fatalf("the hint's note %s: %v", m[5], err)
+	}
+	eventually(t, 60*time.Second, "src-skip's 3 and 4 parked behind the gap 2–2", func() (bool, string) {
+		n := count(t, e.db, `SELECT count(*) FROM onceflow.seq_gaps WHERE source = 'src-skip' AND state = 'open' AND from_seq = 2 AND to_seq = 2`)
+		return n == 1, fmtState("open gaps 2-2: ", n)
+	})
 	t1 := time.Now()
+	cons := testkit.Binary(t, "consumer")
+	if got := runBin(t, cons, []string{"ONCEFLOW_DATABASE_URL=" + e.db.URL}, "gaps", "give-up", m[1], m[2], "-producer", m[3], "-topic", m[4], "-note", note); !strings.Contains(got, "2-2 to be given up now") {
+		t.Fatalf("consumer gaps give-up: %s", got)
+	}
 	eventually(t, 60*time.Second, "the gap 2–2 given up and src-skip's 3 and 4 applied", func() (bool, string) {
 		skip, g := appliedOrder(t, e.db, "src-skip"), c.metric("onceflow_consumer_seq_gaps_given_up_total")
 		return skip == "1 3 4" && g == 1, fmtState("src-skip ", skip, ", given_up_total ", g)
@@ -92,8 +115,8 @@ func TestRelaySkipGapGivenUp(t *testing.T) {
 	var from, to int64
 	var reason string
 	if err := e.db.Pool.QueryRow(ctx, `SELECT from_seq, to_seq, give_up_reason FROM onceflow.seq_gaps WHERE source = 'src-skip' AND state = 'given_up'`).Scan(&from, &to, &reason); err != nil ||
-		from != 2 || to != 2 || reason != "timeout" {
-		t.Fatalf("given-up gap of src-skip: %d–%d %q %v, want 2–2 timeout", from, to, reason, err)
+		from != 2 || to != 2 || reason != "operator" {
+		t.Fatalf("given-up gap of src-skip: %d–%d %q %v, want 2–2 operator", from, to, reason, err)
 	}
 	if n := count(t, e.db, `SELECT count(*) FROM onceflow.seq_gaps WHERE state = 'given_up'`); n != 1 {
 		t.Fatalf("%d given-up gaps, want 1", n)

@@ -46,6 +46,7 @@ import (
 var positionalArgs = map[string]string{
 	"consumer dlq replay":   " [EVENT-ID]",
 	"consumer gaps resolve": " SOURCE FROM-TO",
+	"consumer gaps give-up": " SOURCE FROM-TO",
 }
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
@@ -191,8 +192,11 @@ func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log
 		Group:    cfg.Inbox.Group,
 		Topics:   cfg.Inbox.Topics,
 		Kafka:    kadm.NewClient(kcl),
-		Logger:   log,
-		Pool:     pool,
+		KafkaReader: func(opts ...kgo.Opt) (*kgo.Client, error) {
+			return kgo.NewClient(append(cfg.Kafka.Opts(log), opts...)...)
+		},
+		Logger: log,
+		Pool:   pool,
 		Replay: replayer(inbox.ReplayConfig{
 			ConsumerName: cfg.Inbox.ConsumerName, FirstSeen: cfg.Inbox.FirstSeen, GapTimeout: cfg.Inbox.GapTimeout,
 			GapTimeouts: cfg.Inbox.GapTimeouts, Handler: h, MaxParked: cfg.Inbox.MaxParked, Pool: pool,

@@ -38,8 +38,8 @@ func (c *gapsConfig) RegisterFlags(fs *flag.FlagSet, resolve bool) {
 	c.Log.RegisterFlags(fs)
 	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
 	if resolve {
-		fs.StringVar(&c.Note, "note", "", "what was done about the missing events (required)")
-		fs.StringVar(&c.Actor, "actor", "", "who resolves, for the audit (default: the OS user)")
+		fs.StringVar(&c.Note, "note", "", "what was done about the missing events, or why they will not come (required)")
+		fs.StringVar(&c.Actor, "actor", "", "who acts, for the audit (default: the OS user)")
 		fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
 		fs.StringVar(&c.Producer, "producer", "", "the gap's stream: its producer, as consumer gaps list shows it (empty: the source's legacy stream)")
 		fs.StringVar(&c.Topic, "topic", "", "the gap's stream: its topic (with -producer)")
@@ -111,8 +111,14 @@ func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 	for _, g := range gaps {
 		when, reason, resolved := "deadline "+ts(g.Deadline), "-", "-"
+		if g.GiveUpBy != "" {
+			reason = "give-up asked by " + g.GiveUpBy
+		}
 		if g.State == "given_up" {
 			reason = string(g.Reason)
+			if g.GiveUpBy != "" {
+				reason += " (" + g.GiveUpBy + ")"
+			}
 			if g.ClosedAt != nil {
 				when = ts(*g.ClosedAt)
 			}
@@ -128,7 +134,64 @@ func runGapsList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("consumer gaps resolve", flag.ContinueOnError)
+	return runGapChange(ctx, "resolve", args, stderr, func(svc *admin.Service, c admin.Caller, req gapRequest) error {
+		out, err := svc.ResolveGap(ctx, c, admin.ResolveRequest(req))
+		if err != nil {
+			return err
+		}
+		switch out.ErrorKind {
+		case "":
+		case "not_found":
+			return fmt.Errorf("%s %d-%d: no unresolved given-up gap in that range (see consumer gaps list)", req.Source, req.From, req.To)
+		default:
+			return fmt.Errorf("%s %d-%d: %s", req.Source, req.From, req.To, out.Error)
+		}
+		fmt.Fprintf(stdout, "%s %d-%d: resolved %d gap(s) (audit #%d)\n", req.Source, req.From, req.To, out.Resolved, out.AuditID)
+		return nil
+	})
+}
+
+func runGapsGiveUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runGapChange(ctx, "give-up", args, stderr, func(svc *admin.Service, c admin.Caller, req gapRequest) error {
+		out, err := svc.GiveUpGap(ctx, c, admin.GiveUpRequest(req))
+		if err != nil {
+			return err
+		}
+		switch out.ErrorKind {
+		case "":
+		case "not_found":
+			return fmt.Errorf("%s %d-%d: no open gap meets that range (see consumer gaps list; a gap already given up needs only consumer gaps resolve)", req.Source, req.From, req.To)
+		default:
+			return fmt.Errorf("%s %d-%d: %s", req.Source, req.From, req.To, out.Error)
+		}
+		ranges := make([]string, len(out.Gaps))
+		for i, g := range out.Gaps {
+			ranges[i] = fmt.Sprintf("%d-%d", g.From, g.To)
+		}
+		fmt.Fprintf(stdout, "%s: gap(s) %s to be given up now (audit #%d); the running consumer gives them up within its -gap-check-interval and applies the parked events behind them\n",
+			req.Source, strings.Join(ranges, ", "), out.AuditID)
+		return nil
+	})
+}
+
+// gapRequest is what `consumer gaps resolve` and `consumer gaps give-up`
+// send (admin.ResolveRequest and admin.GiveUpRequest have its fields).
+type gapRequest struct {
+	RequestID string `json:"request_id"`
+	Source    string `json:"source"`
+	Producer  string `json:"producer,omitempty"`
+	Topic     string `json:"topic,omitempty"`
+	From      int64  `json:"from"`
+	To        int64  `json:"to"`
+	Note      string `json:"note"`
+}
+
+// runGapChange parses `consumer gaps <verb> SOURCE FROM-TO -note …` and runs
+// do with the admin service over a pool of its own.
+func runGapChange(ctx context.Context, verb string, args []string, stderr io.Writer,
+	do func(svc *admin.Service, c admin.Caller, req gapRequest) error) error {
+	name := "consumer gaps " + verb
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg gapsConfig
 	cfg.RegisterFlags(fs, true)
 	pos, err := parseInterleaved(fs, args, stderr)
@@ -136,14 +199,14 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	if len(pos) != 2 {
-		return cli.Usagef("consumer gaps resolve: want SOURCE FROM-TO (e.g. orders:42 7-9) and -note")
+		return cli.Usagef("%s: want SOURCE FROM-TO (e.g. orders:42 7-9) and -note", name)
 	}
 	from, to, err := parseRange(pos[1])
 	if err != nil {
-		return cli.Usagef("consumer gaps resolve: range %q: %v", pos[1], err)
+		return cli.Usagef("%s: range %q: %v", name, pos[1], err)
 	}
 	if strings.TrimSpace(cfg.Note) == "" {
-		return cli.Usagef("-note is required: say what was done about the missing events")
+		return cli.Usagef("-note is required: say what was done about the missing events, or why they will not come")
 	}
 	if (cfg.Producer == "") != (cfg.Topic == "") {
 		return cli.Usagef("-producer and -topic go together (both for a producer's stream, neither for a legacy stream)")
@@ -163,20 +226,8 @@ func runGapsResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 	if cfg.RequestID == "" {
 		cfg.RequestID = newRequestID()
 	}
-	out, err := svc.ResolveGap(ctx, admin.Caller{Actor: cliActor(cfg.Actor), Via: "cli"},
-		admin.ResolveRequest{RequestID: cfg.RequestID, Source: pos[0], Producer: cfg.Producer, Topic: cfg.Topic, From: from, To: to, Note: cfg.Note})
-	if err != nil {
-		return err
-	}
-	switch out.ErrorKind {
-	case "":
-	case "not_found":
-		return fmt.Errorf("%s %d-%d: no unresolved given-up gap in that range (see consumer gaps list)", pos[0], from, to)
-	default:
-		return fmt.Errorf("%s %d-%d: %s", pos[0], from, to, out.Error)
-	}
-	fmt.Fprintf(stdout, "%s %d-%d: resolved %d gap(s) (audit #%d)\n", pos[0], from, to, out.Resolved, out.AuditID)
-	return nil
+	return do(svc, admin.Caller{Actor: cliActor(cfg.Actor), Via: "cli"},
+		gapRequest{RequestID: cfg.RequestID, Source: pos[0], Producer: cfg.Producer, Topic: cfg.Topic, From: from, To: to, Note: cfg.Note})
 }
 
 // parseRange parses "7-9" or "7".

@@ -7,6 +7,7 @@
 //	consumer dlq replay EVENT-ID  re-drive one through the handlers, once
 //	consumer dlq replay -error-group ID -note "…"  re-drive a filtered set (-dry-run first)
 //	consumer gaps list            open and recently given-up sequence gaps
+//	consumer gaps give-up SOURCE FROM-TO -note "…" [-producer P -topic T]  give an open gap up now
 //	consumer gaps resolve SOURCE FROM-TO -note "…" [-producer P -topic T]  record what was done
 //	consumer reconcile -group G -topics T [-since 1h]  check a window end to end (read-only)
 //
@@ -62,6 +63,10 @@ commands:
                           order (-dry-run: count first; -all: everything)
   gaps list               list open sequence gaps and recently given-up ones
                           (-all: every given-up gap; -since 24h)
+  gaps give-up SOURCE FROM-TO -note "…" [-producer P -topic T]
+                          give an open gap up now instead of at its deadline
+                          (the missing events will not come); the running
+                          consumer releases the events parked behind it
   gaps resolve SOURCE FROM-TO -note "…" [-producer P -topic T]
                           record what was done about a given-up gap
 
@@ -96,15 +101,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cli.Usagef("dlq: unknown command %q (want list or replay)", args[1])
 	case "gaps":
 		if len(args) < 2 {
-			return cli.Usagef("gaps: want list or resolve")
+			return cli.Usagef("gaps: want list, give-up or resolve")
 		}
 		switch args[1] {
 		case "list":
 			return runGapsList(ctx, args[2:], stdout, stderr)
+		case "give-up":
+			return runGapsGiveUp(ctx, args[2:], stdout, stderr)
 		case "resolve":
 			return runGapsResolve(ctx, args[2:], stdout, stderr)
 		}
-		return cli.Usagef("gaps: unknown command %q (want list or resolve)", args[1])
+		return cli.Usagef("gaps: unknown command %q (want list, give-up or resolve)", args[1])
 	case "reconcile":
 		return runReconcile(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":

@@ -58,6 +58,9 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"gaps subcommand", []string{"gaps", "purge"}, `unknown command "purge"`},
 		{"gaps resolve range", []string{"gaps", "resolve", "src", "9-7", "-note", "x"}, `range "9-7"`},
 		{"gaps resolve note", []string{"gaps", "resolve", "src", "7-9"}, "-note is required"},
+		{"gaps give-up range", []string{"gaps", "give-up", "src", "x-9", "-note", "x"}, `range "x-9"`},
+		{"gaps give-up note", []string{"gaps", "give-up", "src", "7-9"}, "-note is required"},
+		{"gaps give-up stream", []string{"gaps", "give-up", "src", "7-9", "-note", "x", "-producer", "p"}, "-producer and -topic go together"},
 		{"handlers file", append([]string{"run"}, base...), "-handlers-file (ONCEFLOW_HANDLERS_FILE)"},
 		{"bad flag", []string{"run", "-nope"}, "flag provided but not defined"},
 		{"replay without id", []string{"dlq", "replay", "-database-url", "postgres://u@localhost/db", "-handlers-file", "/dev/null"}, "EVENT-ID"},
@@ -209,6 +212,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"dlq", "replay"}, cat(db, []string{"-handlers-file", handlers, "e1"})},
 		{[]string{"gaps", "list"}, db},
 		{[]string{"gaps", "resolve"}, cat(db, []string{"src", "7-9", "-note", "n"})},
+		{[]string{"gaps", "give-up"}, cat(db, []string{"src", "7-9", "-note", "n"})},
 	}
 	for _, s := range subs {
 		name := strings.Join(s.sub, " ")

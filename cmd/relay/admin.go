@@ -200,8 +200,17 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "outbox row %d skipped: event %s (source %s, seq %d) is never published; consumers will give the gap at seq %d up\n",
+		fmt.Fprintf(stdout, "outbox row %d skipped: event %s (source %s, seq %d) is never published; consumers give the gap at seq %d up at their gap timeout\n",
 			id, s.EventID, s.Source, s.Seq, s.Seq)
+		// The stream's producer is this database's identity (the records'
+		// producer header); without one yet, the hint names the stream
+		// without it.
+		stream := ""
+		if idn, err := outbox.ReadIdentity(ctx, pool); err == nil && idn.ID != "" {
+			stream = fmt.Sprintf(" -producer %s -topic %s", idn.ID, s.Topic)
+		}
+		fmt.Fprintf(stdout, "to close it now, run against each consumer's database: consumer gaps give-up %s %d-%d%s -note %q\n",
+			s.Source, s.Seq, s.Seq, stream, "outbox row "+strconv.FormatInt(id, 10)+" skipped at the producer")
 	}
 	return nil
 }

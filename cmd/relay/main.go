@@ -170,7 +170,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	c.admin.RegisterFlags(fs, "127.0.0.1:9092")
 	c.db.RegisterFlags(fs)
 	c.kafka.RegisterFlags(fs, "onceflow-relay")
-	fs.StringVar(&c.httpAddr, "http-addr", ":9090", "address of /metrics, /healthz and /readyz (empty disables)")
+	fs.StringVar(&c.httpAddr, "http-addr", ":9465", "address of /metrics, /healthz and /readyz (empty disables)")
 	fs.StringVar(&c.pprofAddr, "pprof-addr", "", "address of Go's /debug/pprof profiles, e.g. 127.0.0.1:6060 (empty, the default, disables)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")

@@ -48,6 +48,7 @@ func NewHandler(svc *Service, tokens *Tokens, log *slog.Logger) http.Handler {
 	api.HandleFunc("GET /api/v1/summary", h.summary)
 	api.HandleFunc("GET /api/v1/gaps", h.gaps)
 	api.HandleFunc("POST /api/v1/gaps/resolve", h.resolveGap)
+	api.HandleFunc("POST /api/v1/gaps/give-up", h.giveUpGap)
 	api.HandleFunc("GET /api/v1/dead-letters", h.deadLetters)
 	api.HandleFunc("GET /api/v1/dead-letters/groups", h.groups)
 	api.HandleFunc("POST /api/v1/dead-letters/replay", h.replay)
@@ -239,18 +240,35 @@ func (h *handler) resolveGap(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := workContext(r)
 	defer cancel()
 	out, err := h.svc.ResolveGap(ctx, caller(r), req)
+	h.replyChange(w, r, out, out.ErrorKind, out.Repeated, err)
+}
+
+func (h *handler) giveUpGap(w http.ResponseWriter, r *http.Request) {
+	var req GiveUpRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	ctx, cancel := workContext(r)
+	defer cancel()
+	out, err := h.svc.GiveUpGap(ctx, caller(r), req)
+	h.replyChange(w, r, out, out.ErrorKind, out.Repeated, err)
+}
+
+// replyChange answers an audited change: 404 for not_found, 500 for error,
+// and the repeated header for a request id seen before.
+func (h *handler) replyChange(w http.ResponseWriter, r *http.Request, out any, errorKind string, repeated bool, err error) {
 	if err != nil {
 		writeErr(w, h.log, r, err)
 		return
 	}
 	code := http.StatusOK
-	switch out.ErrorKind {
+	switch errorKind {
 	case "not_found":
 		code = http.StatusNotFound
 	case "error":
 		code = http.StatusInternalServerError
 	}
-	if out.Repeated {
+	if repeated {
 		w.Header().Set(RepeatedHeader, "true")
 	}
 	writeJSON(w, code, out)

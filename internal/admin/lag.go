@@ -3,11 +3,13 @@ package admin
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // PartitionLag is one partition's position.
@@ -26,8 +28,11 @@ type PartitionLag struct {
 	// KafkaCommitted is the group's committed offset in Kafka (it trails
 	// the stored one by up to a commit interval).
 	KafkaCommitted *int64 `json:"kafka_committed"`
-	// Lag is EndOffset minus the stored next offset (or, before the
-	// first batch, the Kafka committed offset, or else the start offset).
+	// Lag is how many events lie between the applied position (the stored
+	// next offset; before the first batch, the Kafka committed offset, or
+	// else the start offset) and EndOffset. Up to markerCheckMax offsets
+	// behind, the records there are read (read_committed) and commit
+	// markers are not counted; further behind it is the offset difference.
 	Lag *int64 `json:"lag"`
 }
 
@@ -45,8 +50,10 @@ type LagReport struct {
 // Lag measures, per partition of the consumer's topics, how far the
 // applied position (the next offset stored in Postgres with the events)
 // is behind the partition's last stable offset in Kafka. On a topic written
-// by Kafka transactions (the relay) each commit marker takes an offset, so a
-// caught-up partition can show a lag of 1.
+// by Kafka transactions (the relay) each commit marker takes an offset: a
+// caught-up partition's end is a marker. When the Service has a KafkaReader,
+// a partition at most markerCheckMax offsets behind is read to count its
+// events only, so a caught-up partition shows 0.
 func (s *Service) Lag(ctx context.Context) (LagReport, error) {
 	rep := LagReport{Group: s.cfg.Group, Topics: s.cfg.Topics, Partitions: []PartitionLag{}}
 	if s.cfg.Group == "" || len(s.cfg.Topics) == 0 {
@@ -87,6 +94,7 @@ func (s *Service) Lag(ctx context.Context) (LagReport, error) {
 	} else {
 		rep.KafkaError = "no Kafka admin client: end offsets unknown"
 	}
+	near := map[string]map[int32]offsetSpan{}
 	for _, pl := range parts {
 		if pl.EndOffset == nil {
 			continue
@@ -103,7 +111,26 @@ func (s *Service) Lag(ctx context.Context) (LagReport, error) {
 		}
 		lag := max(*pl.EndOffset-*pos, 0)
 		pl.Lag = &lag
-		rep.Total += lag
+		if lag > 0 && lag <= markerCheckMax {
+			if near[pl.Topic] == nil {
+				near[pl.Topic] = map[int32]offsetSpan{}
+			}
+			near[pl.Topic][pl.Partition] = offsetSpan{from: *pos, end: *pl.EndOffset}
+		}
+	}
+	if len(near) > 0 && s.cfg.KafkaReader != nil {
+		events, err := s.countEvents(ctx, near)
+		if err != nil {
+			s.cfg.Logger.WarnContext(ctx, "admin: lag: reading past commit markers", slog.String("error", err.Error()))
+		}
+		for k, n := range events {
+			*parts[key(k)].Lag = n
+		}
+	}
+	for _, pl := range parts {
+		if pl.Lag != nil {
+			rep.Total += *pl.Lag
+		}
 	}
 	for _, pl := range parts {
 		rep.Partitions = append(rep.Partitions, *pl)
@@ -156,4 +183,71 @@ func (s *Service) kafkaOffsets(ctx context.Context, get func(string, int32) *Par
 		}
 	})
 	return nil
+}
+
+// markerCheckMax is how far behind a partition may be for lag to read it
+// and leave its commit markers out; further behind, the offset difference
+// is close enough.
+const markerCheckMax = 256
+
+// offsetSpan is the offsets from the applied position to the end.
+type offsetSpan struct{ from, end int64 }
+
+type partKey struct {
+	topic string
+	p     int32
+}
+
+// countEvents reads each partition's span with read_committed, commit
+// markers kept, and counts the records that are events (not markers). A
+// partition whose span was not read to its end within the time allowed is
+// left out of the answer (its offset difference stands).
+func (s *Service) countEvents(ctx context.Context, spans map[string]map[int32]offsetSpan) (map[partKey]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	start := map[string]map[int32]kgo.Offset{}
+	left := 0
+	for t, ps := range spans {
+		start[t] = map[int32]kgo.Offset{}
+		for p, sp := range ps {
+			start[t][p] = kgo.NewOffset().At(sp.from)
+			left++
+		}
+	}
+	cl, err := s.cfg.KafkaReader(kgo.ConsumePartitions(start), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(), kgo.FetchMaxWait(250*time.Millisecond))
+	if err != nil {
+		return nil, fmt.Errorf("reader client: %w", err)
+	}
+	defer cl.Close()
+	events := map[partKey]int64{}
+	done := map[partKey]bool{}
+	for left > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			k := partKey{r.Topic, r.Partition}
+			sp := spans[r.Topic][r.Partition]
+			if done[k] || r.Offset < sp.from || r.Offset >= sp.end {
+				return
+			}
+			if !r.Attrs.IsControl() {
+				events[k]++
+			}
+			if r.Offset == sp.end-1 {
+				done[k] = true
+				left--
+			}
+		})
+	}
+	out := map[partKey]int64{}
+	for k := range done {
+		out[k] = events[k]
+	}
+	if left > 0 {
+		return out, fmt.Errorf("%d partition(s) not read to their end in time", left)
+	}
+	return out, nil
 }

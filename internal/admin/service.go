@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/horizon"
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -35,6 +36,11 @@ type Config struct {
 	// committed offsets (optional: without it lag shows stored offsets
 	// only).
 	Kafka *kadm.Client
+	// KafkaReader makes a short-lived client with the given options added,
+	// for lag to look past commit markers: a caught-up partition of a topic
+	// written by Kafka transactions ends in a marker, which takes an offset
+	// but is no event (optional: without it lag counts markers).
+	KafkaReader func(opts ...kgo.Opt) (*kgo.Client, error)
 	// Logger receives one INFO line per change (default: discarded).
 	Logger *slog.Logger
 	// Pool reaches the onceflow schema (required).
@@ -143,6 +149,8 @@ type Gap struct {
 	ClosedAt     *time.Time `json:"closed_at,omitempty"`
 	ResolvedAt   *time.Time `json:"resolved_at,omitempty"`
 	ResolvedNote string     `json:"resolved_note,omitempty"`
+	// GiveUpBy names who asked to give the gap up now ("actor via cli").
+	GiveUpBy string `json:"give_up_by,omitempty"`
 }
 
 // Gaps lists the open gaps and the given-up ones that are unresolved or
@@ -159,7 +167,7 @@ func (s *Service) Gaps(ctx context.Context, all bool, since time.Duration) ([]Ga
 	out := make([]Gap, 0, len(recs))
 	for _, g := range recs {
 		out = append(out, Gap{ID: g.ID, Source: g.Source, Producer: g.Producer, Topic: g.Topic, From: g.From, To: g.To, State: g.State, OpenedAt: g.OpenedAt,
-			Deadline: g.Deadline, Reason: string(g.Reason), ClosedAt: g.ClosedAt, ResolvedAt: g.ResolvedAt, ResolvedNote: g.ResolvedNote})
+			Deadline: g.Deadline, Reason: string(g.Reason), ClosedAt: g.ClosedAt, ResolvedAt: g.ResolvedAt, ResolvedNote: g.ResolvedNote, GiveUpBy: g.GiveUpBy})
 	}
 	return out, nil
 }

@@ -16,7 +16,7 @@ import (
 
 // Config of the operations endpoint.
 type Config struct {
-	// Addr to listen on, e.g. ":9090". Empty disables the server.
+	// Addr to listen on, e.g. ":9465". Empty disables the server.
 	Addr string
 	// Gatherer whose metrics /metrics exposes.
 	Gatherer prometheus.Gatherer

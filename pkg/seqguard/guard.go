@@ -134,6 +134,12 @@ type Gap struct {
 	OpenedAt time.Time
 	// Deadline is when the gap is given up if still open.
 	Deadline time.Time
+	// GiveUpBy names who asked to give the gap up now (an operator through
+	// the CLI or the console); empty when nobody did. The request moved
+	// Deadline to its own time, and the gap is given up with
+	// ReasonOperator. A gap split by an arriving event keeps it in both
+	// parts.
+	GiveUpBy string
 }
 
 func (g Gap) String() string { return fmt.Sprintf("%d-%d", g.From, g.To) }
@@ -149,6 +155,10 @@ const (
 	// ReasonMaxParked: the source hit Policy.MaxParked and the gap was given
 	// up early so that the parked events behind it could apply.
 	ReasonMaxParked GiveUpReason = "max_parked"
+	// ReasonOperator: an operator asked to give the gap up now
+	// (Gap.GiveUpBy), for example after skipping the missing row at the
+	// producer.
+	ReasonOperator GiveUpReason = "operator"
 )
 
 // State is one source's guard state. The zero value is a source never seen.
@@ -441,7 +451,11 @@ func (s State) Tick(now time.Time) (State, []Step) {
 	s = s.clone()
 	var steps []Step
 	for len(s.Gaps) > 0 && !now.Before(s.Gaps[0].Deadline) {
-		steps = s.giveUpLowest(ReasonTimeout, steps)
+		reason := ReasonTimeout
+		if s.Gaps[0].GiveUpBy != "" {
+			reason = ReasonOperator
+		}
+		steps = s.giveUpLowest(reason, steps)
 	}
 	return s, steps
 }

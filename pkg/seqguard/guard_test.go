@@ -326,3 +326,21 @@ func TestUnknownFirst(t *testing.T) {
 		t.Fatalf("accept-first-seen: %s, %v", render(steps), err)
 	}
 }
+
+// A gap an operator asked to give up goes with ReasonOperator; a gap below it
+// whose deadline passed on its own goes with ReasonTimeout.
+func TestTickOperatorReason(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := State{Started: true, First: 1, LastApplied: 1, Parked: []int64{3, 5},
+		Gaps: []Gap{{From: 2, To: 2, Deadline: now}, {From: 4, To: 4, Deadline: now, GiveUpBy: "bob via api:ops"}}}
+	_, steps := s.Tick(now)
+	var got []string
+	for _, st := range steps {
+		if st.Kind == StepGapGivenUp {
+			got = append(got, st.Gap.String()+" "+string(st.Reason))
+		}
+	}
+	if want := []string{"2-2 timeout", "4-4 operator"}; !slices.Equal(got, want) {
+		t.Fatalf("given up %v, want %v", got, want)
+	}
+}

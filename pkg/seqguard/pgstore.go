@@ -1,6 +1,7 @@
 package seqguard
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -179,7 +180,7 @@ func scanParked(rows pgx.Rows, states map[Stream]State) error {
 func scanGaps(rows pgx.Rows, states map[Stream]State) error {
 	var k Stream
 	var g Gap
-	_, err := pgx.ForEachRow(rows, []any{&k.Source, &k.Producer, &k.Topic, &g.From, &g.To, &g.OpenedAt, &g.Deadline}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&k.Source, &k.Producer, &k.Topic, &g.From, &g.To, &g.OpenedAt, &g.Deadline, &g.GiveUpBy}, func() error {
 		st := states[k]
 		st.Gaps = append(st.Gaps, g)
 		states[k] = st
@@ -426,11 +427,11 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 				b.Queue(qMarkLate, c, cur.EventID).Exec(one("mark event " + cur.EventID + " late"))
 			}
 		case StepGapOpened:
-			b.Queue(qGapOpen, c, src, g.From, g.To, g.OpenedAt, g.Deadline, prod, topic)
+			b.Queue(qGapOpen, c, src, g.From, g.To, g.OpenedAt, g.Deadline, prod, topic, g.GiveUpBy)
 		case StepGapNarrowed:
 			b.Queue(qGapNarrow, c, src, g.From, g.To, stp.Parts[0].From, stp.Parts[0].To, prod, topic).Exec(one("narrow gap " + g.String()))
 			for _, part := range stp.Parts[1:] {
-				b.Queue(qGapOpen, c, src, part.From, part.To, part.OpenedAt, part.Deadline, prod, topic)
+				b.Queue(qGapOpen, c, src, part.From, part.To, part.OpenedAt, part.Deadline, prod, topic, part.GiveUpBy)
 			}
 		case StepGapFilled:
 			b.Queue(qGapFill, c, src, g.From, g.To, now, prod, topic).Exec(one("fill gap " + g.String()))
@@ -579,11 +580,13 @@ type GapRecord struct {
 	Deadline time.Time
 	// State is open, filled or given_up.
 	State string
-	// Reason is set for given_up: timeout or max_parked.
+	// Reason is set for given_up: timeout, max_parked or operator.
 	Reason       GiveUpReason
 	ClosedAt     *time.Time
 	ResolvedAt   *time.Time
 	ResolvedNote string
+	// GiveUpBy names who asked to give the gap up now (RequestGiveUp).
+	GiveUpBy string
 }
 
 // ListGaps lists the open gaps and, when includeGivenUp is set, the
@@ -598,7 +601,7 @@ func (s *PGStore) ListGaps(ctx context.Context, q Querier, includeGivenUp bool, 
 	var r GapRecord
 	var reason string
 	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Source, &r.Producer, &r.Topic, &r.From, &r.To, &r.OpenedAt, &r.Deadline, &r.State,
-		&reason, &r.ClosedAt, &r.ResolvedAt, &r.ResolvedNote}, func() error {
+		&reason, &r.ClosedAt, &r.ResolvedAt, &r.ResolvedNote, &r.GiveUpBy}, func() error {
 		r.Reason = GiveUpReason(reason)
 		out = append(out, r)
 		r = GapRecord{}
@@ -633,6 +636,50 @@ func (s *PGStore) ResolveGap(ctx context.Context, q Querier, k Stream, from, to 
 		return 0, ErrGapNotFound
 	}
 	return ct.RowsAffected(), nil
+}
+
+// RequestGiveUp asks for the open gaps of stream k up to the one holding to
+// to be given up now, on behalf of by, and returns them (ErrGapNotFound when
+// no open gap meets from..to). It takes the stream's seq_state lock, so it
+// waits for a consumer deciding on the stream and the consumer then sees the
+// request. The gaps are not given up here: the consumer's gap timer does it
+// at its next tick (it runs the handler for the parked events released
+// behind them), with ReasonOperator. Gaps are given up in seq order, so the
+// open gaps below from go too. q must be a transaction for the lock to
+// cover the update. now is the request's time; zero means the database's
+// clock (what the consumer's timer uses).
+func (s *PGStore) RequestGiveUp(ctx context.Context, q Querier, k Stream, from, to int64, by string, now time.Time) ([]Gap, error) {
+	if by == "" {
+		return nil, errors.New("seqguard: give up gap: who asks is required")
+	}
+	if from < 1 || to < from {
+		return nil, fmt.Errorf("seqguard: give up gap: bad range %d-%d", from, to)
+	}
+	if _, err := q.Exec(ctx, qLockStreamState, s.Consumer, k.Source, k.Producer, k.Topic); err != nil {
+		return nil, fmt.Errorf("give up gap: lock stream: %w", err)
+	}
+	var at *time.Time
+	if !now.IsZero() {
+		at = &now
+	}
+	rows, err := q.Query(ctx, qRequestGiveUp, s.Consumer, k.Source, from, to, by, k.Producer, k.Topic, at)
+	if err != nil {
+		return nil, fmt.Errorf("give up gap: %w", err)
+	}
+	var out []Gap
+	var g Gap
+	if _, err := pgx.ForEachRow(rows, []any{&g.From, &g.To}, func() error {
+		g.GiveUpBy = by
+		out = append(out, g)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("give up gap: %w", err)
+	}
+	if len(out) == 0 {
+		return nil, ErrGapNotFound
+	}
+	slices.SortFunc(out, func(a, b Gap) int { return cmp.Compare(a.From, b.From) })
+	return out, nil
 }
 
 // scanLockedStates reads the rows of qLockState (or a one-stream lock):

@@ -825,3 +825,64 @@ func TestStreamAdoptsLegacyState(t *testing.T) {
 		t.Fatalf("seq_state rows %v", states)
 	}
 }
+
+// An operator's give-up: the open gaps up to the requested one get their
+// deadline moved to the request's time and are given up by the next timer
+// run with reason operator, releasing the parked events. A gap split by an
+// event that arrives after the request keeps the request in both parts.
+// Gaps above the request, and other streams, keep their deadlines.
+func TestPGStoreRequestGiveUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	pool := b.db.Pool
+	// acct-1: 1 applied, gaps 2-5 and 7-7 and 9-9 open, 6, 8 and 10 parked.
+	b.deliver(t, pool, at(0), def, seqs(1, 6, 8, 10)...)
+	b.deliver(t, pool, at(0), def, event("acct-2", 2))
+	if _, err := b.store.RequestGiveUp(ctx, pool, seqguard.Stream{Source: "acct-1"}, 11, 12, "alice via cli", at(5)); !errors.Is(err, seqguard.ErrGapNotFound) {
+		t.Fatalf("give up 11-12 (no gap): %v, want ErrGapNotFound", err)
+	}
+	if _, err := b.store.RequestGiveUp(ctx, pool, seqguard.Stream{Source: "acct-1"}, 7, 7, "", at(5)); err == nil {
+		t.Fatal("give up without a requester: no error")
+	}
+	var gaps []seqguard.Gap
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		gaps, err = b.store.RequestGiveUp(ctx, tx, seqguard.Stream{Source: "acct-1"}, 7, 7, "alice via cli", at(5))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(gaps); got != "[2-5 7-7]" {
+		t.Fatalf("requested gaps %s, want [2-5 7-7] (the one asked for and the one below it)", got)
+	}
+	// 3 arrives before the timer runs: 2-5 splits into 2-2 and 4-5.
+	if outs := b.deliver(t, pool, at(6), def, seqs(3)...); len(applied(outs...)) != 0 {
+		t.Fatalf("3 applied: %v, want parked", applied(outs...))
+	}
+	outs := b.giveUp(t, pool, at(6))
+	if got, want := givenUp(outs...), []string{"acct-1 2-2 operator", "acct-1 4-5 operator", "acct-1 7-7 operator"}; !slices.Equal(got, want) {
+		t.Fatalf("given up %v, want %v", got, want)
+	}
+	if got, want := applied(outs...), []string{"3p", "6p", "8p"}; !slices.Equal(got, want) {
+		t.Fatalf("released %v, want %v", got, want)
+	}
+	want := []string{"2-2 given_upoperator opened+0s deadline+5s", "4-5 given_upoperator opened+0s deadline+5s",
+		"7-7 given_upoperator opened+0s deadline+5s", "9-9 open opened+0s deadline+30s"}
+	if got := gapRows(t, pool, "acct-1"); !slices.Equal(got, want) {
+		t.Fatalf("gaps %v, want %v", got, want)
+	}
+	if got, want := gapRows(t, pool, "acct-2"), []string{"1-1 open opened+0s deadline+30s"}; !slices.Equal(got, want) {
+		t.Fatalf("acct-2 gaps %v, want %v (untouched)", got, want)
+	}
+	recs, err := b.store.ListGaps(ctx, pool, true, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if wantBy := map[bool]string{true: "alice via cli", false: ""}[r.Source == "acct-1" && r.To < 9]; r.GiveUpBy != wantBy {
+			t.Errorf("gap %s %d-%d: GiveUpBy %q, want %q", r.Source, r.From, r.To, r.GiveUpBy, wantBy)
+		}
+	}
+}

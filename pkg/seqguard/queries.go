@@ -91,7 +91,8 @@ WHERE i.consumer = $1 AND i.status = 'parked'
 ORDER BY k.source, k.producer, k.topic, i.seq`
 
 	qLoadGaps = `
-SELECT g.source, g.producer, g.topic, g.from_seq, g.to_seq, g.opened_at, g.deadline FROM onceflow.seq_gaps g
+SELECT g.source, g.producer, g.topic, g.from_seq, g.to_seq, g.opened_at, g.deadline, coalesce(g.give_up_requested_by, '')
+FROM onceflow.seq_gaps g
 JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
     ON g.source = k.source AND g.producer = k.producer AND g.topic = k.topic
 WHERE g.consumer = $1 AND g.state = 'open'
@@ -139,8 +140,9 @@ RETURNING old.event_id, old.seq, old.event_type, old.topic, old.kafka_partition,
 	// The stream's producer and topic are the last two parameters of each
 	// gap statement.
 	qGapOpen = `
-INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline, producer, topic)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
+INSERT INTO onceflow.seq_gaps (consumer, source, from_seq, to_seq, opened_at, deadline, producer, topic,
+    give_up_requested_by, give_up_requested_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, ''), CASE WHEN $9 <> '' THEN $6::timestamptz END)`
 
 	qGapNarrow = `
 UPDATE onceflow.seq_gaps SET from_seq = $5, to_seq = $6
@@ -172,7 +174,8 @@ SELECT
 
 	qListGaps = `
 SELECT id, source, producer, topic, from_seq, to_seq, opened_at, deadline, state,
-       coalesce(give_up_reason, ''), closed_at, resolved_at, coalesce(resolved_note, '')
+       coalesce(give_up_reason, ''), closed_at, resolved_at, coalesce(resolved_note, ''),
+       coalesce(give_up_requested_by, '')
 FROM onceflow.seq_gaps
 WHERE consumer = $1 AND (
     state = 'open'
@@ -183,4 +186,24 @@ ORDER BY state = 'open' DESC, source, producer, topic, from_seq, id`
 UPDATE onceflow.seq_gaps SET resolved_at = $6, resolved_note = $5
 WHERE consumer = $1 AND source = $2 AND producer = $7 AND topic = $8 AND state = 'given_up' AND resolved_at IS NULL
   AND from_seq >= $3 AND to_seq <= $4`
+
+	// An operator's give-up: under the stream's seq_state lock (the one the
+	// consumer takes before it decides), every open gap of the stream from
+	// the bottom up to the one holding $4 gets its deadline moved to now ($8,
+	// or the database's clock when NULL; never later) and the requester. Gaps are given up in seq order, so
+	// the gaps below the range go too; their deadlines stay in seq order.
+	// Nothing is updated unless an open gap meets $3–$4.
+	qLockStreamState = `
+SELECT 1 FROM onceflow.seq_state
+WHERE consumer = $1 AND source = $2 AND producer = $3 AND topic = $4
+FOR UPDATE`
+	qRequestGiveUp = `
+UPDATE onceflow.seq_gaps g
+SET deadline = least(g.deadline, coalesce($8, now())), give_up_requested_by = $5, give_up_requested_at = coalesce($8, now())
+WHERE g.consumer = $1 AND g.source = $2 AND g.producer = $6 AND g.topic = $7 AND g.state = 'open'
+  AND g.from_seq <= $4
+  AND EXISTS (SELECT 1 FROM onceflow.seq_gaps m
+              WHERE m.consumer = $1 AND m.source = $2 AND m.producer = $6 AND m.topic = $7 AND m.state = 'open'
+                AND m.from_seq <= $4 AND m.to_seq >= $3)
+RETURNING g.from_seq, g.to_seq`
 )

@@ -238,6 +238,13 @@
       const state = g.state === "given_up" ? badge("given_up", "given up" + (g.reason ? " (" + g.reason.replace("_", " ") + ")" : "")) : badge(g.state);
       let resolution = "–";
       let action = null;
+      if (g.state === "open" && g.give_up_by) {
+        resolution = el("span", { class: "muted", text: "give-up asked by " + g.give_up_by });
+      } else if (g.state === "open") {
+        action = el("button", { type: "button", class: "small", text: "Give up now…",
+          "aria-label": "Give up gap " + range + " of " + streamName(g) + " now" });
+        action.addEventListener("click", () => openResolve(g, action, "give-up"));
+      }
       if (g.state === "given_up") {
         if (g.resolved_at) {
           resolution = el("span", {}, badge("resolved"), " ", g.resolved_note || "");
@@ -245,7 +252,7 @@
           resolution = el("span", { class: "muted", text: "not resolved" });
           action = el("button", { type: "button", class: "small", text: "Resolve…",
             "aria-label": "Resolve gap " + range + " of " + streamName(g) });
-          action.addEventListener("click", () => openResolve(g, action));
+          action.addEventListener("click", () => openResolve(g, action, "resolve"));
         }
       }
       const stream = g.producer
@@ -392,6 +399,8 @@
           (r.failed || 0) + " failed" + (r.skipped ? ", " + r.skipped + " skipped" : "");
       } else if (a.action === "gap.resolve") {
         what = "resolve gap " + p.source + " " + p.from + "–" + p.to;
+      } else if (a.action === "gap.give_up") {
+        what = "give up gap " + p.source + " " + p.from + "–" + p.to + " now";
       }
       return el("tr", {},
         el("td", {}, fmtTime(a.created_at)),
@@ -503,11 +512,28 @@
 
   let resolve = null;
 
-  function openResolve(g, opener) {
+  // The dialog serves two audited changes: a note on a given-up gap
+  // (resolve) and giving an open gap up now (give-up).
+  const GAP_MODES = {
+    "resolve": { title: "Resolve a given-up gap", label: "What was done about the missing events (required)",
+      button: "Resolve", path: "api/v1/gaps/resolve", empty: "Say what was done about the missing events.",
+      what: (g) => ", given up " + new Date(g.closed_at).toISOString() + ".",
+      done: (g) => "Gap " + g.source + " " + g.from + "–" + g.to + " resolved." },
+    "give-up": { title: "Give an open gap up now", label: "Why the missing events will not come (required)",
+      button: "Give up now", path: "api/v1/gaps/give-up", empty: "Say why the missing events will not come.",
+      what: (g) => ", deadline " + new Date(g.deadline).toISOString() +
+        ". The consumer gives it up (and every open gap of the stream below it) within a few seconds and applies the events parked behind it.",
+      done: (g) => "Gap " + g.source + " " + g.from + "–" + g.to + ": give-up requested." },
+  };
+
+  function openResolve(g, opener, mode) {
     returnFocus = opener;
-    resolve = { gap: g, requestID: newRequestID() };
-    $("resolve-what").textContent = "Stream: " + streamName(g) + ", missing seqs " + g.from + "–" + g.to + ", given up " +
-      new Date(g.closed_at).toISOString() + ".";
+    const m = GAP_MODES[mode];
+    resolve = { gap: g, requestID: newRequestID(), mode: m };
+    $("resolve-h").textContent = m.title;
+    $("resolve-label").textContent = m.label;
+    $("resolve-confirm").textContent = m.button;
+    $("resolve-what").textContent = "Stream: " + streamName(g) + ", missing seqs " + g.from + "–" + g.to + m.what(g);
     $("resolve-note").value = "";
     $("resolve-error").textContent = "";
     $("resolve-confirm").disabled = false;
@@ -516,22 +542,23 @@
 
   async function confirmResolve(ev) {
     ev.preventDefault();
+    const m = resolve.mode;
     const note = $("resolve-note").value.trim();
     if (!note) {
-      $("resolve-error").textContent = "Say what was done about the missing events.";
+      $("resolve-error").textContent = m.empty;
       $("resolve-note").focus();
       return;
     }
     $("resolve-confirm").disabled = true;
     const g = resolve.gap;
     try {
-      await api("api/v1/gaps/resolve", { request_id: resolve.requestID, source: g.source, producer: g.producer || "", topic: g.topic || "",
+      await api(m.path, { request_id: resolve.requestID, source: g.source, producer: g.producer || "", topic: g.topic || "",
         from: g.from, to: g.to, note });
       $("resolve-dialog").close();
-      say("Gap " + g.source + " " + g.from + "–" + g.to + " resolved.");
+      say(m.done(g));
       refresh();
     } catch (e) {
-      $("resolve-error").textContent = "Could not resolve: " + e.message;
+      $("resolve-error").textContent = "Could not " + m.button.toLowerCase() + ": " + e.message;
       $("resolve-confirm").disabled = false;
     }
   }
