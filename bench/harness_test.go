@@ -28,7 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 // sizes are the workload sizes of one run. benchSizes reads them for `make
@@ -54,6 +54,7 @@ type sizes struct {
 	WatermillEvents    int           `json:"watermill_events"`     // backlog drained by Watermill's forwarder
 	RelayDesignBatches int           `json:"relay_design_batches"` // batches of 1000 per relay design
 	TracingEvents      int           `json:"tracing_events"`       // consumer drain with tracing off and on
+	SnapshotEvents     int           `json:"snapshot_events"`      // consumer drain with and without a held snapshot
 }
 
 func benchSizes(tb testing.TB) sizes {
@@ -78,6 +79,7 @@ func benchSizes(tb testing.TB) sizes {
 		WatermillEvents:    envInt(tb, "ONCEFLOW_BENCH_WATERMILL_EVENTS", 50_000),
 		RelayDesignBatches: envInt(tb, "ONCEFLOW_BENCH_RELAY_DESIGN_BATCHES", 200),
 		TracingEvents:      envInt(tb, "ONCEFLOW_BENCH_TRACING_EVENTS", 50_000),
+		SnapshotEvents:     envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_EVENTS", 1_000_000),
 	}
 }
 
@@ -88,7 +90,7 @@ func smokeSizes() sizes {
 		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
 		WriteTxns: 4, WriteTxnEvents: 100, MemorySmall: 200, MemoryEvents: 2_000,
 		PeerEvents: 2_000, WatermillEvents: 500, RelayDesignBatches: 3,
-		TracingEvents: 1_000,
+		TracingEvents: 1_000, SnapshotEvents: 1_000,
 	}
 }
 
@@ -398,7 +400,7 @@ func relayKafkaOpts(tb testing.TB) []kgo.Opt {
 func startBenchRelay(tb testing.TB, db *testkit.DB, batch int, deleteOnPublish, listen bool, reg prometheus.Registerer) (stop func()) {
 	tb.Helper()
 	ckpt := testkit.Topic(tb, "bench-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
-	r, err := outbox.New(outbox.Config{
+	r, err := relay.New(relay.Config{
 		BatchMaxRows:          batch,
 		CheckpointTopic:       ckpt,
 		DB:                    db.Pool,

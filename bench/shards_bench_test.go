@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/internal/testkit"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 // BenchmarkRelayShards drains one backlog of RelayEvents events (256 B, 256
@@ -97,7 +97,7 @@ func relayShardsDrain(b testing.TB, rep *report, events, shards int, one float64
 			b.Fatal(err)
 		}
 		pools = append(pools, pool)
-		r, err := outbox.New(outbox.Config{
+		r, err := relay.New(relay.Config{
 			BatchMaxRows:          relayBenchBatch,
 			CheckpointTopic:       ckpt,
 			DB:                    pool,

@@ -61,6 +61,8 @@ func TestBenchSmoke(t *testing.T) {
 				"peers: onceflow default mode vs Debezium", "peers: onceflow -delete-on-publish vs Debezium"}},
 		{"relay-designs", func(t *testing.T) { relayDesigns(t, rep, sz.RelayDesignBatches) },
 			[]string{"relay design: mark", "relay design: delete", "relay design: move", "relay design: queue"}},
+		{"snapshot", func(t *testing.T) { consumerHeldSnapshot(t, rep, sz.SnapshotEvents) },
+			[]string{"consumer drain, no snapshot held", "held snapshot: consumer drain"}},
 		{"tracing", func(t *testing.T) { tracingOverhead(t, rep, sz) },
 			[]string{"tracing off: enqueue", "tracing default (global provider, no SDK): enqueue", "tracing on, 1 trace in 10 sampled: enqueue",
 				"tracing on, every span exported: enqueue", "tracing off: consumer drain", "tracing on, every span exported: consumer drain",

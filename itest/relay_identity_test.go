@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	relayadmin "github.com/onceflow/onceflow/pkg/relay/admin"
 )
 
 // waitExit waits for p to exit and returns its output; it fails the test if
@@ -60,7 +61,7 @@ func TestRelayCopiedDatabaseRefuses(t *testing.T) {
 	p := e.start("relay", nil, "-holder-id", "orig")
 	waitPublished(t, ctx, e, 10)
 	p.Kill()
-	orig, err := outbox.ReadIdentity(ctx, e.db.Pool)
+	orig, err := relayadmin.ReadIdentity(ctx, e.db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestRelayCopiedDatabaseRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("checker: %v\n%s", err, p.Output())
 	}
-	now, err := outbox.ReadIdentity(ctx, cp.Pool)
+	now, err := relayadmin.ReadIdentity(ctx, cp.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/testkit"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 var (
@@ -90,7 +90,7 @@ func assertShardsOwnTheirRows(t *testing.T, ctx context.Context, e *relayEnv, n 
 	}
 	byKey := checkpointShards(t, ctx, e.checkpoint)
 	for k := range n {
-		key := outbox.CheckpointKey(identity, strconv.Itoa(k))
+		key := relay.CheckpointKey(identity, strconv.Itoa(k))
 		ids := byKey[key]
 		if len(ids) == 0 {
 			t.Fatalf("no checkpoint under %q: shard %d published nothing (keys: %v)", key, k, keysOf(byKey))
@@ -106,7 +106,7 @@ func assertShardsOwnTheirRows(t *testing.T, ctx context.Context, e *relayEnv, n 
 			if err := rows.Scan(&source, &c); err != nil {
 				t.Fatal(err)
 			}
-			if got := outbox.SourceShard(source, n); got != k {
+			if got := relay.SourceShard(source, n); got != k {
 				t.Errorf("shard %d's checkpoints name %d rows of source %q, which is shard %d's", k, c, source, got)
 			}
 			sources++

@@ -17,7 +17,7 @@ import (
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	relayadmin "github.com/onceflow/onceflow/pkg/relay/admin"
 )
 
 var (
@@ -144,7 +144,7 @@ func TestRelayTwoDatabasesShareKafka(t *testing.T) {
 	}
 	identities := map[string]bool{}
 	for _, s := range sides {
-		id, err := outbox.ReadIdentity(ctx, s.db.Pool)
+		id, err := relayadmin.ReadIdentity(ctx, s.db.Pool)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	relayadmin "github.com/onceflow/onceflow/pkg/relay/admin"
 )
 
 // Streams (I5): a stream is what one producer wrote for one topic and
@@ -57,7 +58,7 @@ func drainWithRelay(ctx context.Context, t *testing.T, name string, db *testkit.
 	if err := p.Wait(30 * time.Second); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	id, err := outbox.ReadIdentity(ctx, db.Pool)
+	id, err := relayadmin.ReadIdentity(ctx, db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,9 @@ import (
 
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/pgconn"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/dbtx"
+	"github.com/onceflow/onceflow/pkg/relay"
+	"github.com/onceflow/onceflow/pkg/relay/admin"
 )
 
 // The operator commands:
@@ -50,12 +52,12 @@ func (c *adminConfig) RegisterFlags(fs *flag.FlagSet, cmd string) {
 	c.db.RegisterFlags(fs)
 	switch cmd {
 	case "identity show":
-		fs.StringVar(&c.shard, "shard", outbox.DefaultShard, shardHelp)
+		fs.StringVar(&c.shard, "shard", relay.DefaultShard, shardHelp)
 		fs.StringVar(&c.txnPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
 	case "identity adopt", "identity reset":
 		fs.StringVar(&c.note, "note", "", "why (required; kept in onceflow.database_identity)")
 	case "identity legacy":
-		fs.StringVar(&c.shard, "shard", outbox.DefaultShard, shardHelp)
+		fs.StringVar(&c.shard, "shard", relay.DefaultShard, shardHelp)
 		fs.StringVar(&c.note, "note", "", "why (required; kept with the decision)")
 	case "outbox failed list":
 		fs.BoolVar(&c.all, "all", false, "also list resolved entries (published after a retry, or skipped)")
@@ -165,20 +167,20 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 	case "identity show":
 		return identityShow(ctx, pool, c, stdout)
 	case "identity adopt":
-		idn, err := outbox.AdoptIdentity(ctx, pool, c.note)
+		idn, err := admin.AdoptIdentity(ctx, pool, c.note)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "identity %s adopted: it now belongs to %s\n", idn.ID, idn.Place)
 	case "identity reset":
-		idn, err := outbox.ResetIdentity(ctx, pool, c.note)
+		idn, err := admin.ResetIdentity(ctx, pool, c.note)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "new identity %s for %s; restart the relays\n", idn.ID, idn.Place)
 	case "identity legacy":
-		err := outbox.DecideLegacyCheckpoint(ctx, pool, c.shard, pos[0], c.note)
-		if errors.Is(err, outbox.ErrNoLegacyCheckpoint) {
+		err := admin.DecideLegacyCheckpoint(ctx, pool, c.shard, pos[0], c.note)
+		if errors.Is(err, admin.ErrNoLegacyCheckpoint) {
 			return fmt.Errorf("shard %q: %w (relay identity show lists them)", c.shard, err)
 		}
 		if err != nil {
@@ -188,15 +190,15 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 	case "outbox failed list":
 		return failedList(ctx, pool, c.all, stdout)
 	case "outbox failed retry":
-		if err := outbox.RetrySetAside(ctx, pool, id, c.note); err != nil {
+		if err := admin.RetrySetAside(ctx, pool, id, c.note); err != nil {
 			return fmt.Errorf("outbox row %d: %w", id, err)
 		}
 		fmt.Fprintf(stdout, "outbox row %d: the relay tries it again at its next poll (relay outbox failed list shows the outcome)\n", id)
 	case "outbox failed skip":
-		if err := outbox.SkipSetAside(ctx, pool, id, c.note); err != nil {
+		if err := admin.SkipSetAside(ctx, pool, id, c.note); err != nil {
 			return fmt.Errorf("outbox row %d: %w", id, err)
 		}
-		s, err := outbox.GetSetAside(ctx, pool, id)
+		s, err := admin.GetSetAside(ctx, pool, id)
 		if err != nil {
 			return err
 		}
@@ -206,7 +208,7 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 		// producer header); without one yet, the hint names the stream
 		// without it.
 		stream := ""
-		if idn, err := outbox.ReadIdentity(ctx, pool); err == nil && idn.ID != "" {
+		if idn, err := admin.ReadIdentity(ctx, pool); err == nil && idn.ID != "" {
 			stream = fmt.Sprintf(" -producer %s -topic %s", idn.ID, s.Topic)
 		}
 		fmt.Fprintf(stdout, "to close it now, run against each consumer's database: consumer gaps give-up %s %d-%d%s -note %q\n",
@@ -215,12 +217,12 @@ func runAdmin(ctx context.Context, words []string, stdout io.Writer) error {
 	return nil
 }
 
-func identityShow(ctx context.Context, db outbox.DB, c adminConfig, w io.Writer) error {
-	idn, err := outbox.ReadIdentity(ctx, db)
+func identityShow(ctx context.Context, db dbtx.DB, c adminConfig, w io.Writer) error {
+	idn, err := admin.ReadIdentity(ctx, db)
 	if err != nil {
 		return err
 	}
-	here, err := outbox.CurrentPlace(ctx, db)
+	here, err := admin.CurrentPlace(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -232,7 +234,7 @@ func identityShow(ctx context.Context, db outbox.DB, c adminConfig, w io.Writer)
 	}
 	txn := c.txnPrefix + c.shard
 	if c.txnPrefix == "" {
-		txn = outbox.DefaultTransactionalID(idn.ID, c.shard)
+		txn = relay.DefaultTransactionalID(idn.ID, c.shard)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "identity\t%s\n", idn.ID)
@@ -244,8 +246,8 @@ func identityShow(ctx context.Context, db outbox.DB, c adminConfig, w io.Writer)
 		fmt.Fprintf(tw, "last change\t%s by %s: %s\n", ts(idn.ChangedAt), idn.ChangedBy, idn.ChangeNote)
 	}
 	fmt.Fprintf(tw, "transactional.id (shard %s)\t%s\n", c.shard, txn)
-	fmt.Fprintf(tw, "checkpoint key (shard %s)\t%s\n", c.shard, outbox.CheckpointKey(idn.ID, c.shard))
-	legacy, err := outbox.ListLegacyCheckpoints(ctx, db)
+	fmt.Fprintf(tw, "checkpoint key (shard %s)\t%s\n", c.shard, relay.CheckpointKey(idn.ID, c.shard))
+	legacy, err := admin.ListLegacyCheckpoints(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -270,8 +272,8 @@ func identityShow(ctx context.Context, db outbox.DB, c adminConfig, w io.Writer)
 	return nil
 }
 
-func failedList(ctx context.Context, db outbox.DB, all bool, w io.Writer) error {
-	rows, err := outbox.ListSetAside(ctx, db, all)
+func failedList(ctx context.Context, db dbtx.DB, all bool, w io.Writer) error {
+	rows, err := admin.ListSetAside(ctx, db, all)
 	if err != nil {
 		return err
 	}

@@ -11,14 +11,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/failpoint"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 // relayHooks installs the fault tests' failpoints (armed through
 // ONCEFLOW_FAILPOINTS; see internal/failpoint) as the relay's hooks. Unarmed,
 // each costs an atomic load.
-func relayHooks() outbox.Hooks {
-	return outbox.Hooks{
+func relayHooks() relay.Hooks {
+	return relay.Hooks{
 		CheckpointReaderOpts: slowCheckpointOpts,
 		OnAfterKafkaCommit:   failpoint.Func(failpoint.RelayAfterKafkaCommit),
 		OnBeforeKafkaCommit:  failpoint.Func(failpoint.RelayBeforeKafkaCommit),

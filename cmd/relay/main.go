@@ -46,7 +46,7 @@ import (
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/internal/pprofserver"
 	"github.com/onceflow/onceflow/internal/topics"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 // main exits with cli.ExitCode, the rule of every subcommand of both
@@ -114,7 +114,7 @@ const (
 )
 
 // config is everything `relay run` is configured with. The relay's own
-// settings are flags bound straight onto outbox.Config, with the library's
+// settings are flags bound straight onto relay.Config, with the library's
 // defaults; the library's Validate is their only check.
 type config struct {
 	admin     admin.Flags
@@ -125,13 +125,13 @@ type config struct {
 	logFormat string
 	logLevel  string
 
-	outbox outbox.Config
+	outbox relay.Config
 
 	topicsVerify bool
 	topics       topics.Config
 }
 
-// outboxFlags is the flag of each outbox.Config field `relay run` sets: an
+// outboxFlags is the flag of each relay.Config field `relay run` sets: an
 // invalid value is reported by its flag and environment variable.
 var outboxFlags = cli.Fields{
 	"BackoffMax":            "backoff-max",
@@ -156,9 +156,9 @@ var outboxFlags = cli.Fields{
 	"TransactionalIDPrefix": "transactional-id-prefix",
 }
 
-// outboxError reports an outbox.Config error by flag.
+// outboxError reports an relay.Config error by flag.
 func outboxError(err error) error {
-	var ce *outbox.ConfigError
+	var ce *relay.ConfigError
 	if errors.As(err, &ce) {
 		return outboxFlags.Error("outbox config", ce.Field, ce.Reason)
 	}
@@ -175,26 +175,26 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	o := &c.outbox
-	fs.DurationVar(&o.BackoffMax, "backoff-max", outbox.DefaultBackoffMax, "longest wait between retries of Kafka and PostgreSQL errors")
-	fs.IntVar(&o.BatchMaxBytes, "batch-max-bytes", outbox.DefaultBatchMaxBytes, "maximum payload bytes per Kafka transaction")
-	fs.IntVar(&o.BatchMaxRows, "batch-max-rows", outbox.DefaultBatchMaxRows, "maximum rows per Kafka transaction")
-	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", outbox.DefaultCheckpointTopic, "compacted topic for the relay's checkpoints (created if missing)")
+	fs.DurationVar(&o.BackoffMax, "backoff-max", relay.DefaultBackoffMax, "longest wait between retries of Kafka and PostgreSQL errors")
+	fs.IntVar(&o.BatchMaxBytes, "batch-max-bytes", relay.DefaultBatchMaxBytes, "maximum payload bytes per Kafka transaction")
+	fs.IntVar(&o.BatchMaxRows, "batch-max-rows", relay.DefaultBatchMaxRows, "maximum rows per Kafka transaction")
+	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", relay.DefaultCheckpointTopic, "compacted topic for the relay's checkpoints (created if missing)")
 	fs.BoolVar(&o.DeleteOnPublish, "delete-on-publish", false, "delete rows once published instead of keeping them and a publish log for -retention (a faster drain; no record of what was published)")
 	fs.StringVar(&o.HolderID, "holder-id", "", "this process's name in the lease table; stable across restarts, unique among live relays (default hostname-pid-random)")
-	fs.DurationVar(&o.LeaseRenewInterval, "lease-renew-interval", outbox.DefaultLeaseRenewInterval, "how often the leader renews its lease")
-	fs.DurationVar(&o.LeaseTTL, "lease-ttl", outbox.DefaultLeaseTTL, "lease lifetime without renewal (takeover time after a leader dies)")
+	fs.DurationVar(&o.LeaseRenewInterval, "lease-renew-interval", relay.DefaultLeaseRenewInterval, "how often the leader renews its lease")
+	fs.DurationVar(&o.LeaseTTL, "lease-ttl", relay.DefaultLeaseTTL, "lease lifetime without renewal (takeover time after a leader dies)")
 	fs.BoolVar(&o.Listen, "listen", false, "also wake on NOTIFY onceflow_outbox (enable the trigger onceflow.outbox_notify for producers to notify)")
-	fs.DurationVar(&o.PollInterval, "poll-interval", outbox.DefaultPollInterval, "wait between polls of an empty outbox")
-	fs.IntVar(&o.PruneBatchRows, "prune-batch-rows", outbox.DefaultPruneBatchRows, "published rows deleted per prune statement")
-	fs.DurationVar(&o.PruneInterval, "prune-interval", outbox.DefaultPruneInterval, "how often published rows are pruned")
-	fs.DurationVar(&o.Retention, "retention", outbox.DefaultRetention, "how long published rows are kept (negative: delete at the next prune)")
-	fs.DurationVar(&o.RetrySetAsideAfter, "retry-set-aside-after", outbox.DefaultRetrySetAsideAfter, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
-	fs.StringVar(&o.Shard, "shard", outbox.DefaultShard, shardHelp)
-	fs.IntVar(&o.Shards, "shards", outbox.DefaultShards, "how many shards split the database's sources, each with its own leader; with more than 1, -shard is this relay's index 0..shards-1 (docs/relay.md, \"Shards\")")
-	fs.DurationVar(&o.StandbyInterval, "standby-interval", outbox.DefaultStandbyInterval, "how often a standby tries to take the lease")
-	fs.DurationVar(&o.StatsInterval, "stats-interval", outbox.DefaultStatsInterval, "how often the leader refreshes the pending-rows and oldest-age gauges")
+	fs.DurationVar(&o.PollInterval, "poll-interval", relay.DefaultPollInterval, "wait between polls of an empty outbox")
+	fs.IntVar(&o.PruneBatchRows, "prune-batch-rows", relay.DefaultPruneBatchRows, "published rows deleted per prune statement")
+	fs.DurationVar(&o.PruneInterval, "prune-interval", relay.DefaultPruneInterval, "how often published rows are pruned")
+	fs.DurationVar(&o.Retention, "retention", relay.DefaultRetention, "how long published rows are kept (negative: delete at the next prune)")
+	fs.DurationVar(&o.RetrySetAsideAfter, "retry-set-aside-after", relay.DefaultRetrySetAsideAfter, "first automatic retry of a row set aside for a missing topic, ACL or topic contract (doubles per refusal, up to 10m); rows refused for their content wait for `relay outbox failed retry|skip`")
+	fs.StringVar(&o.Shard, "shard", relay.DefaultShard, shardHelp)
+	fs.IntVar(&o.Shards, "shards", relay.DefaultShards, "how many shards split the database's sources, each with its own leader; with more than 1, -shard is this relay's index 0..shards-1 (docs/relay.md, \"Shards\")")
+	fs.DurationVar(&o.StandbyInterval, "standby-interval", relay.DefaultStandbyInterval, "how often a standby tries to take the lease")
+	fs.DurationVar(&o.StatsInterval, "stats-interval", relay.DefaultStatsInterval, "how often the leader refreshes the pending-rows and oldest-age gauges")
 	fs.StringVar(&o.TransactionalIDPrefix, "transactional-id-prefix", "", txnIDPrefixHelp)
-	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", outbox.DefaultTransactionTimeout, "Kafka transaction timeout")
+	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", relay.DefaultTransactionTimeout, "Kafka transaction timeout")
 	fs.BoolVar(&c.topicsVerify, "topics-verify", false, "verify the checkpoint topic at start and each event topic before its first publish against the topic spec; refuse to publish to a topic that breaks it (create topics with `relay topics apply` first)")
 	c.topics.RegisterFlags(fs)
 }
@@ -261,7 +261,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		topicCheck = func(ctx context.Context, topic string) error {
 			err := c.topics.CheckTopics(ctx, adm, topic)
 			if errors.Is(err, topics.ErrDrift) {
-				return fmt.Errorf("%w: %w", outbox.ErrTopicRefused, err)
+				return fmt.Errorf("%w: %w", relay.ErrTopicRefused, err)
 			}
 			return err
 		}
@@ -285,7 +285,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	oc.Registerer = reg
 	oc.TopicCheck = topicCheck
 	oc.TracerProvider = tracing.Provider
-	relay, err := outbox.New(oc)
+	relay, err := relay.New(oc)
 	if err != nil {
 		return &cli.UsageError{Err: outboxError(err)}
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/cli"
 	"github.com/onceflow/onceflow/internal/logbuf"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 )
 
 func TestInvalidConfigNamesTheSetting(t *testing.T) {
@@ -107,7 +107,7 @@ func TestPprofAddr(t *testing.T) {
 	}
 }
 
-// Every setting of outbox.Config is a flag of `relay run`, the table names
+// Every setting of relay.Config is a flag of `relay run`, the table names
 // only real flags, and a flag left alone is the library's default.
 func TestOutboxFlags(t *testing.T) {
 	var c config
@@ -116,13 +116,13 @@ func TestOutboxFlags(t *testing.T) {
 	if err := outboxFlags.Check(fs); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range outboxFlags.Uncovered(outbox.Config{}) {
-		t.Errorf("outbox.Config.%s has no flag in outboxFlags", name)
+	for _, name := range outboxFlags.Uncovered(relay.Config{}) {
+		t.Errorf("relay.Config.%s has no flag in outboxFlags", name)
 	}
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	got, want := c.outbox, outbox.Config{}.WithDefaults()
+	got, want := c.outbox, relay.Config{}.WithDefaults()
 	want.HolderID, want.Logger = "", nil // generated / not a flag
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("flag defaults %+v\nlibrary defaults %+v", got, want)

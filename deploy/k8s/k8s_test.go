@@ -34,7 +34,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay"
 	"github.com/onceflow/onceflow/pkg/retention"
 )
 
@@ -606,7 +606,7 @@ func TestGracePeriodsOutlastTimeouts(t *testing.T) {
 	t.Parallel()
 	for _, dir := range overlays {
 		m := build(t, dir)
-		txn := outbox.Config{}.WithDefaults().TransactionTimeout
+		txn := relay.Config{}.WithDefaults().TransactionTimeout
 		if v := envValue(m, m.Deployments["onceflow-relay"], "ONCEFLOW_TRANSACTION_TIMEOUT"); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil {

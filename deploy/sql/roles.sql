@@ -228,7 +228,7 @@ BEGIN
     -- Consumer: its ledgers and state.
     FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
               WHERE c.relnamespace = 'onceflow'::regnamespace AND c.relkind IN ('r', 'p')
-                AND c.relname IN ('inbox', 'consumer_offsets', 'seq_state', 'seq_gaps', 'effects')
+                AND c.relname IN ('inbox', 'consumer_offsets', 'seq_state', 'seq_applied', 'seq_gaps', 'effects')
     LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', r.rel, v_consumer);
     END LOOP;
@@ -248,7 +248,7 @@ BEGIN
         -- once (outcome, result; finished_at is the database's clock).
         EXECUTE format('GRANT SELECT, INSERT, UPDATE (outcome, result, finished_at) ON onceflow.admin_audit TO %I', v_consumer);
     END IF;
-    -- Reconcile (`consumer reconcile`, migration 021): the run's summary
+    -- Reconcile (`consumer reconcile`, migration 022): the run's summary
     -- is its one write; the console shows the last one.
     IF to_regclass('onceflow.reconcile_runs') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT, INSERT ON onceflow.reconcile_runs TO %I, %I', v_consumer, v_reader);

@@ -49,3 +49,31 @@ func TestLibrariesDoNotImportInternal(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayPartsImportNoEngine: the relay's lease and identity
+// (pkg/relay/internal/...) report what they find and call nobody back, so
+// they import nothing of pkg/relay; the operator's commands
+// (pkg/relay/admin) run statements only and import neither the engine nor a
+// Kafka client. (Go refuses import cycles itself.)
+func TestRelayPartsImportNoEngine(t *testing.T) {
+	relay := module + "/pkg/relay"
+	pkgs := goList(t, "./pkg/relay/...")
+	for _, p := range []string{relay + "/internal/lease", relay + "/internal/identity", relay + "/admin"} {
+		imports, ok := pkgs[p]
+		if !ok {
+			t.Errorf("go list ./pkg/relay/... did not list %s", p)
+			continue
+		}
+		for _, imp := range imports {
+			switch {
+			case imp == relay,
+				strings.HasPrefix(imp, relay+"/") && !strings.HasPrefix(imp, relay+"/internal/"):
+				t.Errorf("%s imports %s: a part of the relay must not import the engine or its façade", p, imp)
+			case strings.HasPrefix(p, relay+"/internal/lease") && strings.HasPrefix(imp, relay+"/"):
+				t.Errorf("%s imports %s: the lease imports nothing of pkg/relay", p, imp)
+			case strings.HasPrefix(imp, "github.com/twmb/franz-go/"):
+				t.Errorf("%s imports %s: it runs statements only", p, imp)
+			}
+		}
+	}
+}

@@ -14,17 +14,17 @@ const (
 	EffectsAfterCall = "effects-after-call"
 	// RelayBeforeKafkaCommit: a relay batch and its checkpoint are produced,
 	// the lease checked for the last time, the Kafka commit not asked for
-	// (outbox.Hooks.OnBeforeKafkaCommit). Armed with ":stop", it freezes a
+	// (relay.Hooks.OnBeforeKafkaCommit). Armed with ":stop", it freezes a
 	// leader that believes it still leads: the zombie a Kafka fence must stop.
 	RelayBeforeKafkaCommit = "relay-before-kafka-commit"
 	// RelayAfterKafkaCommit: a relay batch is committed on Kafka, not yet
-	// marked in PostgreSQL (outbox.Hooks.OnAfterKafkaCommit).
+	// marked in PostgreSQL (relay.Hooks.OnAfterKafkaCommit).
 	RelayAfterKafkaCommit = "relay-after-kafka-commit"
 	// RelaySlowCheckpoint (armed as relay-checkpoint-slow=delay:3s) makes
 	// the checkpoint partition slow to answer the relay's recovery: from the
 	// checkpoint reader's first Fetch request on, for that long, every Fetch
 	// response reaches the reader only when the time is up
-	// (outbox.Hooks.CheckpointReaderOpts).
+	// (relay.Hooks.CheckpointReaderOpts).
 	RelaySlowCheckpoint = "relay-checkpoint-slow"
 )
 

@@ -79,7 +79,7 @@ func WriteJSON(w io.Writer, rep *Report) error {
 	return enc.Encode(rep)
 }
 
-// Run summaries (onceflow.reconcile_runs, migration 021).
+// Run summaries (onceflow.reconcile_runs, migration 022).
 
 // LastRun is the latest recorded run of a consumer.
 type LastRun struct {
@@ -93,7 +93,7 @@ type LastRun struct {
 	Report     json.RawMessage `json:"report"`
 }
 
-// ErrNoRunsTable means the database lacks migration 021.
+// ErrNoRunsTable means the database lacks migration 022.
 var ErrNoRunsTable = errors.New("onceflow.reconcile_runs is missing: run `consumer migrate`")
 
 // Record stores rep's summary in the consumer's database.

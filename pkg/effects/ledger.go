@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
 // Result is what a call returned, recorded in the ledger.
@@ -159,12 +161,12 @@ type Entry struct {
 }
 
 // Lookup returns the ledger row of key in the empty scope, or ok=false.
-func Lookup(ctx context.Context, db *pgxpool.Pool, key string) (e Entry, ok bool, err error) {
+func Lookup(ctx context.Context, db dbtx.DB, key string) (e Entry, ok bool, err error) {
 	return LookupScoped(ctx, db, "", key)
 }
 
 // LookupScoped returns the ledger row of key in scope, or ok=false.
-func LookupScoped(ctx context.Context, db *pgxpool.Pool, scope, key string) (e Entry, ok bool, err error) {
+func LookupScoped(ctx context.Context, db dbtx.DB, scope, key string) (e Entry, ok bool, err error) {
 	var (
 		eventID *string
 		code    *int

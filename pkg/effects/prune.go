@@ -4,14 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/onceflow/onceflow/pkg/dbtx"
 )
-
-// Execer runs a statement: pgx.Tx, *pgx.Conn, *pgxpool.Conn and
-// *pgxpool.Pool all are one.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
 
 // qDeleteDoneOfEvents deletes the done rows of some events in the scopes
 // under a prefix; an intent is never deleted.
@@ -23,7 +17,7 @@ DELETE FROM onceflow.effects
 // scopePrefix (a consumer's: ConsumerScopePrefix) and returns how many it
 // deleted. Retention calls it for the events whose inbox rows it pruned: an
 // effect is kept exactly as long as the inbox row that fences its event.
-func DeleteDone(ctx context.Context, db Execer, scopePrefix string, eventIDs []string) (int64, error) {
+func DeleteDone(ctx context.Context, db dbtx.DB, scopePrefix string, eventIDs []string) (int64, error) {
 	tag, err := db.Exec(ctx, qDeleteDoneOfEvents, eventIDs, scopePrefix)
 	if err != nil {
 		return 0, fmt.Errorf("prune effects: %w", err)

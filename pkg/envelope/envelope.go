@@ -6,96 +6,86 @@
 package envelope
 
 import (
-	"encoding/json"
 	"fmt"
-	"mime"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pkg/envelope/spec"
 )
+
+// The contract's rules live in package spec, which links no Kafka client;
+// this package re-exports them beside the Kafka layout (Record, Decode).
 
 // Header names of the envelope.
 const (
-	HeaderEventID     = "event-id"
-	HeaderSource      = "source"
-	HeaderSeq         = "seq"
-	HeaderEventType   = "event-type"
-	HeaderContentType = "content-type"
-	HeaderTraceparent = "traceparent"
+	HeaderEventID     = spec.HeaderEventID
+	HeaderSource      = spec.HeaderSource
+	HeaderSeq         = spec.HeaderSeq
+	HeaderEventType   = spec.HeaderEventType
+	HeaderContentType = spec.HeaderContentType
+	HeaderTraceparent = spec.HeaderTraceparent
 	// HeaderProducer names the producer that wrote the event: the relay sets
-	// it to its database's identity (pkg/outbox Identity.ID). With the topic
-	// and the source it identifies the event's stream, the unit a consumer
-	// orders and dedups by seq. A record without it belongs to a legacy
-	// stream (one per source, across topics: what relays before the header
-	// wrote).
-	HeaderProducer = "producer"
+	// it to its database's identity (the relay admin's Identity.ID). With
+	// the topic and the source it identifies the event's stream, the unit a
+	// consumer orders and dedups by seq. A record without it belongs to a
+	// legacy stream (one per source, across topics: what relays before the
+	// header wrote).
+	HeaderProducer = spec.HeaderProducer
 )
 
 // HeaderTracestate carries the W3C Trace Context tracestate that belongs to
 // the traceparent. It is an ordinary (not reserved) application header: a
 // producer refuses one that is not W3C-shaped (CheckTracestate) or comes
 // without a traceparent; a consumer ignores a malformed one.
-const HeaderTracestate = "tracestate"
+const HeaderTracestate = spec.HeaderTracestate
 
 // MaxTracestateBytes bounds a tracestate (W3C asks propagators to pass on at
 // least 512 characters; onceflow passes on at most that).
-const MaxTracestateBytes = 512
+const MaxTracestateBytes = spec.MaxTracestateBytes
 
 // ContentTypeJSON is the default content type of a payload.
-const ContentTypeJSON = "application/json"
+const ContentTypeJSON = spec.ContentTypeJSON
 
 // DefaultMaxPayloadBytes bounds a payload unless configured otherwise.
-const DefaultMaxPayloadBytes = 1 << 20
+const DefaultMaxPayloadBytes = spec.DefaultMaxPayloadBytes
 
 // Limits on the identifying fields. They keep keys index-friendly and make a
 // record with garbage headers fail loudly instead of bloating the inbox.
 const (
-	MaxEventIDBytes   = 512
-	MaxSourceBytes    = 512
-	MaxEventTypeBytes = 256
-	MaxProducerBytes  = 256
-	MaxHeaderBytes    = 8 << 10
+	MaxEventIDBytes   = spec.MaxEventIDBytes
+	MaxSourceBytes    = spec.MaxSourceBytes
+	MaxEventTypeBytes = spec.MaxEventTypeBytes
+	MaxProducerBytes  = spec.MaxProducerBytes
+	MaxHeaderBytes    = spec.MaxHeaderBytes
 )
 
 // ReservedEventIDPrefix starts no event id: a consumer keys a record that
 // breaks the envelope "malformed:<topic>:<topic id>:<partition>:<offset>"
 // (or, written before topic ids, "malformed:<topic>:<partition>:<offset>"), and a valid
 // event id must never collide with such a key.
-const ReservedEventIDPrefix = "malformed:"
-
-// traceparentRE is the W3C Trace Context shape of a traceparent (any
-// version; later versions may append fields).
-var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[0-9a-zA-Z._-]*)?$`)
-
-var reserved = map[string]bool{
-	HeaderEventID: true, HeaderSource: true, HeaderSeq: true,
-	HeaderEventType: true, HeaderContentType: true, HeaderTraceparent: true,
-	HeaderProducer: true,
-}
+const ReservedEventIDPrefix = spec.ReservedEventIDPrefix
 
 // CheckTracestate validates a W3C tracestate: at most 32 comma-separated
 // key=value list-members with distinct keys, in the W3C character sets, and
 // at most MaxTracestateBytes bytes.
-func CheckTracestate(ts string) error {
-	if len(ts) > MaxTracestateBytes {
-		return &FieldError{Field: HeaderTracestate, Reason: fmt.Sprintf("%d bytes is over the limit of %d", len(ts), MaxTracestateBytes)}
-	}
-	if _, err := trace.ParseTraceState(ts); err != nil {
-		return &FieldError{Field: HeaderTracestate, Reason: fmt.Sprintf("%q is not a W3C tracestate: %v", truncate(ts, 80), err)}
-	}
-	return nil
-}
+func CheckTracestate(ts string) error { return spec.CheckTracestate(ts) }
 
 // IsReserved reports whether name is one of the envelope's own headers, which
 // an event's extra headers may not use.
-func IsReserved(name string) bool { return reserved[strings.ToLower(name)] }
+func IsReserved(name string) bool { return spec.IsReserved(name) }
 
-// Envelope is one event as it travels on a topic.
+// CheckHeader validates one extra header.
+func CheckHeader(name, value string) error { return spec.CheckHeader(name, value) }
+
+// IsJSON reports whether a content type declares JSON (application/json or a
+// +json suffix type).
+func IsJSON(contentType string) bool { return spec.IsJSON(contentType) }
+
+// Envelope is one event as it travels on a topic. Its fields are
+// spec.Fields' (the conversion in Validate keeps the two alike).
 type Envelope struct {
 	EventID     string
 	Source      string
@@ -117,101 +107,11 @@ type Envelope struct {
 }
 
 // RecordKey is the key the record carries: Key, or the source when Key is empty.
-func (e *Envelope) RecordKey() []byte {
-	if len(e.Key) > 0 {
-		return e.Key
-	}
-	return []byte(e.Source)
-}
+func (e *Envelope) RecordKey() []byte { return (*spec.Fields)(e).RecordKey() }
 
 // Validate checks the fields the contract requires. maxPayload <= 0 means
 // DefaultMaxPayloadBytes.
-func (e *Envelope) Validate(maxPayload int) error {
-	if maxPayload <= 0 {
-		maxPayload = DefaultMaxPayloadBytes
-	}
-	if err := checkText(HeaderEventID, e.EventID, MaxEventIDBytes); err != nil {
-		return err
-	}
-	if strings.HasPrefix(e.EventID, ReservedEventIDPrefix) {
-		return &FieldError{Field: HeaderEventID, Reason: fmt.Sprintf("must not start with %q (reserved for the keys of records that break the envelope)", ReservedEventIDPrefix)}
-	}
-	if err := checkText(HeaderSource, e.Source, MaxSourceBytes); err != nil {
-		return err
-	}
-	if err := checkText(HeaderEventType, e.EventType, MaxEventTypeBytes); err != nil {
-		return err
-	}
-	if e.Seq <= 0 {
-		return &FieldError{Field: HeaderSeq, Reason: fmt.Sprintf("must be a positive integer, got %d", e.Seq)}
-	}
-	ct := e.ContentType
-	if ct == "" {
-		ct = ContentTypeJSON
-	}
-	if _, _, err := mime.ParseMediaType(ct); err != nil {
-		return &FieldError{Field: HeaderContentType, Reason: fmt.Sprintf("%q is not a media type: %v", ct, err)}
-	}
-	if len(e.Payload) > maxPayload {
-		return &FieldError{Field: "payload", Reason: fmt.Sprintf("%d bytes is over the limit of %d", len(e.Payload), maxPayload)}
-	}
-	if IsJSON(ct) && !json.Valid(e.Payload) {
-		return &FieldError{Field: "payload", Reason: fmt.Sprintf("content type is %s but the payload is not valid JSON", ct)}
-	}
-	if e.Traceparent != "" && !traceparentRE.MatchString(e.Traceparent) {
-		return &FieldError{Field: HeaderTraceparent, Reason: fmt.Sprintf("%q is not a W3C traceparent", truncate(e.Traceparent, 80))}
-	}
-	if e.Producer != "" {
-		if err := checkText(HeaderProducer, e.Producer, MaxProducerBytes); err != nil {
-			return err
-		}
-	}
-	for k, v := range e.Headers {
-		if err := CheckHeader(k, v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// CheckHeader validates one extra header.
-func CheckHeader(name, value string) error {
-	switch {
-	case name == "":
-		return &FieldError{Field: "headers", Reason: "a header name is empty"}
-	case IsReserved(name):
-		return &FieldError{Field: "headers", Reason: fmt.Sprintf("%q is reserved by the envelope", name)}
-	case !utf8.ValidString(name) || !utf8.ValidString(value):
-		return &FieldError{Field: "headers", Reason: fmt.Sprintf("header %q is not valid UTF-8", name)}
-	case len(name)+len(value) > MaxHeaderBytes:
-		return &FieldError{Field: "headers", Reason: fmt.Sprintf("header %q is over %d bytes", name, MaxHeaderBytes)}
-	}
-	return nil
-}
-
-// IsJSON reports whether a content type declares JSON (application/json or a
-// +json suffix type).
-func IsJSON(contentType string) bool {
-	mt, _, err := mime.ParseMediaType(contentType)
-	if err != nil {
-		return false
-	}
-	return mt == ContentTypeJSON || strings.HasSuffix(mt, "+json")
-}
-
-func checkText(field, v string, limit int) error {
-	switch {
-	case v == "":
-		return &FieldError{Field: field, Reason: "is missing or empty"}
-	case len(v) > limit:
-		return &FieldError{Field: field, Reason: fmt.Sprintf("%d bytes is over the limit of %d", len(v), limit)}
-	case !utf8.ValidString(v):
-		return &FieldError{Field: field, Reason: "is not valid UTF-8"}
-	case strings.ContainsAny(v, "\x00\n\r"):
-		return &FieldError{Field: field, Reason: "contains a control character"}
-	}
-	return nil
-}
+func (e *Envelope) Validate(maxPayload int) error { return (*spec.Fields)(e).Validate(maxPayload) }
 
 // Record lays the envelope out on a Kafka record for topic.
 func (e *Envelope) Record(topic string) *kgo.Record {
@@ -254,7 +154,7 @@ func Decode(r *kgo.Record, maxPayload int) (Envelope, error) {
 	var seqText string
 	for _, h := range r.Headers {
 		name := strings.ToLower(h.Key)
-		if reserved[name] {
+		if spec.IsReserved(name) {
 			if seen[name] {
 				return e, malformed(r, name, "appears more than once")
 			}
@@ -303,7 +203,7 @@ func Decode(r *kgo.Record, maxPayload int) (Envelope, error) {
 	}
 	// A traceparent that is not W3C-shaped loses the trace link, not the
 	// event: it is dropped rather than dead-lettering the record.
-	if e.Traceparent != "" && !traceparentRE.MatchString(e.Traceparent) {
+	if e.Traceparent != "" && !spec.IsTraceparent(e.Traceparent) {
 		e.Traceparent = ""
 	}
 	if err := e.Validate(maxPayload); err != nil {

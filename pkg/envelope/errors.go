@@ -1,14 +1,13 @@
 package envelope
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/onceflow/onceflow/pkg/envelope/spec"
+)
 
 // FieldError says which envelope field is invalid and why.
-type FieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
+type FieldError = spec.FieldError
 
 // MalformedError is a record that breaks the envelope contract. It names the
 // record's position so that an operator can find it.
@@ -27,11 +26,4 @@ func (e *MalformedError) Error() string {
 // PayloadError is a payload that violates the JSON Schema declared for its
 // event type. Violation is the validator's description (instance locations
 // and what failed).
-type PayloadError struct {
-	EventType string
-	Violation string
-}
-
-func (e *PayloadError) Error() string {
-	return fmt.Sprintf("payload of event type %s violates its schema: %s", e.EventType, e.Violation)
-}
+type PayloadError = spec.PayloadError

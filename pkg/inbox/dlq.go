@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/envelope"
 	"github.com/onceflow/onceflow/pkg/inbox/status"
 	"github.com/onceflow/onceflow/pkg/seqguard"
@@ -40,7 +40,7 @@ type DeadLetter struct {
 
 // ListDeadLetters returns up to limit dead and held rows of consumer, oldest
 // first. FindDeadLetters does the same with a filter.
-func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, consumer string, limit int) ([]DeadLetter, error) {
+func ListDeadLetters(ctx context.Context, pool dbtx.DB, consumer string, limit int) ([]DeadLetter, error) {
 	return FindDeadLetters(ctx, pool, consumer, DeadLetterFilter{}, limit)
 }
 
@@ -78,7 +78,7 @@ type ReplayConfig struct {
 	Handler   BatchHandler
 	MaxParked int
 	// Pool is the database holding onceflow.inbox (required).
-	Pool *pgxpool.Pool
+	Pool dbtx.DB
 }
 
 // guardConfig is the Config the sequence guard of a replay reads.
@@ -88,7 +88,7 @@ func (c ReplayConfig) guardConfig() Config {
 }
 
 // Replay is ReplayConfig.Replay with the guard's default settings.
-func Replay(ctx context.Context, pool *pgxpool.Pool, consumer string, h BatchHandler, eventID string) (ReplayResult, error) {
+func Replay(ctx context.Context, pool dbtx.DB, consumer string, h BatchHandler, eventID string) (ReplayResult, error) {
 	return ReplayConfig{ConsumerName: consumer, Handler: h, Pool: pool}.Replay(ctx, eventID)
 }
 

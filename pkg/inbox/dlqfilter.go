@@ -3,13 +3,14 @@ package inbox
 import (
 	"context"
 	"fmt"
-	"github.com/onceflow/onceflow/pkg/inbox/status"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/dbtx"
+	"github.com/onceflow/onceflow/pkg/inbox/status"
+
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DeadLetterFilter selects dead and held inbox rows of one consumer. Empty
@@ -126,17 +127,17 @@ func likePattern(glob string) string {
 
 // FindDeadLetters returns up to limit dead and held rows of consumer that
 // match f, oldest first. Each row carries its error key and group id.
-func FindDeadLetters(ctx context.Context, pool *pgxpool.Pool, consumer string, f DeadLetterFilter, limit int) ([]DeadLetter, error) {
+func FindDeadLetters(ctx context.Context, pool dbtx.DB, consumer string, f DeadLetterFilter, limit int) ([]DeadLetter, error) {
 	return findDead(ctx, pool, qFindDead, consumer, f, limit)
 }
 
 // DeadLettersInReplayOrder returns up to limit rows matching f in the order
 // a bulk replay applies them: grouped by source, each source's by seq.
-func DeadLettersInReplayOrder(ctx context.Context, pool *pgxpool.Pool, consumer string, f DeadLetterFilter, limit int) ([]DeadLetter, error) {
+func DeadLettersInReplayOrder(ctx context.Context, pool dbtx.DB, consumer string, f DeadLetterFilter, limit int) ([]DeadLetter, error) {
 	return findDead(ctx, pool, qFindDeadReplayOrder, consumer, f, limit)
 }
 
-func findDead(ctx context.Context, pool *pgxpool.Pool, query, consumer string, f DeadLetterFilter, limit int) ([]DeadLetter, error) {
+func findDead(ctx context.Context, pool dbtx.DB, query, consumer string, f DeadLetterFilter, limit int) ([]DeadLetter, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
@@ -157,7 +158,7 @@ func findDead(ctx context.Context, pool *pgxpool.Pool, query, consumer string, f
 }
 
 // CountDeadLetters counts the rows matching f and their distinct sources.
-func CountDeadLetters(ctx context.Context, pool *pgxpool.Pool, consumer string, f DeadLetterFilter) (events, sources int, err error) {
+func CountDeadLetters(ctx context.Context, pool dbtx.DB, consumer string, f DeadLetterFilter) (events, sources int, err error) {
 	if err := f.Validate(); err != nil {
 		return 0, 0, err
 	}
@@ -189,7 +190,7 @@ type DeadLetterGroup struct {
 
 // GroupDeadLetters groups the rows matching f by status and error key,
 // biggest group first, at most limit groups.
-func GroupDeadLetters(ctx context.Context, pool *pgxpool.Pool, consumer string, f DeadLetterFilter, limit int) ([]DeadLetterGroup, error) {
+func GroupDeadLetters(ctx context.Context, pool dbtx.DB, consumer string, f DeadLetterFilter, limit int) ([]DeadLetterGroup, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/pkg/seqguard"
+	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
 // ProcessedRow is a processed inbox row as retention (pkg/retention) sees
@@ -41,7 +41,7 @@ SELECT event_type, (extract(epoch FROM now() - min(received_at)) * 1e6)::bigint
 // ScanProcessed returns up to limit processed rows of consumer received
 // before before and after the cursor (afterAt, afterID), in (received_at,
 // event_id) order; late rows are never returned.
-func ScanProcessed(ctx context.Context, db seqguard.Querier, consumer string, before, afterAt time.Time, afterID string, limit int) ([]ProcessedRow, error) {
+func ScanProcessed(ctx context.Context, db dbtx.DB, consumer string, before, afterAt time.Time, afterID string, limit int) ([]ProcessedRow, error) {
 	rows, err := db.Query(ctx, qScanProcessed, consumer, before, afterAt, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("scan inbox: %w", err)
@@ -55,7 +55,7 @@ func ScanProcessed(ctx context.Context, db seqguard.Querier, consumer string, be
 
 // DeleteProcessed deletes consumer's rows of eventIDs that are still
 // processed and not late, and returns how many it deleted.
-func DeleteProcessed(ctx context.Context, db seqguard.Querier, consumer string, eventIDs []string) (int64, error) {
+func DeleteProcessed(ctx context.Context, db dbtx.DB, consumer string, eventIDs []string) (int64, error) {
 	tag, err := db.Exec(ctx, qDeleteProcessed, consumer, eventIDs)
 	if err != nil {
 		return 0, fmt.Errorf("prune inbox: %w", err)
@@ -67,7 +67,7 @@ func DeleteProcessed(ctx context.Context, db seqguard.Querier, consumer string, 
 // processed row on the database's clock. It reads one aggregate over the
 // consumer's processed rows (a scan: run it at a pruning interval, not more
 // often).
-func OldestProcessed(ctx context.Context, db seqguard.Querier, consumer string) (map[string]time.Duration, error) {
+func OldestProcessed(ctx context.Context, db dbtx.DB, consumer string) (map[string]time.Duration, error) {
 	rows, err := db.Query(ctx, qOldestProcessed, consumer)
 	if err != nil {
 		return nil, fmt.Errorf("oldest inbox rows: %w", err)

@@ -1,27 +1,12 @@
-// Package outbox writes events into onceflow's transactional outbox and
-// publishes them to Kafka.
+// Package outbox writes events into onceflow's transactional outbox: it is
+// the producer API.
 //
 // Producers call Enqueue (or EnqueueBatch) inside their own pgx transaction:
 // the event is published if and only if that transaction commits. Each event
 // gets a per-source seq that is gap-free and, per source, in commit order.
 // Producers in other languages call the SQL function onceflow.enqueue.
 //
-// A Relay polls unpublished rows in id order, publishes each batch in one
-// Kafka transaction together with a checkpoint record naming the batch's
-// outbox ids, and then marks the rows published. Only the relay holding its
-// shard's lease (onceflow.relay_lease) publishes; others stand by and take
-// over when the lease expires. A restarted or newly elected relay re-creates
-// its producer under the same transactional.id, which fences the old one,
-// and marks the ids of the last committed checkpoint before polling again,
-// so a read_committed reader sees every committed event exactly once and each
-// source in seq order.
-//
-// Relays of many databases may share one Kafka cluster: the default
-// transactional.id and the checkpoint key derive from the database's
-// identity (onceflow.database_identity), every checkpoint carries it, and a
-// checkpoint is used only once proven to be this database's, row by row;
-// otherwise Run stops with an *IdentityError naming the fix. A row Kafka
-// refuses for good is set aside (onceflow.outbox_set_aside, see ListSetAside,
-// RetrySetAside, SkipSetAside): only its source waits behind it.
-// docs/relay.md explains the design and its trade-offs.
+// The package links only pgx, the envelope's rules and OpenTelemetry's
+// trace API. Publishing the outbox to Kafka is the relay's job (package
+// relay); docs/relay.md explains the design and its trade-offs.
 package outbox

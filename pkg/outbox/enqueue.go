@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/envelope/spec"
 )
 
 // Message is one event to enqueue.
@@ -60,13 +60,13 @@ type Result struct {
 
 // Writer enqueues events. The zero value is ready to use.
 type Writer struct {
-	// MaxPayloadBytes bounds a payload (default envelope.DefaultMaxPayloadBytes, 1 MiB).
+	// MaxPayloadBytes bounds a payload (default spec.DefaultMaxPayloadBytes, 1 MiB).
 	MaxPayloadBytes int
 	// PayloadSchemas, when set, refuses a payload that violates the JSON
-	// Schema declared for its event type (envelope.LoadPayloadSchemas); the
-	// *envelope.PayloadError names the violation. Types without a schema
+	// Schema declared for its event type (spec.LoadPayloadSchemas); the
+	// *spec.PayloadError names the violation. Types without a schema
 	// pass. Default: none.
-	PayloadSchemas *envelope.PayloadSchemas
+	PayloadSchemas *spec.PayloadSchemas
 	// TracerProvider makes the "enqueue" span of each call (see
 	// docs/tracing.md). Default: the global provider (otel.GetTracerProvider).
 	TracerProvider trace.TracerProvider
@@ -183,7 +183,7 @@ func (w Writer) args(msg Message) ([]any, error) {
 	if err := CheckTopic(msg.Topic); err != nil {
 		return nil, err
 	}
-	env := envelope.Envelope{
+	env := spec.Fields{
 		EventID:     msg.EventID,
 		Source:      msg.Source,
 		Seq:         1, // allocated by the statement
@@ -207,23 +207,23 @@ func (w Writer) args(msg Message) ([]any, error) {
 		msg.Payload = []byte{}
 	}
 	tracestate := msg.Tracestate
-	if v, ok := msg.Headers[envelope.HeaderTracestate]; ok {
+	if v, ok := msg.Headers[spec.HeaderTracestate]; ok {
 		if tracestate != "" {
-			return nil, &FieldError{Field: envelope.HeaderTracestate, Reason: "is set both as Tracestate and in Headers"}
+			return nil, &FieldError{Field: spec.HeaderTracestate, Reason: "is set both as Tracestate and in Headers"}
 		}
 		tracestate = v
 	}
 	if tracestate != "" {
 		if msg.Traceparent == "" {
-			return nil, &FieldError{Field: envelope.HeaderTracestate, Reason: "needs a traceparent"}
+			return nil, &FieldError{Field: spec.HeaderTracestate, Reason: "needs a traceparent"}
 		}
-		if err := envelope.CheckTracestate(tracestate); err != nil {
+		if err := spec.CheckTracestate(tracestate); err != nil {
 			return nil, err
 		}
 	}
 	ct := msg.ContentType
 	if ct == "" {
-		ct = envelope.ContentTypeJSON
+		ct = spec.ContentTypeJSON
 	}
 	var hs map[string]string
 	if len(msg.Headers) > 0 || msg.Traceparent != "" {
@@ -232,10 +232,10 @@ func (w Writer) args(msg Message) ([]any, error) {
 			hs[k] = v
 		}
 		if msg.Traceparent != "" {
-			hs[envelope.HeaderTraceparent] = msg.Traceparent
+			hs[spec.HeaderTraceparent] = msg.Traceparent
 		}
 		if tracestate != "" {
-			hs[envelope.HeaderTracestate] = tracestate
+			hs[spec.HeaderTracestate] = tracestate
 		}
 	}
 	headers := []byte("{}")

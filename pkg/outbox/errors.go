@@ -6,17 +6,12 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/envelope/spec"
 )
 
 // ErrDuplicateEventID is matched (errors.Is) by a *DuplicateEventError.
 var ErrDuplicateEventID = errors.New("event id already exists")
-
-// ErrLeadershipLost is returned inside the engine when the lease could not be
-// renewed in time; the relay stops publishing and goes back to standby.
-var ErrLeadershipLost = errors.New("relay leadership lost")
 
 // DuplicateEventError is returned by Enqueue when the given EventID is already
 // in the outbox. The statement failed with a unique violation, so the
@@ -35,27 +30,7 @@ func (e *DuplicateEventError) Is(target error) bool { return target == ErrDuplic
 
 // FieldError is an invalid Message field, refused before anything is written.
 // It is the envelope's error type: the field names are the contract's.
-type FieldError = envelope.FieldError
-
-// TopicError is a topic that Config.TopicCheck refused. The relay sets the
-// row aside (reason topic_contract) and tries it again later by itself; only
-// its source waits. It counts the error under kind "topic".
-type TopicError struct {
-	Topic string
-	Err   error
-}
-
-func (e *TopicError) Error() string { return fmt.Sprintf("topic %q: %v", e.Topic, e.Err) }
-
-func (e *TopicError) Unwrap() error { return e.Err }
-
-// ConfigError names the Config field that is invalid.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string { return fmt.Sprintf("outbox config: %s %s", e.Field, e.Reason) }
+type FieldError = spec.FieldError
 
 // SQLSTATEs the package interprets.
 const (
@@ -97,31 +72,3 @@ func duplicateKey(detail string) string {
 	v, _, _ = strings.Cut(v, ") already exists")
 	return v
 }
-
-// isTopicMissing reports whether a produce error means the topic is absent.
-func isTopicMissing(err error) bool {
-	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
-}
-
-// IdentityError stops the relay (Run returns it): it cannot prove that the
-// database it runs against, or a checkpoint it read, is the one it belongs
-// to, so using it could mark rows published that never were. Problem says
-// what was found, Fix what an operator does about it.
-type IdentityError struct {
-	Problem string
-	Fix     string
-}
-
-func (e *IdentityError) Error() string { return e.Problem + ". Fix: " + e.Fix }
-
-// ErrSetAsideNotFound means no open set-aside entry has that outbox id.
-var ErrSetAsideNotFound = errors.New("no open set-aside row with that outbox id")
-
-// ErrRetryDue means the set-aside row is being retried (its retry time has
-// come): the relay may be publishing it right now, so it cannot be skipped.
-var ErrRetryDue = errors.New("a retry of the row is due or running: wait until it is published or set aside again")
-
-// ErrTopicRefused is what a Config.TopicCheck error wraps to say that the
-// topic itself is wrong (it breaks its contract), as opposed to the check
-// failing to run: the relay then sets the row aside instead of retrying it.
-var ErrTopicRefused = errors.New("topic refused")

@@ -16,7 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/relay/admin"
 )
 
 // lockClass is the first key of the pruning try-lock: the class of the
@@ -315,17 +315,17 @@ const (
 //     than its ResolvedSetAsideTTL (every consumer's pruner may delete
 //     these: they are not per consumer), by the database's clock whatever
 //     o.Now says, through onceflow.prune_admin_audit (qPruneAudit) and
-//     outbox.PruneSetAside.
+//     admin.PruneSetAside.
 //
 // Who prunes published outbox rows: the relay, always, once they are older
-// than its retention (outbox.Config.Retention, `relay -retention`), whatever
+// than its retention (relay.Config.Retention, `relay -retention`), whatever
 // their class; Prune may delete them sooner, when their class's TTL is
 // shorter and its role may delete outbox rows (else it leaves them and sets
 // Stats.OutboxNotPermitted). A permanent class therefore protects inbox and effects rows, never
 // outbox rows: the outbox is a queue, the inbox is the dedup record. The
 // statements are each table's own package's: inbox.ScanProcessed and
-// inbox.DeleteProcessed, effects.DeleteDone, outbox.ScanPublished and
-// outbox.DeletePublished.
+// inbox.DeleteProcessed, effects.DeleteDone, admin.ScanPublished and
+// admin.DeletePublished.
 //
 // Only one replica prunes a consumer at a time (a try-lock: a second Prune
 // returns Skipped). onceflow.seq_state is never touched: a redelivery of a pruned
@@ -382,7 +382,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 	}
 	if r.setAsideTTL > 0 {
 		err := batches(ctx, &p, &st.SetAside, func(ctx context.Context) (int64, error) {
-			return outbox.PruneSetAside(ctx, conn, r.setAsideTTL, p.batch)
+			return admin.PruneSetAside(ctx, conn, r.setAsideTTL, p.batch)
 		})
 		if err != nil {
 			return st, fmt.Errorf("retention: %w", err)
@@ -469,7 +469,7 @@ func pruneEvents(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer stri
 	}
 	err = keyset(ctx, p,
 		func(ctx context.Context, before, afterAt time.Time, afterID int64) ([]candidate[int64], error) {
-			rows, err := outbox.ScanPublished(ctx, conn, before, afterAt, afterID, p.batch)
+			rows, err := admin.ScanPublished(ctx, conn, before, afterAt, afterID, p.batch)
 			out := make([]candidate[int64], len(rows))
 			for i, r := range rows {
 				out[i] = candidate[int64]{key: r.ID, eventType: r.EventType, at: r.PublishedAt}
@@ -477,7 +477,7 @@ func pruneEvents(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer stri
 			return out, err
 		},
 		func(ctx context.Context, ids []int64) error {
-			n, err := outbox.DeletePublished(ctx, conn, ids)
+			n, err := admin.DeletePublished(ctx, conn, ids)
 			st.Outbox += n
 			return err
 		})

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
 // Column is a column name and the value to write to it.
@@ -105,7 +107,7 @@ func (o Overwrite) args(seq int64) []any {
 // Update overwrites the existing row with the state of seq if the row's seq
 // is lower, and reports whether it did (false: the row is missing or
 // already at seq or newer).
-func (o Overwrite) Update(ctx context.Context, q Querier, seq int64) (bool, error) {
+func (o Overwrite) Update(ctx context.Context, q dbtx.DB, seq int64) (bool, error) {
 	if err := o.check(); err != nil {
 		return false, err
 	}
@@ -118,7 +120,7 @@ func (o Overwrite) Update(ctx context.Context, q Querier, seq int64) (bool, erro
 
 // Upsert inserts the row, or overwrites it if its seq is lower, and reports
 // whether it wrote (false: the row is already at seq or newer).
-func (o Overwrite) Upsert(ctx context.Context, q Querier, seq int64) (bool, error) {
+func (o Overwrite) Upsert(ctx context.Context, q dbtx.DB, seq int64) (bool, error) {
 	if err := o.check(); err != nil {
 		return false, err
 	}

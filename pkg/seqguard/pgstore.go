@@ -12,15 +12,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/inbox/status"
 )
 
-// Querier runs statements: pgx.Tx, *pgx.Conn and *pgxpool.Pool all are one.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// Querier is a PostgreSQL handle.
+//
+// Deprecated: use dbtx.DB.
+type Querier = dbtx.DB
 
 // Event is an event as the guard needs it. For the event passed to Receive
 // EventID, Source and Seq are required, and Producer and Topic name its
@@ -113,6 +112,10 @@ type Locked struct {
 	// dirty are streams whose cached last_applied is not written yet
 	// (DeferInOrder).
 	dirty map[Stream]bool
+	// stored is each stream's start, last_applied and first seq as the
+	// database has them (loaded with the lock, then as written): what a
+	// write moves on from.
+	stored map[Stream]State
 }
 
 // Lock locks the seq_state rows of streams (creating missing ones) in
@@ -135,7 +138,8 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, streams []Stream, now tim
 	b := &pgx.Batch{}
 	b.Queue(qEnsureState, c, srcs, prods, topics, now)
 	b.Queue(qCustomPlans)
-	b.Queue(qLockState, c, srcs, prods, topics).Query(func(rows pgx.Rows) error {
+	b.Queue(qLockState, c, srcs, prods, topics)
+	b.Queue(qReadState, c, srcs, prods, topics).Query(func(rows pgx.Rows) error {
 		return l.scanLockedStates(rows, func(k Stream, st State) { states[k] = st })
 	})
 	b.Queue(qRestorePlans)
@@ -153,6 +157,7 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, streams []Stream, now tim
 		}
 	}
 	l.states = states
+	l.remember()
 	return l, nil
 }
 
@@ -213,19 +218,46 @@ func (l *Locked) Flush(ctx context.Context) error {
 		keys = append(keys, k)
 	}
 	slices.SortFunc(keys, compareStreams)
-	lasts := make([]int64, len(keys))
-	firsts := make([]int64, len(keys))
-	for i, k := range keys {
-		lasts[i] = l.states[k].LastApplied
-		firsts[i] = l.states[k].First
+	var floor, moved []Stream
+	for _, k := range keys {
+		switch l.saveOf(k, l.states[k]) {
+		case saveFloor:
+			floor = append(floor, k)
+		case saveAppend:
+			moved = append(moved, k)
+		}
 	}
-	srcs, prods, topics := streamArrays(keys)
-	ct, err := l.tx.Exec(ctx, qSaveStates, l.store.Consumer, srcs, prods, topics, lasts, firsts, l.clock())
-	if err != nil {
-		return fmt.Errorf("save seq state: %w", err)
+	if len(floor) > 0 {
+		lasts := make([]int64, len(floor))
+		firsts := make([]int64, len(floor))
+		for i, k := range floor {
+			lasts[i] = l.states[k].LastApplied
+			firsts[i] = l.states[k].First
+		}
+		srcs, prods, topics := streamArrays(floor)
+		ct, err := l.tx.Exec(ctx, qSaveStates, l.store.Consumer, srcs, prods, topics, lasts, firsts, l.clock())
+		if err != nil {
+			return fmt.Errorf("save seq state: %w", err)
+		}
+		if ct.RowsAffected() != int64(len(floor)) {
+			return fmt.Errorf("save seq state: %d rows changed, want %d", ct.RowsAffected(), len(floor))
+		}
 	}
-	if ct.RowsAffected() != int64(len(keys)) {
-		return fmt.Errorf("save seq state: %d rows changed, want %d", ct.RowsAffected(), len(keys))
+	if len(moved) > 0 {
+		lasts := make([]int64, len(moved))
+		prevs := make([]int64, len(moved))
+		for i, k := range moved {
+			lasts[i] = l.states[k].LastApplied
+			prevs[i] = l.stored[k].LastApplied
+		}
+		srcs, prods, topics := streamArrays(moved)
+		if _, err := l.tx.Exec(ctx, qAppendApplieds, l.store.Consumer, srcs, prods, topics, lasts, prevs); err != nil {
+			return fmt.Errorf("save seq state: %w", err)
+		}
+	}
+	for _, k := range keys {
+		st := l.states[k]
+		l.stored[k] = State{Started: st.Started, LastApplied: st.LastApplied, First: st.First}
 	}
 	l.dirty = nil
 	return nil
@@ -254,13 +286,23 @@ func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error 
 		srcs, prods, topics := streamArrays(keys)
 		b := &pgx.Batch{}
 		b.Queue(qCustomPlans)
-		b.Queue(qLockState, c, srcs, prods, topics).Query(scan)
+		b.Queue(qLockState, c, srcs, prods, topics)
+		b.Queue(qReadState, c, srcs, prods, topics).Query(scan)
 		b.Queue(qRestorePlans)
 		err = l.tx.SendBatch(ctx, b).Close()
 	} else {
+		// One stream, skipped when another transaction holds it; read
+		// once locked.
+		var got []string
 		var rows pgx.Rows
 		if rows, err = l.tx.Query(ctx, lockSQL, c, keys[0].Source, keys[0].Producer, keys[0].Topic); err == nil {
-			err = scan(rows)
+			got, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err == nil && len(got) == 1 {
+			srcs, prods, topics := streamArrays(keys[:1])
+			if rows, err = l.tx.Query(ctx, qReadState, c, srcs, prods, topics); err == nil {
+				err = scan(rows)
+			}
 		}
 	}
 	if err != nil {
@@ -290,7 +332,39 @@ func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error 
 	}
 	l.streams = locked
 	l.states = states
+	l.remember()
 	return nil
+}
+
+// remember records the loaded states as what the database has.
+func (l *Locked) remember() {
+	l.stored = make(map[Stream]State, len(l.states))
+	for k, st := range l.states {
+		l.stored[k] = State{Started: st.Started, LastApplied: st.LastApplied, First: st.First}
+	}
+}
+
+// saveKind is how a stream's new state reaches the database.
+type saveKind int
+
+const (
+	saveNone   saveKind = iota
+	saveFloor           // seq_state: the stream starts, or first_seq is set
+	saveAppend          // seq_applied: last_applied moves on
+)
+
+// saveOf says how next reaches the database, given what it has.
+func (l *Locked) saveOf(k Stream, next State) saveKind {
+	had := l.stored[k]
+	switch {
+	case !next.Started:
+		return saveNone
+	case !had.Started || had.First != next.First:
+		return saveFloor
+	case had.LastApplied != next.LastApplied:
+		return saveAppend
+	}
+	return saveNone
 }
 
 // Receive runs the guard for a new event (its inbox row already inserted by
@@ -452,17 +526,21 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 			return err
 		})
 	}
-	if next.Started != prev.Started || next.LastApplied != prev.LastApplied || l.dirty[k] {
+	switch l.saveOf(k, next) {
+	case saveFloor:
 		var first any
 		if next.First > 0 {
 			first = next.First
 		}
 		b.Queue(qSaveState, c, src, next.LastApplied, now, first, prod, topic).Exec(one("save seq state"))
+	case saveAppend:
+		b.Queue(qAppendApplied, c, src, prod, topic, next.LastApplied, l.stored[k].LastApplied)
 	}
 	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
 		return Outcome{}, fmt.Errorf("seq guard %s: %w", k, err)
 	}
 	delete(l.dirty, k)
+	l.stored[k] = State{Started: next.Started, LastApplied: next.LastApplied, First: next.First}
 	for _, stp := range steps {
 		if stp.Kind != StepApply {
 			continue
@@ -551,7 +629,7 @@ type Stats struct {
 // Stats reads the gauges (onceflow_consumer_seq_open_gaps,
 // _seq_oldest_open_gap_age_seconds, _parked_events, _held_events). A zero
 // now measures the oldest gap's age on the database's clock.
-func (s *PGStore) Stats(ctx context.Context, q Querier, now time.Time) (Stats, error) {
+func (s *PGStore) Stats(ctx context.Context, q dbtx.DB, now time.Time) (Stats, error) {
 	var st Stats
 	var oldest *time.Time
 	var dbNow time.Time
@@ -592,7 +670,7 @@ type GapRecord struct {
 // ListGaps lists the open gaps and, when includeGivenUp is set, the
 // given-up gaps that are unresolved or were given up at or after since.
 // Open gaps come first; then by source and range.
-func (s *PGStore) ListGaps(ctx context.Context, q Querier, includeGivenUp bool, since time.Time) ([]GapRecord, error) {
+func (s *PGStore) ListGaps(ctx context.Context, q dbtx.DB, includeGivenUp bool, since time.Time) ([]GapRecord, error) {
 	rows, err := q.Query(ctx, qListGaps, s.Consumer, includeGivenUp, since)
 	if err != nil {
 		return nil, fmt.Errorf("list gaps: %w", err)
@@ -621,7 +699,7 @@ func (r GapRecord) Stream() Stream {
 // stream k lying within from..to and returns how many it resolved
 // (ErrGapNotFound when none). It changes no guard state: a given-up gap's
 // events are handled by the late policy whenever they arrive.
-func (s *PGStore) ResolveGap(ctx context.Context, q Querier, k Stream, from, to int64, note string, now time.Time) (int64, error) {
+func (s *PGStore) ResolveGap(ctx context.Context, q dbtx.DB, k Stream, from, to int64, note string, now time.Time) (int64, error) {
 	if note == "" {
 		return 0, errors.New("seqguard: resolve gap: a note is required")
 	}
@@ -682,7 +760,7 @@ func (s *PGStore) RequestGiveUp(ctx context.Context, q Querier, k Stream, from, 
 	return out, nil
 }
 
-// scanLockedStates reads the rows of qLockState (or a one-stream lock):
+// scanLockedStates reads the rows of qReadState:
 // each stream's state, the database's clock into l.dbNow, and the legacy
 // state a stream that has not started may adopt into l.legacy.
 func (l *Locked) scanLockedStates(rows pgx.Rows, each func(k Stream, st State)) error {

@@ -38,6 +38,11 @@ func legacy(sources ...string) []seqguard.Stream {
 	return out
 }
 
+// lastAppliedSQL is the last_applied of seq_state row s: the greater of its
+// floor and its newest seq_applied row.
+const lastAppliedSQL = `greatest(s.last_applied, (SELECT max(a.last_applied) FROM onceflow.seq_applied a
+    WHERE a.consumer = s.consumer AND a.source = s.source AND a.producer = s.producer AND a.topic = s.topic))`
+
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	return &bundle{db: testkit.NewDB(t), store: &seqguard.PGStore{Consumer: consumer}}
@@ -678,7 +683,7 @@ func TestPGStoreDeferInOrder(t *testing.T) {
 	last := func(q seqguard.Querier, src string) int64 {
 		t.Helper()
 		var n *int64
-		if err := q.QueryRow(ctx, `SELECT last_applied FROM onceflow.seq_state WHERE consumer = $1 AND source = $2`, consumer, src).Scan(&n); err != nil {
+		if err := q.QueryRow(ctx, `SELECT `+lastAppliedSQL+` FROM onceflow.seq_state s WHERE consumer = $1 AND source = $2`, consumer, src).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == nil {
@@ -813,8 +818,8 @@ func TestStreamAdoptsLegacyState(t *testing.T) {
 		t.Fatalf("R's first event 1 under legacy 3: applied %v, want 1", got)
 	}
 	var states []string
-	rows, err := pool.Query(context.Background(), `SELECT producer || ':' || topic || ':' || coalesce(last_applied::text, '-') || ':' || coalesce(first_seq::text, '-')
-		FROM onceflow.seq_state WHERE source = 's' ORDER BY producer, topic`)
+	rows, err := pool.Query(context.Background(), `SELECT producer || ':' || topic || ':' || coalesce((`+lastAppliedSQL+`)::text, '-') || ':' || coalesce(first_seq::text, '-')
+		FROM onceflow.seq_state s WHERE source = 's' ORDER BY producer, topic`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -884,5 +889,83 @@ func TestPGStoreRequestGiveUp(t *testing.T) {
 		if wantBy := map[bool]string{true: "alice via cli", false: ""}[r.Source == "acct-1" && r.To < 9]; r.GiveUpBy != wantBy {
 			t.Errorf("gap %s %d-%d: GiveUpBy %q, want %q", r.Source, r.From, r.To, r.GiveUpBy, wantBy)
 		}
+	}
+}
+
+// A snapshot held for long (an idle-in-transaction session, a report) keeps
+// every row version written after it. A stream's state must not cost more
+// to lock and move on as its history under such a snapshot grows: after
+// 2,000 moves of stream "long" the next event's transaction touches about
+// the buffers it touches after 10 moves of stream "short" (when
+// last_applied was an UPDATE of the seq_state row, each lock walked every
+// version kept since the snapshot). The buffers are the transaction's own
+// counts (pg_stat_get_xact_blocks_*), so the machine's load does not move
+// them.
+func TestPGStoreHeldSnapshotCostFlat(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	pool := b.db.Pool
+	holder, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	snap, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = snap.Rollback(ctx) }()
+	if _, err := snap.Exec(ctx, `SELECT count(*) FROM onceflow.seq_state`); err != nil {
+		t.Fatal(err)
+	}
+	move := func(src string, from, to int64) {
+		for seq := from; seq <= to; seq++ {
+			b.deliver(t, pool, at(0), def, event(src, seq))
+		}
+	}
+	// blocks delivers src's next seq and returns the buffers its
+	// transaction read from the onceflow tables and their indexes.
+	blocks := func(src string, seq int64) int64 {
+		t.Helper()
+		var n int64
+		// A connection of its own: a backend's counts include what it has
+		// not reported yet, so a pooled one would add earlier work.
+		conn, err := pgx.Connect(ctx, b.db.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			ev := event(src, seq)
+			if _, err := tx.Exec(ctx, `
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', now())`, consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset); err != nil {
+				return err
+			}
+			l, err := b.store.Lock(ctx, tx, []seqguard.Stream{ev.Stream()}, at(0))
+			if err != nil {
+				return err
+			}
+			if out, err := l.Receive(ctx, ev, at(0), def); err != nil || len(out.Apply) != 1 {
+				return fmt.Errorf("receive %d: %v %+v", seq, err, out)
+			}
+			return tx.QueryRow(ctx, `
+SELECT sum(pg_stat_get_xact_blocks_fetched(c.oid)) FROM pg_class c
+WHERE c.relnamespace = 'onceflow'::regnamespace AND c.relname IN
+    ('seq_state', 'seq_state_pkey', 'seq_applied', 'seq_applied_pkey', 'seq_gaps')`).Scan(&n)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	move("short", 1, 10)
+	short := blocks("short", 11)
+	move("long", 1, 2000)
+	long := blocks("long", 2001)
+	t.Logf("buffers read by one event's transaction: %d after 10 moves, %d after 2000 (a snapshot held throughout)", short, long)
+	if long > 2*short+10 {
+		t.Fatalf("one event's transaction read %d buffers after 2000 moves under a held snapshot, %d after 10: the cost grows with the history", long, short)
 	}
 }

@@ -21,27 +21,49 @@ ORDER BY k.source, k.producer, k.topic
 ON CONFLICT (consumer, source, producer, topic) DO NOTHING`
 
 	// Lock the seq_state rows in stream order (LockRows runs above the
-	// sort), with the database's clock (the transaction's now()). For a
-	// stream that has not started (NULL last_applied) of a producer, the
-	// last two columns are its source's legacy state, which the stream
-	// adopts if its first event is above it (docs/seqguard.md, "Streams and
-	// the upgrade"); the CASE reads the legacy row only for such a stream.
-	// It runs with a custom plan (qCustomPlans), never a generic one: see
-	// there.
+	// sort). The rows are only locked: the state is read by the next
+	// statement (qReadState), which takes its snapshot after every lock is
+	// held, so it sees what the transactions it waited for committed (a
+	// stream's last_applied lives in seq_applied too, which a FOR UPDATE of
+	// seq_state would read as of before the wait). It runs with a custom
+	// plan (qCustomPlans), never a generic one: see there.
 	qLockState = `
-SELECT s.source, s.producer, s.topic, s.last_applied, s.first_seq, now(),
-    CASE WHEN s.last_applied IS NULL AND s.producer <> '' THEN (
-        SELECT l.last_applied FROM onceflow.seq_state l
-        WHERE l.consumer = s.consumer AND l.source = s.source AND l.producer = '' AND l.topic = '') END,
-    CASE WHEN s.last_applied IS NULL AND s.producer <> '' THEN (
-        SELECT l.first_seq FROM onceflow.seq_state l
-        WHERE l.consumer = s.consumer AND l.source = s.source AND l.producer = '' AND l.topic = '') END
-FROM onceflow.seq_state s
+SELECT s.source FROM onceflow.seq_state s
 JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
     ON s.source = k.source AND s.producer = k.producer AND s.topic = k.topic
 WHERE s.consumer = $1
 ORDER BY s.source, s.producer, s.topic
 FOR UPDATE OF s`
+
+	// The locked streams' state, with the database's clock (the
+	// transaction's now()). A stream's last_applied is the greater of
+	// seq_state's floor and its newest seq_applied row. For a stream that has
+	// not started (neither) of a producer, the last two columns are its
+	// source's legacy state, which the stream adopts if its first event is
+	// above it (docs/seqguard.md, "Streams and the upgrade"); the CASE reads
+	// the legacy rows only for such a stream.
+	qReadState = `
+SELECT s.source, s.producer, s.topic, greatest(s.last_applied, a.last_applied), s.first_seq, now(),
+    CASE WHEN s.last_applied IS NULL AND a.last_applied IS NULL AND s.producer <> '' THEN (
+        SELECT greatest(l.last_applied, (SELECT max(la.last_applied) FROM onceflow.seq_applied la
+                WHERE la.consumer = l.consumer AND la.source = l.source AND la.producer = '' AND la.topic = ''))
+        FROM onceflow.seq_state l
+        WHERE l.consumer = s.consumer AND l.source = s.source AND l.producer = '' AND l.topic = '') END,
+    CASE WHEN s.last_applied IS NULL AND a.last_applied IS NULL AND s.producer <> '' THEN (
+        SELECT l.first_seq FROM onceflow.seq_state l
+        WHERE l.consumer = s.consumer AND l.source = s.source AND l.producer = '' AND l.topic = '') END
+FROM onceflow.seq_state s
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
+    ON s.source = k.source AND s.producer = k.producer AND s.topic = k.topic
+CROSS JOIN LATERAL (` + qAppliedOf + `) a
+WHERE s.consumer = $1
+ORDER BY s.source, s.producer, s.topic`
+
+	// qAppliedOf is the newest last_applied of seq_state row s in
+	// seq_applied (NULL: none): a backward scan of the primary key that stops
+	// at the first live entry, whatever an old snapshot keeps behind it.
+	qAppliedOf = `SELECT max(x.last_applied) AS last_applied FROM onceflow.seq_applied x
+    WHERE x.consumer = s.consumer AND x.source = s.source AND x.producer = s.producer AND x.topic = s.topic`
 
 	// qCustomPlans and qRestorePlans bracket qLockState in Lock's round trip.
 	// A prepared statement settles on a generic plan after five executions,
@@ -69,7 +91,7 @@ SELECT set_config('plan_cache_mode', current_setting('onceflow.seqguard_plan_cac
 	// The timer's lock: one stream, never waiting. A stream with an open gap
 	// has started or has parked events, so it adopts nothing (NULLs).
 	qLockStateSkipLocked = `
-SELECT source, producer, topic, last_applied, first_seq, now(), NULL::bigint, NULL::bigint FROM onceflow.seq_state
+SELECT source FROM onceflow.seq_state
 WHERE consumer = $1 AND source = $2 AND producer = $3 AND topic = $4
 FOR UPDATE SKIP LOCKED`
 
@@ -98,17 +120,44 @@ JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
 WHERE g.consumer = $1 AND g.state = 'open'
 ORDER BY g.source, g.producer, g.topic, g.from_seq`
 
-	// first_seq is written once, when the source starts ($5 NULL: unknown).
+	// seq_state's last_applied (the floor) and first_seq are written when a
+	// stream starts (or adopts its legacy state), and first_seq once ($5
+	// NULL: unknown). Later moves go to seq_applied (qAppendApplied).
 	qSaveState = `
 UPDATE onceflow.seq_state SET last_applied = $3, updated_at = $4, first_seq = coalesce(first_seq, $5)
 WHERE consumer = $1 AND source = $2 AND producer = $6 AND topic = $7`
 
-	// Locked.Flush: the deferred last_applied of several streams at once.
+	// Locked.Flush: the same for several streams at once.
 	qSaveStates = `
 UPDATE onceflow.seq_state s SET last_applied = u.last_applied, updated_at = $7,
     first_seq = coalesce(s.first_seq, nullif(u.first_seq, 0))
 FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) AS u(source, producer, topic, last_applied, first_seq)
 WHERE s.consumer = $1 AND s.source = u.source AND s.producer = u.producer AND s.topic = u.topic`
+
+	// A stream's last_applied moves from $6 to $5: the new value is
+	// inserted and the previous one deleted by its exact key (it may be
+	// absent: the previous value was seq_state's floor). Both find their
+	// entry by key, never by scanning a range an old snapshot fills with
+	// versions vacuum may not remove yet.
+	qAppendApplied = `
+WITH gone AS (
+    DELETE FROM onceflow.seq_applied
+    WHERE consumer = $1 AND source = $2 AND producer = $3 AND topic = $4 AND last_applied = $6 AND $6 <> $5)
+INSERT INTO onceflow.seq_applied (consumer, source, producer, topic, last_applied)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT DO NOTHING`
+
+	// Locked.Flush: the same for several streams at once.
+	qAppendApplieds = `
+WITH u AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) AS u(source, producer, topic, last_applied, prev)),
+gone AS (
+    DELETE FROM onceflow.seq_applied a USING u
+    WHERE a.consumer = $1 AND a.source = u.source AND a.producer = u.producer AND a.topic = u.topic
+      AND a.last_applied = u.prev AND u.prev <> u.last_applied)
+INSERT INTO onceflow.seq_applied (consumer, source, producer, topic, last_applied)
+SELECT $1, source, producer, topic, last_applied FROM u ORDER BY source, producer, topic
+ON CONFLICT DO NOTHING`
 
 	// The received event's inbox row (inserted by the consumer) becomes
 	// parked or held, keeping what is needed to apply it later. NULL headers

@@ -1,0 +1,155 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// housekeeper does a leader's chores beside the publisher: it keeps the
+// backlog metrics, prunes published rows, and turns the outbox's
+// notifications into wake-ups of the poll loop. It holds no state of its
+// own; its loops run for a term.
+type housekeeper struct {
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+	lay layout
+}
+
+// run runs the chores until held is cancelled (the term ends).
+func (h *housekeeper) run(held context.Context, wake chan<- struct{}, log *slog.Logger) {
+	var wg sync.WaitGroup
+	if h.cfg.Listen {
+		wg.Add(1)
+		go func() { defer wg.Done(); h.listen(held, wake, log) }()
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); h.every(held, h.cfg.StatsInterval, h.stats) }()
+	go func() { defer wg.Done(); h.every(held, h.cfg.PruneInterval, h.prune) }()
+	wg.Wait()
+}
+
+// listen turns notifications on notifyChannel into wake-ups of the poll
+// loop, reconnecting with backoff. It is only ever a hint.
+func (h *housekeeper) listen(ctx context.Context, wake chan<- struct{}, log *slog.Logger) {
+	bo := newBackoff(h.cfg.BackoffMax)
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := h.cfg.DB.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+				return err
+			}
+			defer func() {
+				// Leave the pooled connection as we found it.
+				uctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if _, err := conn.Exec(uctx, "UNLISTEN "+notifyChannel); err != nil {
+					conn.Conn().Close(uctx) //nolint:errcheck
+				}
+			}()
+			bo.Reset()
+			for {
+				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+					return err
+				}
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		h.m.errors.WithLabelValues(errKindPostgres).Inc()
+		log.WarnContext(ctx, "listen for outbox notifications", slog.Any("error", err))
+		_ = sleep(ctx, bo.NextBackOff())
+	}
+}
+
+func (h *housekeeper) every(ctx context.Context, d time.Duration, f func(context.Context) error) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		if err := f(ctx); err != nil && ctx.Err() == nil {
+			h.m.errors.WithLabelValues(errKindPostgres).Inc()
+			h.log.WarnContext(ctx, "relay housekeeping", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (h *housekeeper) stats(ctx context.Context) error {
+	var n, held, open int64
+	var age float64
+	q, args := h.lay.sharded(qStats, qStatsShard)
+	if err := h.cfg.DB.QueryRow(ctx, q, args...).Scan(&n, &held, &age, &open); err != nil {
+		return fmt.Errorf("count pending rows: %w", err)
+	}
+	h.m.pending.Set(float64(n))
+	h.m.held.Set(float64(held))
+	h.m.oldestAge.Set(age)
+	h.m.setAside.Set(float64(open))
+	if h.cfg.Shards > 1 {
+		// A shard nobody runs publishes nothing and its lag shows nowhere
+		// else: every leader reports it.
+		var leaderless int64
+		if err := h.cfg.DB.QueryRow(ctx, qLeaderlessShards, h.cfg.Shards).Scan(&leaderless); err != nil {
+			return fmt.Errorf("count shards without leader: %w", err)
+		}
+		h.m.leaderless.Set(float64(leaderless))
+	}
+	return nil
+}
+
+// prune deletes published rows older than the retention, whole publish
+// batches at a time (about PruneBatchRows rows per statement), at most 100
+// statements per call so that it yields to the publisher's connection use;
+// under steady load it keeps up as long as one call deletes more than
+// PruneInterval's worth of published rows. Every shard's leader prunes
+// whichever batches are due (a batch another is pruning is skipped).
+func (h *housekeeper) prune(ctx context.Context) error {
+	retention := max(h.cfg.Retention, 0).Seconds()
+	for range 100 {
+		var rows, batches int64
+		if err := h.cfg.DB.QueryRow(ctx, qPrune, retention, h.cfg.PruneBatchRows).Scan(&rows, &batches); err != nil {
+			return fmt.Errorf("prune outbox: %w", err)
+		}
+		h.m.pruned.Add(float64(rows))
+		if batches == 0 {
+			return nil
+		}
+	}
+	return nil
+}
+
+// reserveTopics registers the relay's checkpoint topic as reserved, so that
+// the database refuses events for it from every producer. A database
+// without onceflow.reserve_topic (not yet migrated) or a role without
+// EXECUTE on it is logged and tolerated: the relay still refuses such rows
+// itself (reservedRow).
+func (h *housekeeper) reserveTopics(ctx context.Context) {
+	if _, err := h.cfg.DB.Exec(ctx, qReserveTopic, h.cfg.CheckpointTopic, "relay checkpoints"); err != nil && ctx.Err() == nil {
+		var pe *pgconn.PgError
+		hint := ""
+		if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42501") {
+			hint = "run the migrations and deploy/sql/roles.sql: the database cannot refuse producers' events for the checkpoint topic until then"
+		}
+		h.log.WarnContext(ctx, "register the checkpoint topic as reserved", slog.String("topic", h.cfg.CheckpointTopic),
+			slog.Any("error", err), slog.String("fix", hint))
+	}
+}

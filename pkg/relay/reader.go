@@ -1,0 +1,229 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/dbtx"
+)
+
+// The sweep for unqueued rows. The trigger outbox_pending_insert queues
+// every inserted row, but only where ordinary triggers fire: a session with
+// session_replication_role = replica (logical replication's apply worker,
+// pg_restore --disable-triggers, pgloader) or a table whose triggers were
+// disabled (ALTER TABLE … DISABLE TRIGGER ALL) inserts rows the queue never
+// hears of. The leader finds them: a row in the outbox that is neither
+// queued (onceflow.outbox_pending) nor in the publish log
+// (onceflow.outbox_published) was never queued (a published row is in the
+// log until the row itself is pruned; a skipped or deleted row is gone). It
+// queues such rows, counts them and logs them, and publishes them like any
+// other.
+//
+// Two walks, each bounded:
+//   - the tail, before every poll that finds rows (and once a second when
+//     idle), in the poll's own snapshot: the ids above
+//     the highest id it saw the time before, less sweepMargin. A later row
+//     of a source is only visible once the source's earlier rows committed
+//     (a source's writers serialize on its counter), so a row found here is
+//     queued before the poll that could see its successors, and goes first
+//     (queue order is id order): per-source order holds for every unqueued
+//     row whose transaction ends before sweepMargin newer ids are visible;
+//   - the full walk, sweepChunk ids every sweepFullInterval, from the lowest
+//     id to the highest and round again: it finds what the tail missed (a
+//     transaction that stayed open longer, rows written before this leader
+//     started). A row it finds may come after later rows of its source that
+//     were already published: it is still published (never lost), and the
+//     relay logs it at ERROR as out of order.
+const (
+	sweepMargin       = 1000
+	sweepChunk        = 5000
+	sweepFullInterval = time.Second
+	sweepIdleInterval = time.Second
+)
+
+// reader reads a term's batches and sweeps for unqueued rows. A publisher
+// owns it; its sweep state lasts the term.
+type reader struct {
+	cfg Config
+	lay layout
+	m   *metrics
+	log *slog.Logger
+
+	tailFrom int64     // the tail walks ids above this; -1: not yet known
+	tailAt   time.Time // the last tail sweep
+	busy     bool      // the last poll found rows
+	fullFrom int64     // the full walk's next step starts above this
+	fullAt   time.Time
+}
+
+func newReader(cfg Config, lay layout, m *metrics, log *slog.Logger) *reader {
+	return &reader{cfg: cfg, lay: lay, m: m, log: log, tailFrom: -1}
+}
+
+// sweepResult is what one sweep statement did.
+type sweepResult struct {
+	found, minID, maxID, outOfOrder, maxSeen int64
+}
+
+// sweepRange queues the unqueued rows of this relay's shard with ids in
+// (lo, hi].
+func (rd *reader) sweepRange(ctx context.Context, q pgx.Tx, lo, hi int64) (sweepResult, error) {
+	var res sweepResult
+	sql, args := rd.lay.sharded(qSweep, qSweepShard, lo, hi)
+	err := q.QueryRow(ctx, sql, args...).Scan(&res.found, &res.minID, &res.maxID, &res.outOfOrder, &res.maxSeen)
+	return res, err
+}
+
+// next reads the next batch after sweeping: the tail always, a
+// full-walk step when due, both in the batch's REPEATABLE READ snapshot, so
+// that the batch holds no row the sweep could not see. An idle relay (the
+// last poll found nothing) first polls alone, and sweeps only when that
+// poll finds rows or sweepIdleInterval has passed: its idle polls stay one
+// statement.
+func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
+	now := time.Now()
+	if !rd.busy && now.Sub(rd.tailAt) < sweepIdleInterval {
+		rows, err := rd.fetch(ctx, rd.cfg.DB, exclude)
+		if err != nil || len(rows) == 0 {
+			return rows, err
+		}
+	}
+	var rows []row
+	err := pgx.BeginTxFunc(ctx, rd.cfg.DB, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		t0 := time.Now()
+		if rd.tailFrom < 0 {
+			// The first sweep of a tenure starts the tail just below the
+			// newest id; the full walk covers the rest.
+			var top int64
+			if err := tx.QueryRow(ctx, qOutboxMaxID).Scan(&top); err != nil {
+				return fmt.Errorf("sweep: read the newest outbox id: %w", err)
+			}
+			rd.tailFrom = max(0, top-sweepMargin)
+		}
+		tail, err := rd.sweepRange(ctx, tx, rd.tailFrom, math.MaxInt64-1) // -1: int8range(…, '(]') adds one
+		if err != nil {
+			return fmt.Errorf("sweep for unqueued rows: %w", err)
+		}
+		rd.report(ctx, "tail", tail)
+		if now.Sub(rd.fullAt) >= sweepFullInterval {
+			rd.fullAt = now
+			if rd.fullFrom >= tail.maxSeen {
+				rd.fullFrom = 0
+			}
+			full, err := rd.sweepRange(ctx, tx, rd.fullFrom, rd.fullFrom+sweepChunk)
+			if err != nil {
+				return fmt.Errorf("sweep for unqueued rows: %w", err)
+			}
+			rd.report(ctx, "full", full)
+			rd.fullFrom += sweepChunk
+		}
+		rd.m.sweepDuration.Observe(time.Since(t0).Seconds())
+		rows, err = rd.fetch(ctx, tx, exclude)
+		if err != nil {
+			return err
+		}
+		rd.tailFrom = max(rd.tailFrom, tail.maxSeen-sweepMargin)
+		rd.tailAt = now
+		return nil
+	})
+	rd.busy = err == nil && len(rows) > 0
+	return rows, err
+}
+
+// report counts and logs what a sweep found.
+func (rd *reader) report(ctx context.Context, walk string, res sweepResult) {
+	if res.found == 0 {
+		return
+	}
+	rd.m.unqueued.Add(float64(res.found))
+	attrs := []any{slog.String("walk", walk), slog.Int64("rows", res.found), slog.Int64("first_id", res.minID), slog.Int64("last_id", res.maxID)}
+	if res.outOfOrder > 0 {
+		rd.log.ErrorContext(ctx, "found outbox rows that were never queued (written while the outbox's triggers did not fire) "+
+			"after later rows of their sources: queued, they are published, but after those rows (docs/runbooks/RelayUnqueuedRows.md)",
+			append(attrs, slog.Int64("out_of_order", res.outOfOrder))...)
+		return
+	}
+	rd.log.WarnContext(ctx, "found outbox rows that were never queued (written while the outbox's triggers did not fire): queued for publishing "+
+		"(docs/runbooks/RelayUnqueuedRows.md)", attrs...)
+}
+
+// row is an outbox row as a batch holds it.
+type row struct {
+	id          int64
+	eventID     string
+	topic       string
+	source      string
+	seq         int64
+	eventType   string
+	contentType string
+	key         []byte
+	headers     map[string]string
+	payload     []byte
+	fp          uint32 // fingerprint(eventID)
+	retrying    bool   // a set-aside row being tried again
+	// size is what the row weighs against BatchMaxBytes (rowSize). A row
+	// over it is read without its payload, key and headers, and with its
+	// names cut: it is set aside unread (oversized).
+	size      int64
+	oversized bool
+}
+
+// fetch reads the next batch, bounded by BatchMaxRows and BatchMaxBytes:
+// the statement measures each row before reading it, so the relay never
+// holds more than BatchMaxBytes of rows, whatever a row's size (a row over
+// it comes without its values: oversized).
+func (rd *reader) fetch(ctx context.Context, tx dbtx.DB, exclude []int64) ([]row, error) {
+	if exclude == nil {
+		exclude = []int64{}
+	}
+	budget := int64(rd.cfg.BatchMaxBytes)
+	q, args := rd.lay.sharded(qSelectBatch, qSelectBatchShard, rd.cfg.BatchMaxRows, exclude, budget)
+	rs, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var out []row
+	for rs.Next() {
+		var w row
+		var hs []byte
+		if err := rs.Scan(&w.id, &w.eventID, &w.topic, &w.source, &w.seq, &w.eventType, &w.contentType, &w.key, &hs, &w.payload, &w.retrying, &w.size); err != nil {
+			return nil, err
+		}
+		w.fp = fingerprint(w.eventID)
+		if w.size > budget {
+			w.oversized = true
+			out = append(out, w)
+			continue
+		}
+		if len(hs) > 2 {
+			if err := json.Unmarshal(hs, &w.headers); err != nil {
+				return nil, fmt.Errorf("outbox row %d: headers: %w", w.id, err)
+			}
+		}
+		out = append(out, w)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b row) int { return cmp.Compare(a.id, b.id) })
+	// The statement ends the batch at the budget already.
+	var bytes int64
+	for i, w := range out {
+		if !w.oversized {
+			bytes += w.size
+		}
+		if i > 0 && bytes > budget {
+			return out[:i], nil
+		}
+	}
+	return out, nil
+}
