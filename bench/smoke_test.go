@@ -39,6 +39,11 @@ func TestBenchSmoke(t *testing.T) {
 		{"consumer", func(t *testing.T) { consumerDrain(t, rep, sz.ConsumerEvents, false) },
 			[]string{"ceiling: raw franz-go consume", "ceiling: raw batched inbox insert", "consumer drain (sql upsert handler)",
 				"ceiling: inbox insert + sql handler statement", "consumer drain (sql upsert handler) vs raw inbox insert"}},
+		{"slow-handler", func(t *testing.T) {
+			for _, s := range slowHandlerSizes(t, true) {
+				slowHandler(t, rep, s)
+			}
+		}, []string{"slow handler 200ms: today (concurrency 1)", "slow handler 200ms: concurrency 100", "slow handler 200ms: PostgreSQL connections in use"}},
 		{"pipeline", func(t *testing.T) { pipeline(t, rep, sz) },
 			[]string{"pipeline drain", "peak RSS: relay binary, pipeline run", "peak RSS: consumer binary, pipeline run", "CPU per 1M events: relay", "CPU per 1M events: consumer", "CPU per 1M events: postgres", "CPU per 1M events: kafka",
 				"e2e latency @ 1000 ev/s p50", "e2e latency @ 1000 ev/s p99", "e2e latency @ 1000 ev/s p99.9", "(50% of max) p99",

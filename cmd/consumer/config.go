@@ -59,6 +59,7 @@ type runConfig struct {
 // flag and environment variable.
 var inboxFlags = cli.Fields{
 	"BatchMaxRecords":        "batch-max-records",
+	"Concurrency":            "concurrency",
 	"ConsumerName":           "consumer-name",
 	"DLQTopic":               "dlq-topic",
 	"FetchMaxBytes":          "fetch-max-bytes",
@@ -134,6 +135,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	o := &c.Inbox
 	o.BatchTimeout, o.CommitInterval, o.CommitTimeout, o.QueueDepth = inbox.DefaultBatchTimeout, inbox.DefaultCommitInterval, inbox.DefaultCommitTimeout, inbox.DefaultQueueDepth
 	fs.IntVar(&o.BatchMaxRecords, "batch-max-records", inbox.DefaultBatchMaxRecords, "most records of one partition applied in one transaction")
+	fs.IntVar(&o.Concurrency, "concurrency", inbox.DefaultConcurrency, "how many streams of one partition may have their http calls in flight at once (each stream's in seq order; the calls hold no database connection, and each batch still commits in one transaction)")
 	fs.StringVar(&o.ConsumerName, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
 	fs.StringVar(&o.DLQTopic, "dlq-topic", "", "topic that receives a copy of each dead-lettered record (optional)")
 	cli.Int32Var(fs, &o.FetchMaxBytes, "fetch-max-bytes", inbox.DefaultFetchMaxBytes, "most bytes (compressed, as stored) one fetch from a broker brings; with -fetch-max-partition-bytes, -batch-max-records and the queue depth it bounds memory")

@@ -248,7 +248,7 @@ BEGIN
         -- once (outcome, result; finished_at is the database's clock).
         EXECUTE format('GRANT SELECT, INSERT, UPDATE (outcome, result, finished_at) ON onceflow.admin_audit TO %I', v_consumer);
     END IF;
-    -- Reconcile (`consumer reconcile`, migration 022): the run's summary
+    -- Reconcile (`consumer reconcile`, migration 023): the run's summary
     -- is its one write; the console shows the last one.
     IF to_regclass('onceflow.reconcile_runs') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT, INSERT ON onceflow.reconcile_runs TO %I, %I', v_consumer, v_reader);

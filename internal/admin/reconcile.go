@@ -10,7 +10,7 @@ import (
 
 // LastReconcile is the latest recorded `consumer reconcile` run of the
 // service's consumer (nil when none was recorded, or the database lacks
-// migration 022).
+// migration 023).
 func (s *Service) LastReconcile(ctx context.Context) (*reconcile.LastRun, error) {
 	last, err := reconcile.Last(ctx, s.cfg.Pool, s.cfg.Consumer)
 	if errors.Is(err, reconcile.ErrNoRunsTable) {

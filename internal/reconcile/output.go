@@ -79,7 +79,7 @@ func WriteJSON(w io.Writer, rep *Report) error {
 	return enc.Encode(rep)
 }
 
-// Run summaries (onceflow.reconcile_runs, migration 022).
+// Run summaries (onceflow.reconcile_runs, migration 023).
 
 // LastRun is the latest recorded run of a consumer.
 type LastRun struct {
@@ -93,7 +93,7 @@ type LastRun struct {
 	Report     json.RawMessage `json:"report"`
 }
 
-// ErrNoRunsTable means the database lacks migration 022.
+// ErrNoRunsTable means the database lacks migration 023.
 var ErrNoRunsTable = errors.New("onceflow.reconcile_runs is missing: run `consumer migrate`")
 
 // Record stores rep's summary in the consumer's database.

@@ -54,6 +54,25 @@ func Binary(t testing.TB, name string) string {
 	return p
 }
 
+// Build builds the main packages pkgs (patterns relative to the repository
+// root, e.g. "./cmd/relay", "./examples/orders/cmd/...") into a directory
+// of the test's and returns it: the executables are named after their
+// packages' directories.
+func Build(t testing.TB, pkgs ...string) string {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatalf("build %v: %v", pkgs, err)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command("go", append([]string{"build", "-o", dir + string(os.PathSeparator)}, pkgs...)...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %v: %v\n%s", pkgs, err, out)
+	}
+	return dir
+}
+
 // Proc is a running binary whose output goes to the test log.
 type Proc struct {
 	t     testing.TB

@@ -27,3 +27,10 @@ func (e *MalformedError) Error() string {
 // event type. Violation is the validator's description (instance locations
 // and what failed).
 type PayloadError = spec.PayloadError
+
+// Codec turns a Go value into a payload and back (spec.Codec).
+type Codec = spec.Codec
+
+// JSONCodec is the default Codec: encoding/json, ContentTypeJSON
+// (spec.JSONCodec).
+type JSONCodec = spec.JSONCodec

@@ -14,9 +14,11 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -150,11 +152,23 @@ func (f File) Compile(opts ...Opt) (inbox.BatchHandler, error) {
 		}
 		h.byType[s.EventType] = c
 	}
+	for _, c := range h.byType {
+		if c.kind == "http" {
+			return &effecting{h}, nil
+		}
+	}
 	return h, nil
 }
 
 type configured struct {
 	byType map[string]*compiled
+}
+
+// effecting is a configuration with an http entry: an inbox.Effecter too
+// (one without has no effect to make before the transaction, and skips that
+// step's read).
+type effecting struct {
+	*configured
 }
 
 type compiled struct {
@@ -168,6 +182,19 @@ func (h *configured) lookup(eventType string) *compiled {
 		return c
 	}
 	return h.byType["*"]
+}
+
+// Effect makes the external effect of an event whose entry is of kind
+// http before its inbox transaction (inbox.Effecter): claimed in the effects
+// ledger through db, sent with its Idempotency-Key while no connection is
+// held, and recorded by HandleBatch in the transaction. Other kinds have no
+// effect.
+func (h *effecting) Effect(ctx context.Context, db *pgxpool.Pool, ev inbox.Event) (inbox.Prepared, error) {
+	c := h.lookup(ev.EventType)
+	if c == nil || c.kind != "http" {
+		return nil, nil
+	}
+	return c.http.effect(ctx, db, ev)
 }
 
 // HandleBatch pipelines the events' statements in one round trip. With
@@ -187,6 +214,23 @@ func (h *configured) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Eve
 			continue
 		}
 		if c.kind == "http" {
+			// A call made before the transaction: its record joins the
+			// batch's pipeline (one round trip for the batch).
+			if f, err := prepared(&evs[i]); err != nil {
+				return &inbox.HandlerError{EventID: evs[i].EventID, Err: err}
+			} else if f != nil {
+				if f.res.Replayed {
+					continue
+				}
+				sql, args, err := effects.RecordLeaseQuery(f.scope, f.key, f.eventID, f.res)
+				if err != nil {
+					return &inbox.HandlerError{EventID: evs[i].EventID, Err: err}
+				}
+				b.Queue(sql, args...)
+				queued = append(queued, evs[i].EventID)
+				spans = append(spans, trace.SpanFromContext(context.Background())) // the call had its span
+				continue
+			}
 			if err := c.http.handle(ctx, tx, &evs[i]); err != nil {
 				return &inbox.HandlerError{EventID: evs[i].EventID, Err: err}
 			}

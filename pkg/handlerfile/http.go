@@ -3,6 +3,7 @@ package handlerfile
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -90,6 +91,8 @@ type httpHandler struct {
 
 	mu   sync.Mutex
 	pool *pgxpool.Pool
+	// owner owns the claims made outside the engine (claimOwner).
+	owner string
 }
 
 func compileHTTP(entry string, s *HTTPSpec) (*httpHandler, error) {
@@ -303,7 +306,56 @@ func oneLineText(s string, limit int) string {
 	return s[:cut] + "…"
 }
 
-func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) (err error) {
+// leaseMargin is how much longer an effect's claim lasts than the call's
+// timeout: the claim's lease starts on the database's clock just before the
+// call, and the call is cancelled when the lease ends (see fencedCall).
+const leaseMargin = 5 * time.Second
+
+// lease is how long a claim of this handler's effect lasts.
+func (h *httpHandler) lease() time.Duration { return h.client.Timeout + leaseMargin }
+
+// claimOwner is the owner of this handler's claims under ctx: the
+// consumer's (inbox.EffectOwner), or, outside the engine (a replay), one of
+// this handler's own.
+func (h *httpHandler) claimOwner(ctx context.Context) string {
+	if o := inbox.EffectOwner(ctx); o != "" {
+		return o
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.owner == "" {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		h.owner = "handler/" + hex.EncodeToString(b[:])
+	}
+	return h.owner
+}
+
+// fenced is one event's effect: its ledger identity and the call's result
+// (Replayed when the ledger had it and nothing was sent).
+type fenced struct {
+	scope, key, owner, eventID string
+	res                        effects.Result
+}
+
+// Abandon drops the claim of an effect whose inbox transaction will not run
+// here (inbox.Prepared): the next owner of the partition claims it at once.
+func (f *fenced) Abandon(ctx context.Context, db *pgxpool.Pool) error {
+	if f.res.Replayed {
+		return nil
+	}
+	_, err := effects.ReleaseLease(ctx, db, f.scope, f.key, f.owner)
+	return err
+}
+
+// fencedCall claims the event's effect in the ledger (a short statement on
+// db that commits on its own: effects.ClaimLease, waiting while another
+// live consumer holds it), then, unless its result is recorded, sends the
+// request with the key, holding no connection, cancelled when the claim's
+// lease ends. The result is not recorded here: the caller records it in the
+// inbox transaction (record). A failed call gives the claim up; the intent
+// stays and the next try sends the same key.
+func (h *httpHandler) fencedCall(ctx context.Context, db effects.Querier, ev *inbox.Event) (f *fenced, err error) {
 	ctx, span := startHandler(ctx, ev, "http", httpSpanAttrs(h.method, h.url)...)
 	sent, code := false, 0
 	defer func() {
@@ -313,39 +365,109 @@ func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) (e
 				span.SetAttributes(semconv.HTTPResponseStatusCode(code))
 			}
 		}
+		if err != nil {
+			// The call's own errors are clean; this also covers anything a
+			// lower layer may have repeated.
+			err = &scrubbedError{msg: h.scrub(err.Error()), err: err}
+		}
 		endHandler(span, err, httpErrorText(err))
 	}()
 	key, err := effects.EventKey(ev.EventID)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if span.IsRecording() {
 		span.SetAttributes(attrIdemKey.String(key))
+	}
+	f = &fenced{scope: effects.ConsumerScope(inbox.ConsumerName(ctx), "http", h.entry), key: key, owner: h.claimOwner(ctx), eventID: ev.EventID}
+	lease := h.lease()
+	start := time.Now() // before the claim: the call ends before the database's lease does
+	c, err := effects.ClaimWait(ctx, db, f.scope, f.key, ev.EventID, f.owner, lease)
+	if err != nil {
+		return nil, err
+	}
+	if c.Status == effects.StatusDone {
+		f.res = c.Result
+		code = c.Result.Code
+		return f, nil
+	}
+	cctx, cancel := context.WithDeadline(ctx, start.Add(lease))
+	sent = true
+	res, err := h.send(cctx, key, ev)
+	cancel()
+	var se *httpStatusError
+	if errors.As(err, &se) {
+		code = se.Code
+	}
+	if h.afterCall != nil {
+		h.afterCall()
+	}
+	if err != nil {
+		if _, rerr := effects.ReleaseLease(context.WithoutCancel(ctx), db, f.scope, f.key, f.owner); rerr != nil {
+			err = fmt.Errorf("%w (and release the claim: %v)", err, rerr)
+		}
+		return nil, fmt.Errorf("effects: call %q: %w", key, err)
+	}
+	code = res.Code
+	f.res = res
+	return f, nil
+}
+
+// record writes a call's result in the inbox transaction (status done),
+// unless the ledger had it already.
+func (f *fenced) record(ctx context.Context, tx pgx.Tx) error {
+	if f.res.Replayed {
+		return nil
+	}
+	if _, err := effects.RecordLeaseOf(ctx, tx, f.scope, f.key, f.eventID, f.res); err != nil {
+		return err
+	}
+	return nil
+}
+
+// prepared is the effect made for ev before its transaction (nil when none
+// was), or the error making it failed with.
+func prepared(ev *inbox.Event) (*fenced, error) {
+	p := ev.Prepared()
+	if p == nil {
+		return nil, nil
+	}
+	if p.Err != nil {
+		return nil, p.Err
+	}
+	f, _ := p.Value.(*fenced)
+	return f, nil
+}
+
+// effect is the handler's inbox.Effecter side: the call is made before the
+// inbox transaction, claimed through db (the consumer's pool), and recorded
+// by handle in the transaction.
+func (h *httpHandler) effect(ctx context.Context, db *pgxpool.Pool, ev inbox.Event) (inbox.Prepared, error) {
+	f, err := h.fencedCall(ctx, db, &ev)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// handle records the effect made before the transaction, or, for an event
+// that had none (a released parked event, a late one, a replay), makes it
+// now: claim on the ledger pool, call, record in tx.
+func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	if f, err := prepared(ev); err != nil {
+		return err
+	} else if f != nil {
+		return f.record(ctx, tx)
 	}
 	pool, err := h.ledgerPool(ctx, tx)
 	if err != nil {
 		return err
 	}
-	scope := effects.ConsumerScope(inbox.ConsumerName(ctx), "http", h.entry)
-	res, err := effects.DoScoped(effects.WithEventID(ctx, ev.EventID), pool, scope, key, func(ctx context.Context, key string) (effects.Result, error) {
-		sent = true
-		r, err := h.send(ctx, key, ev)
-		var se *httpStatusError
-		if errors.As(err, &se) {
-			code = se.Code
-		}
-		if h.afterCall != nil {
-			h.afterCall()
-		}
-		return r, err
-	})
+	f, err := h.fencedCall(ctx, pool, ev)
 	if err != nil {
-		// The call's own errors are clean; this also covers anything a
-		// lower layer may have repeated.
-		return &scrubbedError{msg: h.scrub(err.Error()), err: err}
+		return err
 	}
-	code = res.Code
-	return nil
+	return f.record(ctx, tx)
 }
 
 // scrubbedError is err with secrets blanked out of its text; errors.Is and

@@ -60,7 +60,7 @@ func TestHTTPCallCarriesProducerTraceparent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hh := h.(*configured).byType["pay"].http
+	hh := h.(*effecting).byType["pay"].http
 	t.Cleanup(func() {
 		if hh.pool != nil {
 			hh.pool.Close()

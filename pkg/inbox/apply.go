@@ -114,6 +114,10 @@ type applier struct {
 	// See guard.go.
 	guard guard
 	tr    *tracing
+	// eff is the handler's Effecter side (nil: none), owner the owner of
+	// its claims (prepare.go).
+	eff   Effecter
+	owner string
 }
 
 // errStopped means the worker was told to stop while waiting to retry.
@@ -390,7 +394,13 @@ func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err e
 			return
 		}
 		if tx.Conn().IsClosed() || isRetryableDB(err) {
-			err = fmt.Errorf("handler: %w", err) // infrastructure: retried, never dead-lettered
+			// Infrastructure: retried, never dead-lettered, so no
+			// *HandlerError (perEvent's included) may remain in the chain.
+			var he *HandlerError
+			if errors.As(err, &he) {
+				err = he.Err
+			}
+			err = fmt.Errorf("handler: %w", err)
 			return
 		}
 		var he *HandlerError
@@ -398,7 +408,7 @@ func (a *applier) runHandler(ctx context.Context, tx pgx.Tx, evs []Event) (err e
 			err = &HandlerError{EventID: id, Err: err}
 		}
 	}()
-	return a.handler.HandleBatch(withConsumerName(ctx, a.cfg.ConsumerName), tx, evs)
+	return a.handler.HandleBatch(withOwner(withConsumerName(ctx, a.cfg.ConsumerName), a.owner), tx, evs)
 }
 
 // applyIsolated applies items one transaction each, retrying a failing event
@@ -415,6 +425,11 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 			backoff.WithMaxElapsedTime(a.cfg.RetryMaxElapsed),
 		)
 		for attempt := 1; ; attempt++ {
+			if n, err := a.prepare(ctx, it, stop); err != nil {
+				return total, err
+			} else if n == 0 {
+				return total, errStopped
+			}
 			out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return a.applyTx(ctx, it) })
 			if err == nil {
 				total.add(out)
@@ -426,8 +441,12 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 			}
 			onHandlerErr(err)
 			handlerFailed(&items[i], attempt, he.Err)
+			if p := items[i].ev.prep; p != nil && p.Err != nil {
+				items[i].ev.prep = nil // the next try makes the effect again
+			}
 			wait := b.NextBackOff()
-			if (attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop) && he.withReleased {
+			last := attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop || isPermanent(he.Err)
+			if last && he.withReleased {
 				// The failure may be a released parked event's: one last try
 				// dead-letters a failing released event in place and applies
 				// the rest; if the event itself fails, it is dead-lettered below.
@@ -445,7 +464,7 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 				}
 				onHandlerErr(err)
 			}
-			if attempt >= a.cfg.RetryMaxAttempts || wait == backoff.Stop {
+			if last {
 				out, err := a.withTimeout(ctx, func(ctx context.Context) (outcome, error) {
 					return a.deadLetterTx(ctx, &items[i], attempt, he.Err.Error())
 				})

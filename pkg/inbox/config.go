@@ -50,6 +50,18 @@ type Config struct {
 	// commit is logged and harmless: the next offset is also in Postgres.
 	CommitTimeout time.Duration
 
+	// Concurrency is how many streams of one partition may have their
+	// external effects made at the same time (default 1: one at a time, as
+	// a handler without an effect phase runs). It applies to a handler that
+	// implements Effecter (the handler file's http handler does): before a
+	// batch's transaction, the effects of the events the guard will apply in
+	// order are made, each stream's one after another in seq order and up to
+	// Concurrency streams at a time, holding no transaction or connection;
+	// the batch's transaction then records them. Handlers without an effect
+	// phase are not affected (their batch is one transaction, as before).
+	// At most MaxConcurrency.
+	Concurrency int
+
 	// ConsumerName is the logical consumer the inbox ledger belongs to
 	// (default "default"). Deployments that must each apply every event use
 	// different names; replicas or groups sharing a name dedup against each
@@ -257,6 +269,7 @@ const (
 	DefaultBatchTimeout           = time.Minute
 	DefaultCommitInterval         = time.Second
 	DefaultCommitTimeout          = 10 * time.Second
+	DefaultConcurrency            = 1
 	DefaultFetchMaxBytes          = 1 << 20
 	DefaultFetchMaxPartitionBytes = 256 << 10
 	DefaultFetchMaxWait           = 50 * time.Millisecond
@@ -271,6 +284,9 @@ const (
 	DefaultRetryMaxInterval       = 5 * time.Second
 	DefaultSessionTimeout         = 45 * time.Second
 )
+
+// MaxConcurrency bounds Concurrency.
+const MaxConcurrency = 10000
 
 // maxFetchBytes bounds FetchMaxBytes.
 const maxFetchBytes = 1 << 30
@@ -300,6 +316,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CommitTimeout == 0 {
 		c.CommitTimeout = DefaultCommitTimeout
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
 	}
 	if c.ConsumerName == "" {
 		c.ConsumerName = DefaultConsumerName
@@ -412,6 +431,8 @@ func (c *Config) Validate() error {
 		return bad("CommitInterval", "must be positive, got %s", c.CommitInterval)
 	case !positive(c.CommitTimeout):
 		return bad("CommitTimeout", "must be positive, got %s", c.CommitTimeout)
+	case c.Concurrency < 1 || c.Concurrency > MaxConcurrency:
+		return bad("Concurrency", "must be between 1 and %d, got %d", MaxConcurrency, c.Concurrency)
 	case c.FetchMaxWait < time.Millisecond:
 		return bad("FetchMaxWait", "must be at least 1ms, got %s", c.FetchMaxWait)
 	case c.FetchMaxBytes < 1 || c.FetchMaxBytes > maxFetchBytes:

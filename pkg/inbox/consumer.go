@@ -110,7 +110,7 @@ func New(cfg Config) (*Consumer, error) {
 		workers:      map[tp]*worker{},
 		resubscribed: map[string]time.Time{},
 	}
-	c.app = &applier{cfg: &c.cfg, handler: h, tr: newTracing(&c.cfg)}
+	c.app = &applier{cfg: &c.cfg, handler: h, tr: newTracing(&c.cfg), eff: effecterOf(&c.cfg), owner: newOwner(&c.cfg)}
 	c.app.guard = newGuard(&c.cfg)
 	return c, nil
 }
@@ -639,6 +639,14 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	defer func() { c.app.tr.endProcess(items, err) }()
 	b := backoff.NewExponentialBackOff(backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
 	var out outcome
+	// todo is what is applied: the batch, or its prefix when the worker was
+	// stopped while the effects were made.
+	todo, stopped, committed := items, false, false
+	defer func() {
+		if errors.Is(err, errStopped) && !committed {
+			c.app.abandon(ctx, items) // stopped in a retry wait: nothing more commits here
+		}
+	}()
 	for {
 		var err error
 		if w.expectDups {
@@ -653,13 +661,25 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 			}
 			w.expectDups = false
 		}
-		out, err = c.app.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return c.app.applyTx(ctx, items) })
+		// The effects of the events the guard will apply in order are made
+		// first, holding no transaction (prepare.go); a stop meanwhile
+		// leaves only a prefix of the batch to apply.
+		n, err := c.app.prepare(ctx, items, w.stop)
+		if err == nil && n < len(items) {
+			if n == 0 {
+				return errStopped
+			}
+			todo, stopped = items[:n], true
+		}
+		if err == nil {
+			out, err = c.app.withTimeout(ctx, func(ctx context.Context) (outcome, error) { return c.app.applyTx(ctx, todo) })
+		}
 		var he *HandlerError
 		if errors.As(err, &he) {
 			c.m.handlerErrors.Inc()
 			c.log.WarnContext(ctx, "batch handler failed, applying one event per transaction",
-				"topic", w.tp.topic, "partition", w.tp.partition, "records", len(items), "error", err)
-			out, err = c.app.applyIsolated(ctx, items, w.stop, func(error) { c.m.handlerErrors.Inc() })
+				"topic", w.tp.topic, "partition", w.tp.partition, "records", len(todo), "error", err)
+			out, err = c.app.applyIsolated(ctx, todo, w.stop, func(error) { c.m.handlerErrors.Inc() })
 		}
 		if err == nil {
 			c.degraded.Store(nil)
@@ -676,7 +696,9 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 			return err
 		}
 	}
-	w.expectDups = out.duplicates == len(items)
+	committed = true
+	recs = recs[:len(todo)]
+	w.expectDups = out.duplicates == len(todo)
 	c.m.processed.Add(float64(out.processed))
 	c.m.duplicates.Add(float64(out.duplicates))
 	c.m.deadLettered.Add(float64(out.dead))
@@ -694,6 +716,9 @@ func (c *Consumer) processBatch(cl *kgo.Client, w *worker, recs []*kgo.Record, t
 	if out.dead > 0 || out.duplicates > 0 {
 		c.log.DebugContext(ctx, "batch applied", "topic", w.tp.topic, "partition", w.tp.partition,
 			"processed", out.processed, "duplicates", out.duplicates, "dead_lettered", out.dead)
+	}
+	if stopped {
+		return errStopped // the rest of the batch is the next owner's
 	}
 	return nil
 }

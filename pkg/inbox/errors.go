@@ -38,6 +38,32 @@ func (e *HandlerError) Error() string {
 
 func (e *HandlerError) Unwrap() error { return e.Err }
 
+// ErrUnknownEventType is matched (errors.Is) by the error a Router returns
+// for an event type no handler was registered for.
+var ErrUnknownEventType = errors.New("no handler for event type")
+
+// Permanent marks err as a failure that trying again cannot fix (an event
+// the handler can never apply, such as a payload that does not decode): the
+// consumer dead-letters the event at once, with err as the reason, instead
+// of retrying it up to RetryMaxAttempts times. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// isPermanent reports whether err is, or wraps, a Permanent error.
+func isPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
 // isRetryableDB reports SQLSTATEs worth retrying as infrastructure trouble
 // (deadlock, serialization failure) rather than blaming the event.
 func isRetryableDB(err error) bool {

@@ -27,6 +27,8 @@ type Event struct {
 	// span is the event's process span (nil with tracing off); see
 	// EventContext.
 	span trace.Span
+	// prep is what Effecter.Effect returned for the event (see Prepared).
+	prep *Preparation
 }
 
 // stream is the event's sequence-guard stream: (producer, topic, source),
