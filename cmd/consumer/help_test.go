@@ -16,7 +16,7 @@ func TestHelpNamesOnlyRealFlags(t *testing.T) {
 	t.Parallel()
 	usageFlag := regexp.MustCompile(`(?m)^\s+-([a-z][a-z0-9-]*)`)
 	flagsOf := map[string]map[string]bool{}
-	for _, sub := range []string{"run", "migrate", "check", "prune", "dlq list", "dlq replay", "gaps list", "gaps give-up", "gaps resolve"} {
+	for _, sub := range []string{"run", "migrate", "check", "prune", "dlq list", "dlq replay", "gaps list", "gaps give-up", "gaps resolve", "reconcile"} {
 		var out strings.Builder
 		err := run(context.Background(), append(strings.Fields(sub), "-h"), &out, &out)
 		if !errors.Is(err, flag.ErrHelp) {

@@ -9,6 +9,7 @@
 //	consumer gaps list            open and recently given-up sequence gaps
 //	consumer gaps give-up SOURCE FROM-TO -note "…" [-producer P -topic T]  give an open gap up now
 //	consumer gaps resolve SOURCE FROM-TO -note "…" [-producer P -topic T]  record what was done
+//	consumer reconcile -group G -topics T [-since 1h]  check a window end to end (read-only)
 //
 // `consumer run -admin` also serves the console (admin API and web page,
 // docs/console.md).
@@ -111,6 +112,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return runGapsResolve(ctx, args[2:], stdout, stderr)
 		}
 		return cli.Usagef("gaps: unknown command %q (want list, give-up or resolve)", args[1])
+	case "reconcile":
+		return runReconcile(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, help)
 		return nil

@@ -1,6 +1,6 @@
 -- onceflow least-privilege roles. See docs/security.md.
 --
--- Creates (if missing) four NOLOGIN group roles and grants each exactly what
+-- Creates (if missing) five NOLOGIN group roles and grants each exactly what
 -- its component needs in the current database:
 --
 --   owner_role     owns schema onceflow and everything in it; runs the
@@ -27,6 +27,12 @@
 --                  it is also a member of writer_role, and nothing more.
 --                  Its handlers' own tables are granted by you:
 --                    GRANT SELECT, INSERT, UPDATE, DELETE ON app.my_table TO onceflow_consumer;
+--   reader_role    `consumer reconcile` (docs/reliability.md): reads the
+--                  identity, position and state columns reconcile needs
+--                  (never a payload or a header) of the outbox, its queue,
+--                  publish log and set-aside rows, the inbox, stored offsets
+--                  and gaps; writes nothing but its run summaries
+--                  (onceflow.reconcile_runs).
 --
 -- Login users are members of these roles, e.g.
 --   CREATE ROLE relay_app LOGIN PASSWORD '…' IN ROLE onceflow_relay;
@@ -36,14 +42,14 @@
 --   psql "$ADMIN_URL" -X -v ON_ERROR_STOP=1 -f deploy/sql/roles.sql \
 --        [-v owner_role=onceflow_owner] [-v writer_role=onceflow_writer] \
 --        [-v relay_role=onceflow_relay] [-v consumer_role=onceflow_consumer] \
---        [-v consumer_may_enqueue=off]
+--        [-v reader_role=onceflow_reader] [-v consumer_may_enqueue=off]
 --
 -- The script is idempotent and must be run again after every migration
 -- (grants are per table; a new table is reachable by its owner only until
 -- then). Run it once before the first migration too: it creates schema
 -- onceflow owned by owner_role and lets owner_role create it. Existing objects
 -- in the schema (e.g. migrated earlier by a superuser) are handed to
--- owner_role. Privileges of the three other roles in the schema are revoked
+-- owner_role. Privileges of the four other roles in the schema are revoked
 -- and granted afresh on every run, so the result does not depend on history.
 -- Roles are cluster-wide; the grants are per database.
 
@@ -64,6 +70,10 @@
 \else
 \set consumer_role onceflow_consumer
 \endif
+\if :{?reader_role}
+\else
+\set reader_role onceflow_reader
+\endif
 \if :{?consumer_may_enqueue}
 \else
 \set consumer_may_enqueue off
@@ -77,6 +87,7 @@ SELECT set_config('onceflow_roles.owner', :'owner_role', true),
        set_config('onceflow_roles.writer', :'writer_role', true),
        set_config('onceflow_roles.relay', :'relay_role', true),
        set_config('onceflow_roles.consumer', :'consumer_role', true),
+       set_config('onceflow_roles.reader', :'reader_role', true),
        set_config('onceflow_roles.consumer_may_enqueue', :'consumer_may_enqueue', true);
 
 DO $roles$
@@ -85,20 +96,21 @@ DECLARE
     v_writer   text    := current_setting('onceflow_roles.writer');
     v_relay    text    := current_setting('onceflow_roles.relay');
     v_consumer text    := current_setting('onceflow_roles.consumer');
+    v_reader   text    := current_setting('onceflow_roles.reader');
     v_enqueue  boolean := current_setting('onceflow_roles.consumer_may_enqueue')::boolean;
     v_apps     text;
     r          record;
 BEGIN
-    IF cardinality(ARRAY(SELECT DISTINCT x FROM unnest(ARRAY[v_owner, v_writer, v_relay, v_consumer]) AS x)) <> 4 THEN
-        RAISE EXCEPTION 'onceflow roles: owner_role, writer_role, relay_role and consumer_role must be four different names';
+    IF cardinality(ARRAY(SELECT DISTINCT x FROM unnest(ARRAY[v_owner, v_writer, v_relay, v_consumer, v_reader]) AS x)) <> 5 THEN
+        RAISE EXCEPTION 'onceflow roles: owner_role, writer_role, relay_role, consumer_role and reader_role must be five different names';
     END IF;
-    FOREACH v_apps IN ARRAY ARRAY[v_owner, v_writer, v_relay, v_consumer] LOOP
+    FOREACH v_apps IN ARRAY ARRAY[v_owner, v_writer, v_relay, v_consumer, v_reader] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_apps) THEN
             EXECUTE format('CREATE ROLE %I NOLOGIN', v_apps);
         END IF;
         EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), v_apps);
     END LOOP;
-    v_apps := format('%I, %I, %I', v_writer, v_relay, v_consumer);
+    v_apps := format('%I, %I, %I, %I', v_writer, v_relay, v_consumer, v_reader);
 
     -- Owner: the schema and every object in it. The migrator runs
     -- CREATE SCHEMA IF NOT EXISTS, which needs CREATE on the database.
@@ -143,7 +155,7 @@ BEGIN
                CROSS JOIN LATERAL aclexplode(a.attacl) x
                JOIN pg_roles g ON g.oid = x.grantee
               WHERE c.relnamespace = 'onceflow'::regnamespace
-                AND g.rolname IN (v_writer, v_relay, v_consumer)
+                AND g.rolname IN (v_writer, v_relay, v_consumer, v_reader)
     LOOP
         EXECUTE format('REVOKE ALL (%I) ON %s FROM %I', r.col, r.rel, r.grantee);
     END LOOP;
@@ -235,6 +247,30 @@ BEGIN
         -- Append-only (migration 018): a change is recorded, then finished
         -- once (outcome, result; finished_at is the database's clock).
         EXECUTE format('GRANT SELECT, INSERT, UPDATE (outcome, result, finished_at) ON onceflow.admin_audit TO %I', v_consumer);
+    END IF;
+    -- Reconcile (`consumer reconcile`, migration 023): the run's summary
+    -- is its one write; the console shows the last one.
+    IF to_regclass('onceflow.reconcile_runs') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT, INSERT ON onceflow.reconcile_runs TO %I, %I', v_consumer, v_reader);
+    END IF;
+    -- Reader (`consumer reconcile` with least privilege): the columns its
+    -- reads name, no payload, header or error text; nothing else.
+    IF to_regclass('onceflow.outbox_pending') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT (id, topic, source, seq, created_at) ON onceflow.outbox TO %I', v_reader);
+        EXECUTE format('GRANT SELECT ON onceflow.outbox_pending TO %I', v_reader);
+        EXECUTE format('GRANT SELECT (batch, published_at, first_id, last_id, ids) ON onceflow.outbox_published TO %I', v_reader);
+    END IF;
+    IF to_regclass('onceflow.database_identity') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT (id) ON onceflow.database_identity TO %I', v_reader);
+        EXECUTE format('GRANT SELECT (topic, source, seq, resolution) ON onceflow.outbox_set_aside TO %I', v_reader);
+    END IF;
+    -- (The stream columns came with migration 016.)
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('onceflow.seq_gaps') AND attname = 'producer'
+                                              AND NOT attisdropped) THEN
+        EXECUTE format('GRANT SELECT (consumer, producer, topic, source, seq, status, received_at) ON onceflow.inbox TO %I', v_reader);
+        EXECUTE format('GRANT SELECT (group_id, topic, kafka_partition, next_offset) ON onceflow.consumer_offsets TO %I', v_reader);
+        EXECUTE format('GRANT SELECT (consumer, producer, topic, source, from_seq, to_seq, state, give_up_reason, closed_at, '
+                       'resolved_at, resolved_note) ON onceflow.seq_gaps TO %I', v_reader);
     END IF;
     IF to_regprocedure('onceflow.relay_status()') IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.relay_status() TO %I, %I', v_relay, v_consumer);

@@ -56,6 +56,7 @@ func NewHandler(svc *Service, tokens *Tokens, log *slog.Logger) http.Handler {
 	api.HandleFunc("GET /api/v1/lag", h.lag)
 	api.HandleFunc("GET /api/v1/relay", h.relay)
 	api.HandleFunc("GET /api/v1/audit", h.audit)
+	api.HandleFunc("GET /api/v1/reconcile", h.lastReconcile)
 	api.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})

@@ -204,14 +204,28 @@ func Usagef(format string, a ...any) error {
 	return &UsageError{Err: fmt.Errorf(format, a...)}
 }
 
+// StatusError is an error that names its own exit status: a command whose
+// statuses mean more than "failed" (reconcile: 1 anomalies, 2 could not
+// run) returns one.
+type StatusError struct {
+	Status int
+	Err    error
+}
+
+func (e *StatusError) Error() string { return e.Err.Error() }
+func (e *StatusError) Unwrap() error { return e.Err }
+
 // ExitCode is the one exit-status rule of every subcommand of both
-// binaries: 0 for success and -help, 2 for a *UsageError, 1 for anything
-// else.
+// binaries: 0 for success and -help, a *StatusError's own status, 2 for a
+// *UsageError, 1 for anything else.
 func ExitCode(err error) int {
 	var ue *UsageError
+	var se *StatusError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.As(err, &se):
+		return se.Status
 	case errors.As(err, &ue):
 		return 2
 	}

@@ -51,6 +51,8 @@ func TestExitCode(t *testing.T) {
 		{Usagef("-limit (ONCEFLOW_LIMIT) must be at least 1"), 2},
 		{fmt.Errorf("run: %w", Usagef("bad")), 2},
 		{errors.New("connect to database: refused"), 1},
+		{&StatusError{Status: 2, Err: errors.New("reconcile: topics: not found")}, 2},
+		{fmt.Errorf("reconcile: %w", &StatusError{Status: 1, Err: errors.New("3 anomalies")}), 1},
 	} {
 		if got := ExitCode(c.err); got != c.want {
 			t.Errorf("ExitCode(%v) = %d, want %d", c.err, got, c.want)

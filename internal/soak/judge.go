@@ -7,26 +7,34 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/audit"
+	"github.com/onceflow/onceflow/internal/reconcile"
 )
 
 // Anomaly kinds: each breaks a guarantee.
 const (
-	AnomalyLost        = "lost"         // committed, never on the topic or never applied
-	AnomalyDuplicate   = "duplicate"    // on the topic or applied more than once
-	AnomalyReordered   = "reordered"    // a source's seqs out of order on the topic or in application
-	AnomalyPhantom     = "phantom"      // on the topic or applied, never committed (e.g. rolled back)
-	AnomalyGapGivenUp  = "gap-given-up" // a sequence gap given up although its events were committed
-	AnomalyLate        = "late"         // applied as late: only a given-up gap makes an event late
-	AnomalyDead        = "dead-lettered"
-	AnomalyStuck       = "stuck" // parked or held in the inbox, or a gap still open, after the drain
-	AnomalyMalformed   = "malformed"
-	AnomalySeqHole     = "seq-hole"       // a source's committed seqs are not 1..n
-	AnomalyPartialTxn  = "partial-commit" // a producer transaction committed in part
-	maxExamples        = 5
-	whereTopic         = "topic"
-	whereApplied       = "applied"
-	whereInbox         = "inbox"
-	whereProducer      = "producer"
+	AnomalyLost       = "lost"         // committed, never on the topic or never applied
+	AnomalyDuplicate  = "duplicate"    // on the topic or applied more than once
+	AnomalyReordered  = "reordered"    // a source's seqs out of order on the topic or in application
+	AnomalyPhantom    = "phantom"      // on the topic or applied, never committed (e.g. rolled back)
+	AnomalyGapGivenUp = "gap-given-up" // a sequence gap given up although its events were committed
+	AnomalyLate       = "late"         // applied as late: only a given-up gap makes an event late
+	AnomalyDead       = "dead-lettered"
+	AnomalyStuck      = "stuck" // parked or held in the inbox, or a gap still open, after the drain
+	AnomalyMalformed  = "malformed"
+	AnomalySeqHole    = "seq-hole"       // a source's committed seqs are not 1..n
+	AnomalyPartialTxn = "partial-commit" // a producer transaction committed in part
+	// AnomalyReconcile prefixes a finding of the reconcile check (e.g.
+	// "reconcile:committed_not_published"); alone, the check could not run.
+	AnomalyReconcile = "reconcile"
+	maxExamples      = 5
+	whereTopic       = "topic"
+	whereApplied     = "applied"
+	whereInbox       = "inbox"
+	whereProducer    = "producer"
+	whereReconcile   = "reconcile"
+	// reconcileWindow is how far back the reconcile check looks: well
+	// within the relay's default retention (outbox.DefaultRetention).
+	reconcileWindow    = 40 * time.Minute
 	whereSeqGaps       = "seq_gaps"
 	appliedScanTimeout = 10 * time.Minute
 )
@@ -47,6 +55,8 @@ type appliedWatch struct {
 	dupes     []string
 	reordered []string
 	firstAt   map[string]string
+	// The event ids of dupes and reordered, for the per-fault table.
+	dupeIDs, reorderedIDs []string
 }
 
 func newAppliedWatch() *appliedWatch {
@@ -69,9 +79,11 @@ func (w *appliedWatch) add(a appliedRow) {
 		w.seq.Total++
 	} else if w.seq.Add(a.id, a.source, a.seq) {
 		w.reordered = append(w.reordered, fmt.Sprintf("%s: seq %d (%s) %s after seq %d", a.source, a.seq, a.id, at, w.seq.LastSeq(a.source)))
+		w.reorderedIDs = append(w.reorderedIDs, a.id)
 	}
 	if f, ok := w.firstAt[a.id]; ok {
 		w.dupes = append(w.dupes, fmt.Sprintf("%s (%s seq %d) %s, first %s", a.id, a.source, a.seq, at, f))
+		w.dupeIDs = append(w.dupeIDs, a.id)
 	} else {
 		w.firstAt[a.id] = at
 	}
@@ -275,12 +287,14 @@ func (r *run) judge(ctx context.Context) (*Report, error) {
 	}
 	grows.Close()
 	rep.Anomalies = findAnomalies(l, r.topic, aw, inbox, gaps)
+	rep.Anomalies = append(rep.Anomalies, r.reconcile(ctx, rep)...)
 
 	// Faults and recovery.
 	r.faultsMu.Lock()
 	rep.Faults = append([]Fault(nil), r.faults...)
 	r.faultsMu.Unlock()
 	rep.summarizeFaults()
+	rep.ByFault = byFault(l, r.topic, aw, rep.Faults, r.start)
 	rep.Latency = durationStats(r.probes.latencySnapshot())
 	r.exitsMu.Lock()
 	rep.UnexpectedExits = append([]string(nil), r.exits...)
@@ -293,6 +307,42 @@ func (r *run) judge(ctx context.Context) (*Report, error) {
 	rep.TopicPollErrors = r.topic.pollErrs.Load()
 	rep.OK = len(rep.Anomalies) == 0
 	return rep, nil
+}
+
+// reconcile runs the check of `consumer reconcile` (internal/reconcile): the
+// judge's second opinion, from the outbox, the topic and the inbox alone,
+// without the ledger. Each finding (or a run that could not finish) is an
+// anomaly. It covers the whole run, or its last reconcileWindow when the
+// run is longer: the relay prunes published rows after its retention (an
+// hour), and a pruned row's record would look never committed.
+func (r *run) reconcile(ctx context.Context, rep *Report) []Anomaly {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	from := r.start.Add(-time.Minute)
+	if w := time.Now().Add(-reconcileWindow); w.After(from) {
+		from = w
+		rep.Notes = append(rep.Notes, fmt.Sprintf("reconcile judged the events committed from %s on (the relay prunes older ones)", from.UTC().Format(time.RFC3339)))
+	}
+	rr, err := reconcile.Run(ctx, reconcile.Config{ClockMargin: time.Minute, Consumer: consumerID, ConsumerPool: r.pool,
+		From: from, Group: group, KafkaOpts: r.kc.internalOpts(), OutboxPool: r.pool,
+		Settle: -1, Topics: []string{eventTopic}})
+	if err != nil {
+		return []Anomaly{{Kind: AnomalyReconcile, Where: whereReconcile, Count: 1, Examples: []string{"could not run: " + err.Error()}}}
+	}
+	rep.Reconcile = &ReconcileSummary{Counts: rr.Counts, Anomalies: rr.Anomalies, Seconds: rr.FinishedAt.Sub(rr.StartedAt).Seconds()}
+	var out []Anomaly
+	for _, f := range rr.Findings {
+		if f.Resolved {
+			continue
+		}
+		set := reconcile.Set{}
+		for _, x := range f.Seqs {
+			set.AddRange(x.From, x.To)
+		}
+		out = append(out, Anomaly{Kind: AnomalyReconcile + ":" + f.Kind, Where: whereReconcile, Count: int(f.Count),
+			Examples: []string{fmt.Sprintf("%s seqs %s: %s", f.Source, set.String(), f.Detail)}})
+	}
+	return out
 }
 
 // withSource adds the source and seq to committed event ids.

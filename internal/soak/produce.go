@@ -37,6 +37,7 @@ type ledger struct {
 type evRef struct {
 	source string
 	seq    int64
+	at     time.Time // when it committed (as the producer saw it)
 }
 
 func newLedger() *ledger {
@@ -44,9 +45,10 @@ func newLedger() *ledger {
 }
 
 func (l *ledger) commit(evs []enqueued, viaSQL int) {
+	now := time.Now()
 	l.mu.Lock()
 	for _, e := range evs {
-		l.committed[e.id] = evRef{e.source, e.seq}
+		l.committed[e.id] = evRef{e.source, e.seq, now}
 		l.seqs[e.source] = append(l.seqs[e.source], e.seq)
 	}
 	l.mu.Unlock()

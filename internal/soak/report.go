@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/reconcile"
 )
 
 // Report is what a soak run found.
@@ -36,10 +38,16 @@ type Report struct {
 	Restarts     int              `json:"broker_and_database_restarts"`
 	Recovery     Stats            `json:"recovery"`
 	RecoveryBy   map[string]Stats `json:"recovery_by_kind"`
-	Stalls       int              `json:"stalls"`
-	Latency      Stats            `json:"probe_latency"`
-	Anomalies    []Anomaly        `json:"anomalies"`
-	ByKind       map[string]int   `json:"anomalies_by_kind"`
+	// ByFault is the per-fault-kind table: faults, the events near them
+	// lost, duplicated or reordered, and recovery.
+	ByFault   []FaultKindRow `json:"by_fault_kind"`
+	Stalls    int            `json:"stalls"`
+	Latency   Stats          `json:"probe_latency"`
+	Anomalies []Anomaly      `json:"anomalies"`
+	// Reconcile is what the reconcile check read and found (nil when it
+	// could not run: then it is an anomaly).
+	Reconcile *ReconcileSummary `json:"reconcile,omitempty"`
+	ByKind    map[string]int    `json:"anomalies_by_kind"`
 
 	UnexpectedExits   []string `json:"unexpected_exits"`
 	ProducerErrors    int64    `json:"producer_errors"`
@@ -47,6 +55,13 @@ type Report struct {
 	TopicPollErrors   int64    `json:"topic_poll_errors"`
 	Notes             []string `json:"notes"`
 	Series            []sample `json:"series"`
+}
+
+// ReconcileSummary is the reconcile check's part of the report.
+type ReconcileSummary struct {
+	Counts    reconcile.Counts `json:"counts"`
+	Anomalies int              `json:"anomalies"`
+	Seconds   float64          `json:"seconds"`
 }
 
 // EventCounts are the totals of the run.
@@ -156,9 +171,23 @@ func (rep *Report) Text() string {
 	p("  sources            %d\n", e.Sources)
 
 	p("\nfaults       %d in all, %d broker or database restarts\n", len(rep.Faults), rep.Restarts)
-	for _, k := range AllKinds {
-		if n := rep.FaultsByKind[k]; n > 0 {
-			p("  %-28s %4d   recovery %s\n", k, n, rep.RecoveryBy[k])
+	if len(rep.ByFault) > 0 {
+		// Each broken event counts on the fault that began nearest its
+		// commit (60 s before to 30 s after it), else on "(no fault)".
+		p("  %-28s %6s %6s %10s %9s   %s\n", "kind", "faults", "lost", "duplicated", "reordered", "recovery")
+		for _, r := range rep.ByFault {
+			n := fmt.Sprint(r.Faults)
+			rec := r.Recovery.String()
+			if r.Kind == NoFault {
+				n, rec = "-", "-"
+			}
+			p("  %-28s %6s %6d %10d %9d   %s\n", r.Kind, n, r.Lost, r.Duplicated, r.Reordered, rec)
+		}
+	} else {
+		for _, k := range AllKinds {
+			if n := rep.FaultsByKind[k]; n > 0 {
+				p("  %-28s %4d   recovery %s\n", k, n, rep.RecoveryBy[k])
+			}
 		}
 	}
 	p("recovery     %s (fault to progress again on every partition)\n", rep.Recovery)
@@ -167,6 +196,11 @@ func (rep *Report) Text() string {
 	}
 	p("latency      %s (probe commit to applied, whole run)\n", rep.Latency)
 
+	if rc := rep.Reconcile; rc != nil {
+		c := rc.Counts
+		p("reconcile    %d outbox rows, %d records, %d applied on %d streams; %d anomalies (%s, at most %d seq ranges held)\n",
+			c.Committed, c.Records, c.Applied, c.Streams, rc.Anomalies, secs(rc.Seconds), c.Ranges)
+	}
 	p("\nanomalies    ")
 	if len(rep.Anomalies) == 0 {
 		p("none: nothing lost, duplicated, reordered or phantom; no gap given up\n")

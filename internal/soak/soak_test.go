@@ -263,3 +263,57 @@ func TestReportRenders(t *testing.T) {
 		t.Errorf("restarts %d, by kind %v", rep.Restarts, rep.ByKind)
 	}
 }
+
+// TestByFault: a broken event counts on the fault that began nearest its
+// commit (60 s before to 30 s after), each event once per column, and an
+// event far from every fault on "(no fault)"; every kind that ran has a
+// row, with its recovery.
+func TestByFault(t *testing.T) {
+	t.Parallel()
+	start := time.Now().Add(-time.Hour)
+	w := newWorld()
+	at := func(e enqueued, s float64) {
+		w.commit(e)
+		w.l.mu.Lock()
+		ref := w.l.committed[e.id]
+		ref.at = start.Add(time.Duration(s * float64(time.Second)))
+		w.l.committed[e.id] = ref
+		w.l.mu.Unlock()
+	}
+	lostNearKill := enqueued{"l1", "a", 1}  // committed at 95 s, the relay killed at 100 s
+	dupNearBroker := enqueued{"d1", "b", 1} // committed at 310 s, a broker killed at 300 s
+	reordNowhere := enqueued{"r2", "c", 2}  // committed at 1000 s, far from both
+	reordNowhereFirst := enqueued{"r1", "c", 1}
+	at(lostNearKill, 95)
+	at(dupNearBroker, 310)
+	at(reordNowhereFirst, 999)
+	at(reordNowhere, 1000)
+	w.publish(dupNearBroker)
+	w.publish(dupNearBroker) // twice on the topic
+	w.publish(reordNowhere)
+	w.publish(reordNowhereFirst) // 2 before 1
+	for _, e := range []enqueued{dupNearBroker, dupNearBroker, reordNowhereFirst, reordNowhere} {
+		w.apply(e, false) // applied twice, in order
+	}
+	faults := []Fault{{Kind: KindBrokerKill, AtS: 300, RecoveryS: 12}, {Kind: KindRelayKill, AtS: 100, RecoveryS: 3},
+		{Kind: KindRelayKill, AtS: 2000, RecoveryS: -1}}
+	got := map[string]FaultKindRow{}
+	var order []string
+	for _, r := range byFault(w.l, w.tw, w.aw, faults, start) {
+		got[r.Kind] = r
+		order = append(order, r.Kind)
+	}
+	if order[len(order)-1] != NoFault || len(order) != 3 {
+		t.Fatalf("rows %v: want the two kinds that ran, then %q", order, NoFault)
+	}
+	want := map[string]FaultKindRow{
+		KindRelayKill:  {Kind: KindRelayKill, Faults: 2, Lost: 1, Recovery: Stats{N: 1, P50: 3, P99: 3, Max: 3}},
+		KindBrokerKill: {Kind: KindBrokerKill, Faults: 1, Duplicated: 1, Recovery: Stats{N: 1, P50: 12, P99: 12, Max: 12}},
+		NoFault:        {Kind: NoFault, Reordered: 1},
+	}
+	for k, wr := range want {
+		if got[k] != wr {
+			t.Errorf("%s: %+v, want %+v", k, got[k], wr)
+		}
+	}
+}

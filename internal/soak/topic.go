@@ -18,13 +18,15 @@ import (
 type topicWatch struct {
 	r *audit.TopicReader
 
-	mu         sync.Mutex
-	seq        *audit.Sequence
-	first      map[string]pos
-	malformed  []string
-	dupes      []string // "id at p/o, first at p/o"
-	reordered  []string // "source: seq a after seq b at p/o"
-	partitions map[int32]int64
+	mu        sync.Mutex
+	seq       *audit.Sequence
+	first     map[string]pos
+	malformed []string
+	dupes     []string // "id at p/o, first at p/o"
+	reordered []string // "source: seq a after seq b at p/o"
+	// The event ids of dupes and reordered, for the per-fault table.
+	dupeIDs, reorderedIDs []string
+	partitions            map[int32]int64
 
 	seen     atomic.Int64
 	pollErrs atomic.Int64
@@ -66,9 +68,11 @@ func (w *topicWatch) add(rec audit.Record) {
 	e := rec.Env
 	if w.seq.Add(e.EventID, e.Source, e.Seq) {
 		w.reordered = append(w.reordered, fmt.Sprintf("%s: seq %d (%s) at %s after seq %d", e.Source, e.Seq, e.EventID, at, w.seq.LastSeq(e.Source)))
+		w.reorderedIDs = append(w.reorderedIDs, e.EventID)
 	}
 	if f, ok := w.first[e.EventID]; ok {
 		w.dupes = append(w.dupes, fmt.Sprintf("%s (%s seq %d) at %s, first at %s", e.EventID, e.Source, e.Seq, at, f))
+		w.dupeIDs = append(w.dupeIDs, e.EventID)
 	} else {
 		w.first[e.EventID] = at
 	}

@@ -67,7 +67,8 @@ func privilegeMatrix(t *testing.T, db *testkit.DB, rs roleSet) string {
 	t.Helper()
 	ctx := context.Background()
 	grantees := []struct{ role, name string }{
-		{rs.writer, "onceflow_writer"}, {rs.relay, "onceflow_relay"}, {rs.consumer, "onceflow_consumer"}, {"public", "PUBLIC"},
+		{rs.writer, "onceflow_writer"}, {rs.relay, "onceflow_relay"}, {rs.consumer, "onceflow_consumer"}, {rs.reader, "onceflow_reader"},
+		{"public", "PUBLIC"},
 	}
 	var sb strings.Builder
 	sb.WriteString("\n\nTables and sequences (S select, I insert, U update, D delete, T truncate; a list of columns after a\n" +

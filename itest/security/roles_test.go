@@ -21,14 +21,14 @@ import (
 	"github.com/onceflow/onceflow/pkg/retention"
 )
 
-// roleSet names the four roles of deploy/sql/roles.sql plus a login member
+// roleSet names the five roles of deploy/sql/roles.sql plus a login member
 // of each. Roles are cluster-wide, so every test uses its own names.
 type roleSet struct {
-	owner, writer, relay, consumer string
+	owner, writer, relay, consumer, reader string
 }
 
 func (r roleSet) all() []string {
-	return []string{r.owner, r.writer, r.relay, r.consumer}
+	return []string{r.owner, r.writer, r.relay, r.consumer, r.reader}
 }
 
 // login is the name of r's login member.
@@ -39,7 +39,7 @@ func login(role string) string { return role + "_login" }
 func newRoles(t *testing.T) roleSet {
 	t.Helper()
 	p := "sec_" + randHex(4) + "_"
-	rs := roleSet{owner: p + "owner", writer: p + "writer", relay: p + "relay", consumer: p + "consumer"}
+	rs := roleSet{owner: p + "owner", writer: p + "writer", relay: p + "relay", consumer: p + "consumer", reader: p + "reader"}
 	admin := testkit.DatabaseURL(t)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -83,7 +83,7 @@ func applyRoles(t *testing.T, dbURL string, rs roleSet, consumerMayEnqueue bool)
 	}
 	cmd := exec.Command(psql, dbURL, "-X", "-q", "-v", "ON_ERROR_STOP=1",
 		"-v", "owner_role="+rs.owner, "-v", "writer_role="+rs.writer,
-		"-v", "relay_role="+rs.relay, "-v", "consumer_role="+rs.consumer,
+		"-v", "relay_role="+rs.relay, "-v", "consumer_role="+rs.consumer, "-v", "reader_role="+rs.reader,
 		"-v", "consumer_may_enqueue="+enq,
 		"-f", filepath.Join(root, "deploy", "sql", "roles.sql"))
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -21,8 +21,9 @@ func (w logWriter) Write(p []byte) (int, error) {
 }
 
 // TestSoak runs the soak for two minutes (ONCEFLOW_SOAK_DURATION to
-// change it) and requires zero anomalies, with at least one broker kill, one
-// database restart, one proxy cut and one process kill among its faults.
+// change it) and requires zero anomalies, from its ledger and from the
+// reconcile check, with at least one broker kill, one database restart, one
+// proxy cut and one process kill among its faults.
 func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts three brokers and a database")
@@ -72,6 +73,12 @@ func TestSoak(t *testing.T) {
 	}
 	if rep.Events.Committed == 0 || rep.Events.AppliedDistinct != rep.Events.Committed {
 		t.Fatalf("committed %d, applied %d distinct", rep.Events.Committed, rep.Events.AppliedDistinct)
+	}
+	// The judge's second opinion, reconcile, read the whole run (up to 40
+	// minutes of it).
+	if rc := rep.Reconcile; rc == nil || rc.Counts.Committed == 0 ||
+		(duration < 30*time.Minute && (rc.Counts.Committed < rep.Events.Committed || rc.Counts.Applied < rep.Events.Committed)) {
+		t.Fatalf("reconcile: %+v; want every committed event (%d) read from the outbox and applied", rc, rep.Events.Committed)
 	}
 	os.RemoveAll(out)
 }

@@ -195,6 +195,7 @@
       ["lag", "api/v1/lag", renderLag],
       ["relay", "api/v1/relay", renderRelay],
       ["audit", "api/v1/audit", renderAudit],
+      ["reconcile", "api/v1/reconcile", renderReconcile],
     ];
     const results = await Promise.allSettled(parts.map(([, path]) => api(path)));
     const failed = [];
@@ -357,6 +358,34 @@
     const more = sa.count > rows.length ? " (the oldest " + rows.length + " of " + sa.count + ")" : "";
     $("set-aside-h").textContent = "Set-aside outbox rows" + more;
     fillBody("set-aside-table", rows, "No outbox rows set aside.", 7);
+  }
+
+  function renderReconcile(data) {
+    const run = data.last;
+    const pair = (k, v) => [el("dt", { text: k }), el("dd", {}, v)];
+    if (!run) {
+      $("reconcile-list").replaceChildren(...pair("Last run", "none recorded (run consumer reconcile)"));
+      fillBody("reconcile-table", [], "No run recorded.", 5);
+      return;
+    }
+    const rep = run.report || {};
+    const c = rep.counts || {};
+    const w = rep.window || {};
+    $("reconcile-list").replaceChildren(
+      ...pair("Outcome", badge(run.status === "clean" ? "ok" : "error", run.status === "clean" ? "clean" : run.anomalies + " anomalies")),
+      ...pair("Finished", fmtTime(run.finished_at)),
+      ...pair("Window", w.from_id ? "outbox ids " + w.from_id + " to " + (w.to_id || "end") : fmtTime(w.from) + " to " + fmtTime(w.until)),
+      ...pair("Topics", (run.topics || []).join(", ")),
+      ...pair("Read", (c.committed || 0) + " outbox rows, " + (c.records || 0) + " records, " + (c.applied || 0) + " applied, " +
+        (c.streams || 0) + " streams"),
+    );
+    const rows = (rep.findings || []).map((f) => el("tr", {},
+      el("td", {}, badge(f.resolved ? "resolved" : "error", f.kind.replaceAll("_", " ") + (f.resolved ? " (resolved)" : ""))),
+      el("td", { class: "mono", text: streamName(f) }),
+      el("td", { class: "mono", text: (f.seqs || []).map((r) => r.from === r.to ? String(r.from) : r.from + "–" + r.to).join(", ") }),
+      el("td", { class: "num", text: String(f.count) }),
+      el("td", { text: f.detail || "" })));
+    fillBody("reconcile-table", rows, "No findings: every event committed in the window was published once, in order, and applied once.", 5);
   }
 
   function renderAudit(data) {

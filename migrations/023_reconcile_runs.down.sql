@@ -1,0 +1,1 @@
+DROP TABLE onceflow.reconcile_runs;
