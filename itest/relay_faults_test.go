@@ -87,6 +87,7 @@ func TestRelayCrash(t *testing.T) {
 
 	final := e.start("relay-final", nil, args...)
 	waitLeader(t, ctx, final)
+	w.waitCommitted(t, ctx, 1000)
 	if err := w.stop(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}

@@ -161,6 +161,19 @@ func startWritersWith(ctx context.Context, pool *pgxpool.Pool, topic string, n, 
 	return w
 }
 
+// waitCommitted waits until the writers have committed at least n events:
+// the crash tests stop their writers only once enough ran, however slow the
+// machine, instead of after a fixed time.
+func (w *writers) waitCommitted(t testing.TB, ctx context.Context, n int64) {
+	t.Helper()
+	for w.committed.Load() < n {
+		if ctx.Err() != nil {
+			t.Fatalf("the writers committed %d events, want %d before stopping them", w.committed.Load(), n)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a counter
+	}
+}
+
 var errRollback = errors.New("test rollback")
 
 func (w *writers) oneTx(ctx context.Context, pool *pgxpool.Pool, topic string, rng *rand.Rand, sources, maxTx int, rollback float64) error {

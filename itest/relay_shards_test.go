@@ -182,6 +182,7 @@ func TestRelayShardsCrash(t *testing.T) {
 	}
 	waitPublished(t, ctx, e, publishedCount(t, ctx, e)+300)
 	waitMetric(t, ctx, s0URL, "onceflow_relay_shards_without_leader", 0)
+	w.waitCommitted(t, ctx, 500)
 	if err := w.stop(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}

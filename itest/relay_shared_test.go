@@ -118,6 +118,7 @@ func TestRelayTwoDatabasesShareKafka(t *testing.T) {
 	}
 	t.Logf("%d SIGKILLs per relay (2 right after a Kafka commit) in %s", kills, time.Since(start).Round(time.Millisecond))
 	for _, s := range sides {
+		s.w.waitCommitted(t, ctx, 300)
 		if err := s.w.stop(); err != nil {
 			t.Fatalf("%s writer: %v", s.name, err)
 		}
@@ -386,6 +387,7 @@ func TestRelayDeleteOnPublishCrash(t *testing.T) {
 	}
 	final := e.start("relay-final", nil, args...)
 	waitLeader(t, ctx, final)
+	w.waitCommitted(t, ctx, 1000)
 	if err := w.stop(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}

@@ -163,7 +163,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.RetryMaxAttempts, "retry-max-attempts", inbox.DefaultRetryMaxAttempts, "tries of a failing event before it is dead-lettered")
 	fs.DurationVar(&o.RetryMaxElapsed, "retry-max-elapsed", inbox.DefaultRetryMaxElapsed, "longest time spent retrying one event")
 	fs.DurationVar(&o.RetryMaxInterval, "retry-max-interval", inbox.DefaultRetryMaxInterval, "longest backoff between tries")
-	fs.StringVar(&c.SchemaRegistryURL, "schema-registry-url", "", "schema registry (Confluent-compatible API) that records in avro, protobuf or json-schema are decoded with (empty: such records are dead-lettered as malformed)")
+	fs.StringVar(&c.SchemaRegistryURL, "schema-registry-url", "", cli.SchemaRegistryHelp)
 	fs.DurationVar(&o.SessionTimeout, "session-timeout", inbox.DefaultSessionTimeout, "how long the group waits for a member that stopped heartbeating before reassigning its partitions (the broker allows 6s and up by default)")
 	cli.Var(fs, &o.StartAt, "start-at", "where a partition with no stored offset starts (a new group, a new or recreated topic): earliest (the whole retained log), latest, or an RFC 3339 time; other than earliest needs -first-seen accept-first-seen",
 		inbox.ParseStartPosition, inbox.StartPosition.String)

@@ -199,7 +199,7 @@ func (c *config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", relay.DefaultTransactionTimeout, "Kafka transaction timeout")
 	fs.BoolVar(&c.topicsVerify, "topics-verify", false, "verify the checkpoint topic at start and each event topic before its first publish against the topic spec; refuse to publish to a topic that breaks it (create topics with `relay topics apply` first)")
 	c.topics.RegisterFlags(fs)
-	fs.StringVar(&c.registryURL, "schema-registry-url", "", "schema registry (Confluent-compatible API) for topics whose wire format in the topic spec is avro, protobuf or json-schema (register their schemas with `relay topics apply` first)")
+	fs.StringVar(&c.registryURL, "schema-registry-url", "", cli.SchemaRegistryHelp)
 }
 
 func (c *config) validate() error {

@@ -231,3 +231,8 @@ func ExitCode(err error) int {
 	}
 	return 1
 }
+
+// SchemaRegistryHelp is the help of -schema-registry-url, which means one
+// thing in every command that has it (the relay encodes with it, topics
+// apply/verify register and check schemas, the consumer decodes).
+const SchemaRegistryHelp = "schema registry (Confluent-compatible API) of the topics whose wire format is avro, protobuf or json-schema (docs/contract.md, \"Wire formats\")"

@@ -106,7 +106,7 @@ func Command(ctx context.Context, prog string, args []string, stdout io.Writer, 
 	var tc Config
 	tc.RegisterFlags(fs)
 	timeout := fs.Duration("topics-timeout", time.Minute, "give up on Kafka after this long")
-	registryURL := fs.String("schema-registry-url", "", "schema registry (Confluent-compatible API) for topics whose wire format is avro, protobuf or json-schema: apply registers their schemas, verify checks them")
+	registryURL := fs.String("schema-registry-url", "", cli.SchemaRegistryHelp)
 	var roles cli.List
 	fs.Var(&roles, "topics-roles", "comma-separated roles to check: events, checkpoint, dlq (default: all)")
 	if err := cli.Parse(fs, args); err != nil {
