@@ -1,0 +1,137 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+// TestPollCostFlatUnderHeldSnapshot: with a REPEATABLE READ snapshot held
+// (no xid, as a report's), the buffers one poll reads do not grow with the
+// rows published since the snapshot began. The reader drains 2,000 rows,
+// then 18,000 more, marking each batch published as the relay does; after
+// each drain one more row is enqueued and the poll statement, with the
+// reader's floor, is measured by EXPLAIN (ANALYZE, BUFFERS): a count of
+// blocks, whatever the machine's load. Without the floor the poll walks
+// every queue entry deleted since the snapshot began (about 20,000 heap
+// fetches after the second drain).
+func TestPollCostFlatUnderHeldSnapshot(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{DB: db.Pool, BatchMaxRows: 1000, BatchMaxBytes: 4 << 20}
+	rd := newReader(cfg, layout{shards: 1}, m, slog.New(slog.DiscardHandler))
+
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	snap, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	if _, err := snap.Exec(ctx, `SELECT count(*) FROM onceflow.outbox`); err != nil {
+		t.Fatal(err)
+	}
+
+	enqueue := func(n int) {
+		t.Helper()
+		for done := 0; done < n; done += 1000 {
+			msgs := make([]outbox.Message, min(1000, n-done))
+			for i := range msgs {
+				msgs[i] = outbox.Message{Topic: "t", Source: fmt.Sprintf("src-%d", i%64), EventType: "e", Payload: []byte(`{"n":1}`)}
+			}
+			if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				_, err := outbox.EnqueueBatch(ctx, tx, msgs)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	drain := func() {
+		t.Helper()
+		for {
+			rows, err := rd.next(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) == 0 {
+				return
+			}
+			ids := make([]int64, len(rows))
+			for i, w := range rows {
+				ids[i] = w.id
+			}
+			if _, err := db.Pool.Exec(ctx, qMarkPublished, ids); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// pollBuffers enqueues one row, lets the floor settle (two marks: the
+	// one taken at the last poll, then one taken after it) and measures the
+	// poll that finds that row.
+	pollBuffers := func() (int64, int) {
+		t.Helper()
+		enqueue(1)
+		for range 2 {
+			if err := rd.raise(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var plan []byte
+		if err := db.Pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+qSelectBatch,
+			cfg.BatchMaxRows, []int64{}, int64(cfg.BatchMaxBytes), rd.floor).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		var p []struct {
+			Plan struct {
+				Hit    int64 `json:"Shared Hit Blocks"`
+				Read   int64 `json:"Shared Read Blocks"`
+				Rows   int   `json:"Actual Rows"`
+				Filter int64 `json:"Rows Removed by Filter"`
+			} `json:"Plan"`
+		}
+		if err := json.Unmarshal(plan, &p); err != nil || len(p) != 1 {
+			t.Fatalf("EXPLAIN output %s: %v", plan, err)
+		}
+		return p[0].Plan.Hit + p[0].Plan.Read, p[0].Plan.Rows
+	}
+
+	enqueue(2000)
+	drain()
+	small, rows := pollBuffers()
+	if rows != 1 {
+		t.Fatalf("the poll after 2,000 rows found %d rows, want 1", rows)
+	}
+	drain()
+	enqueue(18000)
+	drain()
+	large, rows := pollBuffers()
+	if rows != 1 {
+		t.Fatalf("the poll after 20,000 rows found %d rows, want 1", rows)
+	}
+	t.Logf("one poll with a snapshot held: %d buffers after 2,000 rows published, %d after 20,000 (floor %d)", small, large, rd.floor)
+	// Flat: a few blocks either way (the queue's index root and leaf, the
+	// outbox row, the set-aside look-ups). Without the floor the second
+	// poll reads tens of thousands.
+	if large > small+20 || large > 100 {
+		t.Fatalf("one poll read %d buffers after 20,000 rows published under a held snapshot, %d after 2,000: the poll's cost grows with what was published since the snapshot", large, small)
+	}
+}
