@@ -135,3 +135,51 @@ func TestPollCostFlatUnderHeldSnapshot(t *testing.T) {
 		t.Fatalf("one poll read %d buffers after 20,000 rows published under a held snapshot, %d after 2,000: the poll's cost grows with what was published since the snapshot", large, small)
 	}
 }
+
+// TestOutboxIDDrawnWithXid: a row inserted without a seq (Enqueue, a
+// hand-written INSERT) in a transaction that has no xid yet gets an id
+// drawn after the transaction took one (migration 024): the identity's id,
+// drawn before, is replaced, so the sequence moves by two; a later row of
+// the same transaction keeps the identity's id. The scan floor relies on
+// it (reader.go). (A draw that WAL-logs the sequence, the first after a
+// checkpoint or every 32nd, takes an xid itself and is kept: each attempt
+// first inserts a row so that the next draws are not logged, and a
+// checkpoint in between makes the attempt inconclusive.)
+func TestOutboxIDDrawnWithXid(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	insert := func(tx pgx.Tx, eventID string) int64 {
+		t.Helper()
+		var id int64
+		if err := tx.QueryRow(ctx, `
+			INSERT INTO onceflow.outbox (event_id, topic, source, event_type, payload)
+			VALUES ($1, 't', 's', 'e', '{}') RETURNING id`, eventID).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	var got string
+	for attempt := range 3 {
+		var before int64
+		var ids [2]int64
+		_ = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			before = insert(tx, fmt.Sprintf("warm-%d", attempt))
+			return nil
+		})
+		_ = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			for i := range ids {
+				ids[i] = insert(tx, fmt.Sprintf("ev-%d-%d", attempt, i))
+			}
+			return nil
+		})
+		if ids[0] == before+2 && ids[1] == ids[0]+1 {
+			return
+		}
+		got += fmt.Sprintf(" %v after %d;", ids, before)
+	}
+	t.Fatalf("ids:%s want the first of each transaction two above the row before (drawn again once the transaction had its xid), the second one above it", got)
+}
