@@ -44,3 +44,15 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
+
+-- onceflow.enqueue without the statement 024 added.
+DO $do$
+DECLARE
+    v_def text := pg_get_functiondef('onceflow.enqueue(text, text, text, jsonb, text, jsonb, text, text, text)'::regprocedure);
+    v_add constant text := E'    -- The xid before the row''s id is drawn (the relay''s scan floor,\n'
+                           '    -- migration 024), so that the trigger keeps the id.\n'
+                           '    PERFORM pg_current_xact_id();\n';
+BEGIN
+    EXECUTE replace(v_def, v_add, '');
+END
+$do$;

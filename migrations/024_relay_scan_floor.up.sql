@@ -19,6 +19,8 @@
 --     the transaction had no xid as the identity drew it (the counter's row
 --     lock gives it one; an INSERT naming its own id in a transaction that
 --     has written nothing yet gets a new id);
+--   * onceflow.enqueue and Go's Enqueue take the xid before their INSERT, so
+--     that the trigger keeps the identity's id (ids stay consecutive);
 --   * the batch statements (EnqueueBatch, onceflow.enqueue_batch) call
 --     onceflow.next_seqs, whose row locks give the transaction its xid before
 --     the statement forms its rows (their ids are drawn above a sort of the
@@ -81,6 +83,24 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
+
+-- onceflow.enqueue takes its xid before its INSERT: its current body
+-- (whatever migration wrote it last) gets one statement before the INSERT,
+-- and nothing else changes.
+DO $do$
+DECLARE
+    v_def text := pg_get_functiondef('onceflow.enqueue(text, text, text, jsonb, text, jsonb, text, text, text)'::regprocedure);
+    v_at  constant text := '    -- The seq: the trigger outbox_assign_seq''s, from the stream''s counter.';
+    v_add constant text := E'    -- The xid before the row''s id is drawn (the relay''s scan floor,\n'
+                           '    -- migration 024), so that the trigger keeps the id.\n'
+                           '    PERFORM pg_current_xact_id();\n';
+BEGIN
+    IF (length(v_def) - length(replace(v_def, v_at, ''))) / length(v_at) <> 1 THEN
+        RAISE EXCEPTION 'migration 024: onceflow.enqueue does not hold its INSERT''s comment exactly once';
+    END IF;
+    EXECUTE replace(v_def, v_at, v_add || v_at);
+END
+$do$;
 
 -- What the relay's floor rises by: the highest id drawn so far, then the
 -- xid of this call's transaction, which is higher than the xid of every
