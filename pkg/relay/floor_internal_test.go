@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -84,16 +85,28 @@ func TestPollCostFlatUnderHeldSnapshot(t *testing.T) {
 			}
 		}
 	}
-	// pollBuffers enqueues one row, lets the floor settle (two marks: the
-	// one taken at the last poll, then one taken after it) and measures the
-	// poll that finds that row.
+	// pollBuffers enqueues one row, waits for the floor to rise to just
+	// below it and measures the poll that finds that row. (The floor waits
+	// for every transaction with an xid in the whole cluster that began
+	// before its mark: xids are cluster-wide, and other tests share the
+	// server.)
 	pollBuffers := func() (int64, int) {
 		t.Helper()
 		enqueue(1)
-		for range 2 {
+		var top int64
+		if err := db.Pool.QueryRow(ctx, `SELECT max(id) FROM onceflow.outbox`).Scan(&top); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for rd.floor < top-1 {
+			if time.Now().After(deadline) {
+				t.Logf("the floor stayed at %d, below the last published id %d, for 30 s", rd.floor, top-1)
+				break
+			}
 			if err := rd.raise(ctx); err != nil {
 				t.Fatal(err)
 			}
+			time.Sleep(10 * time.Millisecond) // polling a condition
 		}
 		var plan []byte
 		if err := db.Pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+qSelectBatch,
