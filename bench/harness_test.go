@@ -55,6 +55,7 @@ type sizes struct {
 	RelayDesignBatches int           `json:"relay_design_batches"` // batches of 1000 per relay design
 	TracingEvents      int           `json:"tracing_events"`       // consumer drain with tracing off and on
 	SnapshotEvents     int           `json:"snapshot_events"`      // consumer drain with and without a held snapshot
+	SnapshotRelayRows  int           `json:"snapshot_relay_rows"`  // relay drain with and without a held snapshot
 }
 
 func benchSizes(tb testing.TB) sizes {
@@ -80,6 +81,7 @@ func benchSizes(tb testing.TB) sizes {
 		RelayDesignBatches: envInt(tb, "ONCEFLOW_BENCH_RELAY_DESIGN_BATCHES", 200),
 		TracingEvents:      envInt(tb, "ONCEFLOW_BENCH_TRACING_EVENTS", 50_000),
 		SnapshotEvents:     envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_EVENTS", 1_000_000),
+		SnapshotRelayRows:  envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_RELAY_ROWS", 1_000_000),
 	}
 }
 
@@ -90,7 +92,7 @@ func smokeSizes() sizes {
 		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
 		WriteTxns: 4, WriteTxnEvents: 100, MemorySmall: 200, MemoryEvents: 2_000,
 		PeerEvents: 2_000, WatermillEvents: 500, RelayDesignBatches: 3,
-		TracingEvents: 1_000, SnapshotEvents: 1_000,
+		TracingEvents: 1_000, SnapshotEvents: 1_000, SnapshotRelayRows: 2_000,
 	}
 }
 

@@ -68,6 +68,8 @@ func TestBenchSmoke(t *testing.T) {
 			[]string{"relay design: mark", "relay design: delete", "relay design: move", "relay design: queue"}},
 		{"snapshot", func(t *testing.T) { consumerHeldSnapshot(t, rep, sz.SnapshotEvents) },
 			[]string{"consumer drain, no snapshot held", "held snapshot: consumer drain"}},
+		{"snapshot-relay", func(t *testing.T) { relayHeldSnapshot(t, rep, sz.SnapshotRelayRows) },
+			[]string{"relay drain, no snapshot held", "held snapshot: relay drain"}},
 		{"tracing", func(t *testing.T) { tracingOverhead(t, rep, sz) },
 			[]string{"tracing off: enqueue", "tracing default (global provider, no SDK): enqueue", "tracing on, 1 trace in 10 sampled: enqueue",
 				"tracing on, every span exported: enqueue", "tracing off: consumer drain", "tracing on, every span exported: consumer drain",

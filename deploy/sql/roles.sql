@@ -224,6 +224,10 @@ BEGIN
     IF to_regclass('onceflow.outbox') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT ON SEQUENCE %s TO %I', pg_get_serial_sequence('onceflow.outbox', 'id'), v_relay);
     END IF;
+    -- The relay's scan floor rises by marks (migration 024).
+    IF to_regprocedure('onceflow.outbox_scan_mark()') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.outbox_scan_mark() TO %I', v_relay);
+    END IF;
 
     -- Consumer: its ledgers and state.
     FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c

@@ -9,9 +9,13 @@ package outbox
 // transaction ends, so producers of one stream serialize, seqs are gap-free
 // per stream (a rollback burns nothing) and, per stream, id order is seq
 // order.
+// The transaction takes its xid (x) before the row's id is drawn, as the
+// relay's scan floor requires (migration 024): otherwise the trigger draws
+// the id again, leaving a gap in the ids.
 const qEnqueue = `
+WITH x AS MATERIALIZED (SELECT pg_current_xact_id())
 INSERT INTO onceflow.outbox (event_id, topic, source, event_type, content_type, record_key, headers, payload)
-VALUES (coalesce($1, gen_random_uuid()::text), $2, $3, $4, $5, $6, $7, $8)
+SELECT coalesce($1, gen_random_uuid()::text), $2::text, $3::text, $4::text, $5::text, $6::bytea, $7::jsonb, $8::bytea FROM x
 RETURNING event_id, seq`
 
 // qEnqueueBatch is qEnqueue for a whole batch in one statement, without a

@@ -34,7 +34,7 @@ func TestSelectBatchMeasuresBeforeReading(t *testing.T) {
 		  FROM unnest(ARRAY['a', 'b', 'c', 'd', 'e']) WITH ORDINALITY AS x(s, n) ORDER BY n`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := db.Pool.Query(ctx, qSelectBatch, 1000, []int64{}, budget)
+	rows, err := db.Pool.Query(ctx, qSelectBatch, 1000, []int64{}, budget, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

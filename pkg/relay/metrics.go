@@ -31,6 +31,7 @@ type metrics struct {
 	layoutConflict prometheus.Gauge
 	unqueued       prometheus.Counter
 	sweepDuration  prometheus.Histogram
+	scanFloor      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -98,6 +99,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Duration of one sweep for unqueued outbox rows.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 10),
 		}),
+		scanFloor: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_relay_scan_floor",
+			Help: "The leader's scan floor: the outbox id its poll walks the queue above (0 at the start of a term). It stays behind while a writing transaction is open or a source is held back.",
+		}),
 	}
 	for _, r := range setAsideReasons {
 		m.setAsideAll.WithLabelValues(r)
@@ -108,7 +113,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.published, m.batchSize, m.txnDuration, m.errors, m.isLeader, m.pruned, m.setAside, m.held, m.setAsideAll, m.leaderless, m.layoutConflict, m.unqueued, m.sweepDuration} {
+	for _, c := range []prometheus.Collector{m.pending, m.oldestAge, m.published, m.batchSize, m.txnDuration, m.errors, m.isLeader, m.pruned, m.setAside, m.held, m.setAsideAll, m.leaderless, m.layoutConflict, m.unqueued, m.sweepDuration, m.scanFloor} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -18,6 +18,10 @@ package relay
 // or its retry time comes (R2, I3); retrying tells the relay to try such a
 // row alone.
 //
+// $4 is the reader's scan floor (reader.go, floor): nothing at or below it
+// is pending or can become pending, so the walk starts above it and does
+// not visit the entries published since the oldest open snapshot.
+//
 // $3 is the batch's byte budget (Config.BatchMaxBytes), and the relay's
 // memory is bounded by it whatever a row holds (I6). The size of each row
 // (rowSize: payload, key, headers, names, read from the stored lengths
@@ -30,7 +34,7 @@ const qSelectBatch = qSelectBatchHead + `
  ORDER BY p.id
  LIMIT $1` + qSelectBatchTail
 
-// qSelectBatchShard is qSelectBatch for shard $5 of $4 (Config.Shards > 1):
+// qSelectBatchShard is qSelectBatch for shard $6 of $5 (Config.Shards > 1):
 // it walks the pending ids in order and keeps the rows of its own sources.
 //
 // The shard test is wrapped in a CASE on purpose, here and in the other
@@ -42,7 +46,7 @@ const qSelectBatch = qSelectBatchHead + `
 // cannot look into is estimated at 50 %, which is the truth for 2 shards
 // and close enough for more.
 const qSelectBatchShard = qSelectBatchHead + `
-   AND CASE WHEN onceflow.source_shard(o.source, $4) = $5 THEN true ELSE false END
+   AND CASE WHEN onceflow.source_shard(o.source, $5) = $6 THEN true ELSE false END
  ORDER BY p.id
  LIMIT $1` + qSelectBatchTail
 
@@ -70,7 +74,8 @@ SELECT o.id, o.seq, o.size,
        sum(CASE WHEN o.size <= $3 THEN o.size ELSE 1024 END) OVER (ORDER BY p.id ROWS UNBOUNDED PRECEDING)::bigint AS upto
   FROM onceflow.outbox_pending p
  CROSS JOIN LATERAL (SELECT o.*, ` + rowSize + ` AS size FROM onceflow.outbox o WHERE o.id = p.id OFFSET 0) o
- WHERE p.id NOT IN (SELECT unnest($2::bigint[]))
+ WHERE p.id > $4::bigint
+   AND p.id NOT IN (SELECT unnest($2::bigint[]))
    AND o.source NOT IN (` + qHeldSources + `)`
 
 // qSelectBatchTail keeps the rows within the byte budget $3: the first
@@ -120,6 +125,23 @@ SELECT (SELECT count(*) FROM f), coalesce((SELECT min(id) FROM f), 0), coalesce(
                                 AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o2.id)
                               LIMIT 1) later),
        coalesce((SELECT max(id) FROM onceflow.outbox), 0)`
+
+// qScanMark is the mark the scan floor rises by: the highest id drawn so
+// far and an xid above that of every transaction that drew one
+// (migration 024).
+const qScanMark = `SELECT last_id, mark_xid::text::bigint FROM onceflow.outbox_scan_mark()`
+
+// qScanSettle reads, in one snapshot, its xmin and the lowest pending id
+// above $1 (0: none). The walk visits the entries deleted since the floor
+// last rose, no more.
+const qScanSettle = `
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+       coalesce((SELECT p.id FROM onceflow.outbox_pending p WHERE p.id > $1 ORDER BY p.id LIMIT 1), 0)`
+
+// qPendingBelow is the lowest pending id in ($1, $2] (0: none): the full
+// walk's check that nothing pending hides below the floor.
+const qPendingBelow = `
+SELECT coalesce((SELECT p.id FROM onceflow.outbox_pending p WHERE p.id > $1 AND p.id <= $2 ORDER BY p.id LIMIT 1), 0)`
 
 // qServerEncoding is the database's encoding.
 const qServerEncoding = `SELECT current_setting('server_encoding')`

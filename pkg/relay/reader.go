@@ -49,8 +49,39 @@ const (
 	sweepIdleInterval = time.Second
 )
 
+// The scan floor. The poll walks onceflow.outbox_pending in id order, and an
+// entry deleted (its row published) while some snapshot is open stays in
+// the index until vacuum may remove it: a poll starting at the lowest id
+// would visit every entry published since the oldest open snapshot. So the
+// poll starts above the floor, an id at or below which nothing is pending
+// and nothing can become pending again (docs/relay.md, "How the poll stays
+// cheap under old snapshots").
+//
+// The floor rises by marks (migration 024): a mark is the highest id drawn
+// so far (M) and an xid (X) above that of every transaction that drew one
+// of those ids, each drawn by a transaction that had its xid already. Once
+// a snapshot's xmin is at least X, every row with id <= M is committed and
+// visible in it, or never will be; so the floor may rise to M, or to just
+// below the lowest id pending in that snapshot if that is lower (a row of a
+// held-back source, a batch being marked). A read-only snapshot (a report,
+// a standby's hot_standby_feedback, a replication slot) has no xid and
+// never holds a snapshot's xmin back: the floor keeps rising. A writing
+// transaction open for long does (it may still commit a low id): the floor
+// waits for it, and the walk grows with what is published meanwhile.
+//
+// Nothing else may leave a pending id below the floor, and two things can:
+// the sweep queues rows of old ids (it lowers the floor to the lowest it
+// queued), and a row whose id was not drawn by the sequence in a
+// transaction with an xid (an INSERT … OVERRIDING SYSTEM VALUE naming its
+// id, or one naming its seqs without onceflow.next_seqs in a transaction
+// that had not written yet). The full walk's step also looks for pending
+// ids below the floor in its chunk and lowers the floor to them, so such a
+// row is found within one round of the full walk, like an unqueued one
+// (after later rows of its source, if any were published meanwhile). A
+// new term (leader change, shard) starts at floor 0: one full walk.
+
 // reader reads a term's batches and sweeps for unqueued rows. A publisher
-// owns it; its sweep state lasts the term.
+// owns it; its sweep state and scan floor last the term.
 type reader struct {
 	cfg Config
 	lay layout
@@ -62,6 +93,59 @@ type reader struct {
 	busy     bool      // the last poll found rows
 	fullFrom int64     // the full walk's next step starts above this
 	fullAt   time.Time
+
+	floor   int64     // the poll walks pending ids above this
+	mark    scanMark  // what the floor rises by next
+	floorAt time.Time // the last attempt to raise the floor
+}
+
+// scanMark is a mark the floor rises by: once a snapshot's xmin is at least
+// xid, every row with an id up to lastID is visible in it or never will be.
+type scanMark struct {
+	lastID, xid int64
+	ok          bool
+}
+
+// lower brings the floor below id, a pending id found at or below it.
+func (rd *reader) lower(id int64) {
+	if id > 0 && id <= rd.floor {
+		rd.floor = id - 1
+	}
+}
+
+// raiseOrLog is raise for the poll: a failure leaves the floor where it is
+// (the polls stay correct, only not cheaper) and is logged.
+func (rd *reader) raiseOrLog(ctx context.Context) {
+	if err := rd.raise(ctx); err != nil && ctx.Err() == nil {
+		rd.log.WarnContext(ctx, "the relay's scan floor did not rise", slog.Any("error", err))
+	}
+}
+
+// raise moves the floor up when the mark is settled (see "The scan floor")
+// and takes the next mark. It runs after a poll, outside its snapshot.
+func (rd *reader) raise(ctx context.Context) error {
+	rd.floorAt = time.Now()
+	if rd.mark.ok {
+		var xmin, low int64
+		if err := rd.cfg.DB.QueryRow(ctx, qScanSettle, rd.floor).Scan(&xmin, &low); err != nil {
+			return fmt.Errorf("scan floor: read the lowest pending id: %w", err)
+		}
+		if xmin < rd.mark.xid {
+			return nil // a transaction that may yet commit an id <= mark.lastID is still running
+		}
+		to := rd.mark.lastID
+		if low > 0 {
+			to = min(to, low-1)
+		}
+		rd.floor = max(rd.floor, to)
+		rd.m.scanFloor.Set(float64(rd.floor))
+	}
+	if err := rd.cfg.DB.QueryRow(ctx, qScanMark).Scan(&rd.mark.lastID, &rd.mark.xid); err != nil {
+		rd.mark.ok = false
+		return fmt.Errorf("scan floor: take a mark: %w", err)
+	}
+	rd.mark.ok = true
+	return nil
 }
 
 func newReader(cfg Config, lay layout, m *metrics, log *slog.Logger) *reader {
@@ -92,6 +176,9 @@ func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 	now := time.Now()
 	if !rd.busy && now.Sub(rd.tailAt) < sweepIdleInterval {
 		rows, err := rd.fetch(ctx, rd.cfg.DB, exclude)
+		if err == nil && now.Sub(rd.floorAt) >= sweepIdleInterval {
+			rd.raiseOrLog(ctx)
+		}
 		if err != nil || len(rows) == 0 {
 			return rows, err
 		}
@@ -113,6 +200,9 @@ func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 			return fmt.Errorf("sweep for unqueued rows: %w", err)
 		}
 		rd.report(ctx, "tail", tail)
+		if tail.found > 0 {
+			rd.lower(tail.minID)
+		}
 		if now.Sub(rd.fullAt) >= sweepFullInterval {
 			rd.fullAt = now
 			if rd.fullFrom >= tail.maxSeen {
@@ -123,6 +213,20 @@ func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 				return fmt.Errorf("sweep for unqueued rows: %w", err)
 			}
 			rd.report(ctx, "full", full)
+			if full.found > 0 {
+				rd.lower(full.minID)
+			}
+			if rd.fullFrom < rd.floor {
+				var low int64
+				if err := tx.QueryRow(ctx, qPendingBelow, rd.fullFrom, min(rd.fullFrom+sweepChunk, rd.floor)).Scan(&low); err != nil {
+					return fmt.Errorf("scan floor: look for pending ids below it: %w", err)
+				}
+				if low > 0 {
+					rd.log.WarnContext(ctx, "found a pending outbox row below the relay's scan floor (its id was not drawn by a transaction "+
+						"that had its xid, or it was queued by hand): lowering the floor to publish it", slog.Int64("id", low), slog.Int64("floor", rd.floor))
+					rd.lower(low)
+				}
+			}
 			rd.fullFrom += sweepChunk
 		}
 		rd.m.sweepDuration.Observe(time.Since(t0).Seconds())
@@ -135,6 +239,9 @@ func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 		return nil
 	})
 	rd.busy = err == nil && len(rows) > 0
+	if rd.busy {
+		rd.raiseOrLog(ctx)
+	}
 	return rows, err
 }
 
@@ -185,7 +292,7 @@ func (rd *reader) fetch(ctx context.Context, tx dbtx.DB, exclude []int64) ([]row
 		exclude = []int64{}
 	}
 	budget := int64(rd.cfg.BatchMaxBytes)
-	q, args := rd.lay.sharded(qSelectBatch, qSelectBatchShard, rd.cfg.BatchMaxRows, exclude, budget)
+	q, args := rd.lay.sharded(qSelectBatch, qSelectBatchShard, rd.cfg.BatchMaxRows, exclude, budget, rd.floor)
 	rs, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err

@@ -59,11 +59,11 @@ func TestShardStatementsWalkTheirIndex(t *testing.T) {
 		args           []any
 		before         string
 	}{
-		{"poll", qSelectBatch, "outbox_pending_pkey", []any{1000, []int64{}, 4 << 20}, ""},
-		{"poll, sharded", qSelectBatchShard, "outbox_pending_pkey", []any{1000, []int64{}, 4 << 20, 4, 1}, ""},
+		{"poll", qSelectBatch, "outbox_pending_pkey", []any{1000, []int64{}, 4 << 20, 0}, ""},
+		{"poll, sharded", qSelectBatchShard, "outbox_pending_pkey", []any{1000, []int64{}, 4 << 20, 0, 4, 1}, ""},
 		// The older half published (kept for the retention) and analyzed.
-		{"poll after a drain", qSelectBatch, "outbox_pending_pkey", []any{1000, []int64{}, 4 << 20}, qMarkPublished},
-		{"poll after a drain, sharded", qSelectBatchShard, "outbox_pending_pkey", []any{1000, []int64{}, 4 << 20, 4, 1},
+		{"poll after a drain", qSelectBatch, "outbox_pending_pkey", []any{1000, []int64{}, 4 << 20, 0}, qMarkPublished},
+		{"poll after a drain, sharded", qSelectBatchShard, "outbox_pending_pkey", []any{1000, []int64{}, 4 << 20, 0, 4, 1},
 			qMarkPublished},
 	} {
 		if tt.before != "" {
