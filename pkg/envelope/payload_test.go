@@ -74,10 +74,14 @@ func TestPayloadSchemasContractExample(t *testing.T) {
 	if err != nil {
 		t.Fatalf("contract/payloads: %v", err)
 	}
-	if err := p.Validate("order.created", "", []byte(`{"order_id":"o-88","total_cents":4200,"currency":"EUR"}`)); err != nil {
-		t.Fatalf("valid order.created rejected: %v", err)
+	if err := p.Validate("example.order_placed", "", []byte(`{"order_id":"o-88","total_cents":4200,"currency":"EUR"}`)); err != nil {
+		t.Fatalf("valid example.order_placed rejected: %v", err)
 	}
-	if err := p.Validate("order.created", "", []byte(`{"order_id":"o-88","total_cents":"42","currency":"EUR"}`)); err == nil {
-		t.Fatalf("order.created with a string total accepted")
+	if err := p.Validate("example.order_placed", "", []byte(`{"order_id":"o-88","total_cents":"42","currency":"EUR"}`)); err == nil {
+		t.Fatalf("example.order_placed with a string total accepted")
+	}
+	// The example governs no name a newcomer would pick for a real event.
+	if err := p.Validate("order.created", "", []byte(`1`)); err != nil {
+		t.Fatalf("the contract's example governs order.created: %v", err)
 	}
 }

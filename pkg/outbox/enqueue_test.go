@@ -479,15 +479,17 @@ func TestEnqueuePayloadSchema(t *testing.T) {
 	}
 	w := outbox.Writer{PayloadSchemas: schemas}
 	good := msg("order-1")
+	good.EventType = "example.order_placed" // the contract's example schema
 	good.Payload = []byte(`{"order_id":"o-1","total_cents":1200,"currency":"EUR"}`)
 	if _, err := b.enqueue(t, w, good); err != nil {
 		t.Fatalf("conforming payload refused: %v", err)
 	}
 	bad := msg("order-1")
+	bad.EventType = "example.order_placed"
 	bad.Payload = []byte(`{"order_id":"o-2","total_cents":-5,"currency":"EUR"}`)
 	_, err = b.enqueue(t, w, bad)
 	var pe *envelope.PayloadError
-	if !errors.As(err, &pe) || pe.EventType != "order.created" || !strings.Contains(err.Error(), "total_cents") {
+	if !errors.As(err, &pe) || pe.EventType != "example.order_placed" || !strings.Contains(err.Error(), "total_cents") {
 		t.Fatalf("payload breaking the schema: err = %v, want a PayloadError naming total_cents", err)
 	}
 	other := msg("order-1")
