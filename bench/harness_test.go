@@ -29,6 +29,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/relay"
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 // sizes are the workload sizes of one run. benchSizes reads them for `make
@@ -401,8 +402,16 @@ func relayKafkaOpts(tb testing.TB) []kgo.Opt {
 // receives its metrics.
 func startBenchRelay(tb testing.TB, db *testkit.DB, batch int, deleteOnPublish, listen bool, reg prometheus.Registerer) (stop func()) {
 	tb.Helper()
+	return startBenchRelayWith(tb, db, batch, deleteOnPublish, listen, reg, nil)
+}
+
+// startBenchRelayWith is startBenchRelay with the topics' wire formats
+// (nil: every topic json).
+func startBenchRelayWith(tb testing.TB, db *testkit.DB, batch int, deleteOnPublish, listen bool, reg prometheus.Registerer, enc *wire.Encoder) (stop func()) {
+	tb.Helper()
 	ckpt := testkit.Topic(tb, "bench-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
 	r, err := relay.New(relay.Config{
+		Wire:                  enc,
 		BatchMaxRows:          batch,
 		CheckpointTopic:       ckpt,
 		DB:                    db.Pool,

@@ -293,8 +293,12 @@ func TestPruneInsertLatency(t *testing.T) {
 	slices.Sort(lat)
 	p99, maxLat := lat[len(lat)*99/100], lat[len(lat)-1]
 	t.Logf("pruned %d rows in %s (batches of 500); %d concurrent inbox inserts: p50 %s, p99 %s, max %s", st.Inbox, took.Round(time.Millisecond), len(lat), lat[len(lat)/2], p99, maxLat)
-	if maxLat > time.Second {
-		t.Fatalf("an inbox insert took %s while pruning", maxLat)
+	// An insert that waited on the prune (a lock held across its batches)
+	// would take about as long as the prune; scheduling on a loaded machine
+	// costs far less than a third of it. (A fixed bound of a second failed
+	// at load averages of 14–20.)
+	if maxLat > took/3 {
+		t.Fatalf("an inbox insert took %s while pruning (the prune took %s): it waited on the prune", maxLat, took.Round(time.Millisecond))
 	}
 }
 
