@@ -117,7 +117,7 @@ func consumerDrain(b testing.TB, rep *report, n int, full bool) {
 
 		// The same with a Go BatchHandler doing the upsert set-based: one
 		// statement per batch instead of one per event.
-		for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_gaps, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
+		for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_applied, onceflow.seq_gaps, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
 			if _, err := db.Pool.Exec(ctx, q); err != nil {
 				b.Fatal(err)
 			}

@@ -58,7 +58,7 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 	rawEmpty := float64(n) / rawInsertCeiling(tb, db.Pool, per, 500).Seconds()
 	record(figure{Name: "raw batched inbox insert, empty inbox", Value: rawEmpty, Unit: "events/s"})
 
-	exec(`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_gaps, public.bench_state`)
+	exec(`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_applied, onceflow.seq_gaps, public.bench_state`)
 	t0 := time.Now()
 	exec(fmt.Sprintf(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
 		SELECT 'default', 'old-' || g, 'old-' || (g %% 100000), g / 100000 + 1, 'bench.event', 'old', g %% 4, g, 'processed', now()

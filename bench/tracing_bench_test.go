@@ -98,7 +98,7 @@ func tracingOverhead(tb testing.TB, rep *report, sz sizes) {
 	rate, cpu = map[string]float64{}, map[string]float64{}
 	for round := range 2 {
 		for mi, mode := range tracingModes {
-			for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_gaps, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
+			for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_applied, onceflow.seq_gaps, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
 				if _, err := db.Pool.Exec(ctx, q); err != nil {
 					tb.Fatal(err)
 				}

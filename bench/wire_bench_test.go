@@ -110,7 +110,7 @@ func BenchmarkWireAvro(b *testing.B) {
 	record = benchReport.measure()
 	jsonDrain, _ := drain(b, db.Pool, jsonTopic, "wire-json", h, "onceflow_consumer_processed_total", n)
 	jsonRate := float64(n) / jsonDrain.Seconds()
-	for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
+	for _, q := range []string{`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_applied, onceflow.seq_gaps, public.bench_state`, `VACUUM ANALYZE onceflow.inbox`} {
 		if _, err := db.Pool.Exec(ctx, q); err != nil {
 			b.Fatal(err)
 		}
