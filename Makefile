@@ -24,17 +24,10 @@ build: ## Build the binaries (relay, consumer, soak, demo) into ./bin.
 	$(GO) build -o bin/ ./cmd/... ./cmd/demo
 
 .PHONY: test
-test: ## Run all tests (unit, integration, fault) with -race against real PostgreSQL and Kafka, and test-python alongside them.
-	@$(REQUIRE) postgres kafka test python
-	@# The Python suite mostly waits on its subprocesses and the database, so
-	@# it runs beside the Go tests (its output follows theirs); either failing
-	@# fails the target.
-	@$(WITH_SERVICES) pylog=$$(mktemp); \
-	  ( $(MAKE) --no-print-directory test-python >"$$pylog" 2>&1 ) & py=$$!; \
-	  rc=0; $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS) || rc=$$?; \
-	  prc=0; wait $$py || prc=$$?; \
-	  echo "--- make test-python (ran alongside the Go tests):"; cat "$$pylog"; rm -f "$$pylog"; \
-	  if [ $$rc -ne 0 ] || [ $$prc -ne 0 ]; then echo "make test: go test exited $$rc, test-python $$prc"; exit 1; fi
+test: ## Run all tests (unit, integration, fault) with -race against real PostgreSQL and Kafka, then test-python.
+	@$(REQUIRE) postgres kafka test
+	@$(WITH_SERVICES) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	@$(MAKE) --no-print-directory test-python
 
 .PHONY: test-python
 test-python: ## The Python package: its venv (scripts/python-venv.sh), mypy --strict, pytest against real PostgreSQL.
