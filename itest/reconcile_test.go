@@ -193,6 +193,22 @@ func TestReconcileFabricatedHistories(t *testing.T) {
 	if wantOnly := []string{"doubled applied_twice", "gap gap_given_up", "reorder out_of_order", "unapplied published_not_applied"}; !slices.Equal(kinds, wantOnly) {
 		t.Errorf("consumer only: %v, want %v", kinds, wantOnly)
 	}
+	// ProducerOnly (`relay reconcile`): no consumer read, the producer's
+	// findings alone.
+	wantProducer := []string{"deleted published_never_committed", "lost committed_not_published", "phantom published_never_committed", "reorder out_of_order"}
+	prod := cfg
+	prod.ProducerOnly, prod.ConsumerPool, prod.Consumer, prod.Group = true, nil, "", ""
+	if rep, err = reconcile.Run(ctx, prod); err != nil {
+		t.Fatalf("reconcile %s, producer only: %v", anom, err)
+	}
+	kinds = nil
+	for _, f := range rep.Findings {
+		kinds = append(kinds, f.Source+" "+f.Kind)
+	}
+	slices.Sort(kinds)
+	if !slices.Equal(kinds, wantProducer) || rep.Counts.Applied != 0 {
+		t.Errorf("producer only: %v (%d inbox rows read), want %v and no inbox read", kinds, rep.Counts.Applied, wantProducer)
+	}
 	small := cfg
 	small.MaxRanges = 100 // under the 7 streams' cost: the run stops instead of growing
 	if _, err := reconcile.Run(ctx, small); !errors.Is(err, reconcile.ErrTooLarge) {
@@ -253,6 +269,29 @@ func TestReconcileFabricatedHistories(t *testing.T) {
 	resp.Body.Close()
 	if err != nil || resp.StatusCode != 200 || page.Last == nil || page.Last.Status != "anomalies" || len(page.Last.Report.Findings) != len(want) {
 		t.Errorf("GET /api/v1/reconcile: %d, %v, %+v; want the anomalies run with %d findings", resp.StatusCode, err, page.Last, len(want))
+	}
+	// relay reconcile: the same history from the relay's side.
+	relayBin := testkit.Binary(t, "relay")
+	for _, tc := range []struct {
+		topic string
+		code  int
+		kinds []string
+	}{{clean, 0, nil}, {anom, 1, wantProducer}} {
+		cmd := exec.CommandContext(ctx, relayBin, "reconcile", "-database-url", db.URL, "-kafka-brokers", testkit.KafkaBrokers(t),
+			"-topics", tc.topic, "-since", "10m", "-settle", "0", "-json")
+		var out, errb strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		_ = cmd.Run()
+		var rrep reconcile.Report
+		err := json.Unmarshal([]byte(out.String()), &rrep)
+		var got []string
+		for _, f := range rrep.Findings {
+			got = append(got, f.Source+" "+f.Kind)
+		}
+		slices.Sort(got)
+		if code := cmd.ProcessState.ExitCode(); code != tc.code || err != nil || !rrep.ProducerOnly || !slices.Equal(got, tc.kinds) {
+			t.Errorf("relay reconcile -topics %s: exit %d (want %d), findings %v (want %v), %v\n%s%s", tc.topic, code, tc.code, got, tc.kinds, err, out.String(), errb.String())
+		}
 	}
 	if code, _, errs := runBin("reconcile-no-such-topic"); code != 2 || !strings.Contains(errs, "reconcile could not run") || !strings.Contains(errs, "reconcile-no-such-topic") {
 		t.Errorf("consumer reconcile on a missing topic: exit %d (want 2), stderr %q (want it to name the topic)", code, errs)

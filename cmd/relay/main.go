@@ -5,6 +5,7 @@
 //	relay topics verify|apply [flags]   check or create the topics of contract/topics.json
 //	relay identity show|adopt|reset|legacy …   this database's identity (see admin.go)
 //	relay outbox failed list|retry|skip …       rows set aside because Kafka refuses them
+//	relay reconcile -topics T [-since 1h]       check the outbox against the topics (read-only)
 //
 // `relay run -admin` also serves the relay's status as JSON
 // (GET /api/v1/relay, bearer token; docs/console.md).
@@ -64,6 +65,7 @@ func main() {
 
 const usage = `usage: relay run [flags] | relay migrate [flags] | relay topics verify|apply [flags] | relay help
        relay identity show|adopt|reset|legacy … | relay outbox failed list|retry|skip …
+       relay reconcile -topics T [-since 1h | -from-id N] [-json]
 
 Tracing: the standard OpenTelemetry variables (OTEL_EXPORTER_OTLP_ENDPOINT,
 OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tracing.md.
@@ -93,6 +95,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return topics.Command(ctx, "relay", args[1:], stdout, log)
 	case "identity", "outbox":
 		return runAdmin(ctx, args, stdout)
+	case "reconcile":
+		return runReconcile(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage+"\nrelay run flags:\n")
 		var c config

@@ -29,11 +29,17 @@ func WriteText(w io.Writer, rep *Report) error {
 	} else {
 		fmt.Fprintf(&b, "window: outbox rows committed %s to %s\n", stamp(win.From), stamp(win.Until))
 	}
-	fmt.Fprintf(&b, "producer %s, topics %s, consumer %q (group %q)\n", rep.Producer, strings.Join(rep.Topics, ","), rep.Consumer, rep.Group)
-	fmt.Fprintf(&b, "read: %d outbox rows (%d still queued), %d records (%d of other producers, %d malformed, %d past the stored offsets), "+
-		"%d inbox rows (%d applied, %d parked, %d dead or held); %d streams, at most %d seq ranges held\n",
-		c.Committed, c.Queued, c.Records, c.OtherProducers, c.Malformed, c.Unconsumed,
-		c.Applied+c.Parked+c.Dead, c.Applied, c.Parked, c.Dead, c.Streams, c.Ranges)
+	if rep.ProducerOnly {
+		fmt.Fprintf(&b, "producer %s, topics %s; the relay's side only (no consumer read)\n", rep.Producer, strings.Join(rep.Topics, ","))
+		fmt.Fprintf(&b, "read: %d outbox rows (%d still queued), %d records (%d of other producers, not judged; %d malformed); %d streams, at most %d seq ranges held\n",
+			c.Committed, c.Queued, c.Records, c.OtherProducers, c.Malformed, c.Streams, c.Ranges)
+	} else {
+		fmt.Fprintf(&b, "producer %s, topics %s, consumer %q (group %q)\n", rep.Producer, strings.Join(rep.Topics, ","), rep.Consumer, rep.Group)
+		fmt.Fprintf(&b, "read: %d outbox rows (%d still queued), %d records (%d of other producers, %d malformed, %d past the stored offsets), "+
+			"%d inbox rows (%d applied, %d parked, %d dead or held); %d streams, at most %d seq ranges held\n",
+			c.Committed, c.Queued, c.Records, c.OtherProducers, c.Malformed, c.Unconsumed,
+			c.Applied+c.Parked+c.Dead, c.Applied, c.Parked, c.Dead, c.Streams, c.Ranges)
+	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err
 	}

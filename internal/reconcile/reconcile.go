@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,14 +71,15 @@ type Config struct {
 	// consumer may disagree: the topic is read from the window's start less
 	// it, the inbox from twice it (default DefaultClockMargin).
 	ClockMargin time.Duration
-	// Consumer is the inbox's logical consumer name (required).
+	// Consumer is the inbox's logical consumer name (required unless
+	// ProducerOnly).
 	Consumer string
 	// ConsumerOnly skips the producer's side: committed_not_published and
 	// published_never_committed are not judged (for a relay that runs with
 	// -delete-on-publish, whose outbox keeps nothing of what it published).
 	ConsumerOnly bool
 	// ConsumerPool reaches the consumer's database: onceflow.inbox,
-	// consumer_offsets, seq_gaps (required).
+	// consumer_offsets, seq_gaps (required unless ProducerOnly).
 	ConsumerPool *pgxpool.Pool
 	// From and To bound the window by the outbox rows' created_at (To
 	// zero: now). Either From or FromID is required.
@@ -86,7 +88,7 @@ type Config struct {
 	// included; ToID zero: no upper bound).
 	FromID, ToID int64
 	// Group is the consumer group whose stored offsets say how far the
-	// consumer got (required).
+	// consumer got (required unless ProducerOnly).
 	Group string
 	// KafkaOpts are the client options: seed brokers, TLS, SASL (required).
 	KafkaOpts []kgo.Opt
@@ -96,6 +98,11 @@ type Config struct {
 	// stream counts 32): beyond it the run stops rather than grow (default
 	// DefaultMaxRanges, about 64 MiB).
 	MaxRanges int
+	// ProducerOnly judges the relay's side only, no consumer read: the
+	// outbox against the topics (committed_not_published,
+	// published_never_committed) and this producer's records on them
+	// (published_twice, out_of_order); `relay reconcile`.
+	ProducerOnly bool
 	// OutboxPool reaches the producing database: onceflow.outbox,
 	// outbox_pending, outbox_published, outbox_set_aside,
 	// database_identity (required).
@@ -137,13 +144,15 @@ func (e *ConfigError) Error() string { return "reconcile: " + e.Field + " " + e.
 
 func (c *Config) validate() error {
 	switch {
-	case c.ConsumerPool == nil:
+	case c.ProducerOnly && c.ConsumerOnly:
+		return &ConfigError{"ProducerOnly", "and ConsumerOnly are exclusive"}
+	case c.ConsumerPool == nil && !c.ProducerOnly:
 		return &ConfigError{"ConsumerPool", "is required"}
 	case c.OutboxPool == nil:
 		return &ConfigError{"OutboxPool", "is required"}
-	case c.Consumer == "":
+	case c.Consumer == "" && !c.ProducerOnly:
 		return &ConfigError{"Consumer", "is required"}
-	case c.Group == "":
+	case c.Group == "" && !c.ProducerOnly:
 		return &ConfigError{"Group", "is required"}
 	case len(c.Topics) == 0:
 		return &ConfigError{"Topics", "is required"}
@@ -175,6 +184,8 @@ type Report struct {
 	Consumer string   `json:"consumer"`
 	Group    string   `json:"group"`
 	Topics   []string `json:"topics"`
+	// ProducerOnly: the run read no consumer (relay reconcile).
+	ProducerOnly bool `json:"producer_only,omitempty"`
 	Window   Window   `json:"window"`
 	Counts   Counts   `json:"counts"`
 	// Findings, by stream, then kind. Anomalies counts those that are
@@ -283,7 +294,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	r := &run{cfg: cfg, streams: map[streamKey]*stream{}, rep: &Report{
-		StartedAt: time.Now().UTC(), Consumer: cfg.Consumer, Group: cfg.Group, Topics: slices.Clone(cfg.Topics),
+		StartedAt: time.Now().UTC(), Consumer: cfg.Consumer, Group: cfg.Group, Topics: slices.Clone(cfg.Topics), ProducerOnly: cfg.ProducerOnly,
 		Findings: []Finding{},
 	}}
 	steps := []struct {
@@ -297,6 +308,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		{"producing database (edges of the window)", r.judge},
 	}
 	for _, s := range steps {
+		if cfg.ProducerOnly && strings.HasPrefix(s.name, "consumer") {
+			continue
+		}
 		if err := s.fn(ctx); err != nil {
 			return nil, fmt.Errorf("%s: %w", s.name, err)
 		}
@@ -453,13 +467,16 @@ func (r *run) readTopic(ctx context.Context) error {
 		}
 		if env.Producer != r.rep.Producer {
 			r.rep.Counts.OtherProducers++
+			if r.cfg.ProducerOnly {
+				return nil // another relay's records: not this run's to judge
+			}
 		}
 		s, err := r.stream(streamKey{producer: env.Producer, topic: rec.topic, source: env.Source})
 		if err != nil {
 			return err
 		}
 		next, ok := r.stored[rec.topic][rec.partition]
-		if !ok || rec.offset >= next {
+		if !r.cfg.ProducerOnly && (!ok || rec.offset >= next) {
 			r.rep.Counts.Unconsumed++
 			if err := r.add(&s.unconsumed, env.Seq); err != nil {
 				return err
@@ -574,6 +591,9 @@ func (r *run) judge(ctx context.Context) error {
 		}
 		r.find(k, OutOfOrder, &s.outOfOrder, "a record with a lower seq came after a higher one in its partition")
 		r.find(k, PublishedTwice, &s.twiceOnTopic, "the seq is on the topic more than once (the inbox applies it once)")
+		if r.cfg.ProducerOnly {
+			continue
+		}
 		judged := s.onTopic.Minus(&s.unconsumed)
 		missing := judged.Minus(&s.applied, &s.parked)
 		if !missing.Empty() {
