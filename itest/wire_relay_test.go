@@ -3,6 +3,7 @@ package itest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -99,7 +100,8 @@ func framedView(dec *wire.Decoder, id int, want string) func(context.Context, *k
 // id), with the contract-version header, and decode back to the JSON that
 // was enqueued. A payload that does not fit the schema (amount is text) is
 // set aside with the reason schema_mismatch, and only its source waits: the
-// other source's later event is published.
+// other source's later event is published. A Go Writer checking payloads
+// with the topic's encoder refuses the misfit at enqueue instead.
 func TestRelayPublishesAvro(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -119,6 +121,24 @@ func TestRelayPublishesAvro(t *testing.T) {
 		}); err != nil {
 			t.Fatalf("enqueue %s: %v", source, err)
 		}
+	}
+	// Go can refuse the misfit at enqueue: a Writer checking payloads with
+	// the relay's encoder writes nothing and says why.
+	enc, err := wire.NewEncoder(ctx, reg, map[string]wire.TopicFormat{e.topic: {Format: wire.FormatAvro, Schema: orderAvro}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := outbox.Writer{PayloadCheck: enc.Check}
+	err = pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		_, err := checked.Enqueue(ctx, tx, outbox.Message{Topic: e.topic, Source: "checked", EventType: "order.placed", Payload: []byte(`{"id": "o-0", "amount": "lots"}`)})
+		return err
+	})
+	var pe *wire.PayloadError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "amount") {
+		t.Fatalf("enqueue of a misfit through a checking Writer = %v, want a *wire.PayloadError naming amount", err)
+	}
+	if n := count(t, e.db, `SELECT count(*) FROM onceflow.outbox WHERE source = 'checked'`); n != 0 {
+		t.Fatalf("the refused misfit wrote %d rows", n)
 	}
 	enqueue("go", `{"id": "o-1", "amount": 100}`)
 	if _, err := e.db.Pool.Exec(ctx, `SELECT onceflow.enqueue($1, 'sql', 'order.placed', '{"id": "o-2", "amount": 250}'::jsonb)`, e.topic); err != nil {
