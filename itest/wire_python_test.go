@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,6 +56,46 @@ func protoDescriptor(t *testing.T) string {
 const wireOrdersHandler = `INSERT INTO public.orders (event_id, topic, source, seq, payload)
 VALUES (:event_id, :topic, :source, :seq, :payload::jsonb)`
 
+// rawSeen is a BatchHandler that checks each event's Raw record (the
+// record as fetched, before the JSON view) before handing the events on to
+// h: framed with the topic's registered schema id (ids) in a registered
+// format, else a structured CloudEvent.
+type rawSeen struct {
+	h    inbox.BatchHandler
+	ids  map[string]int
+	mu   sync.Mutex
+	seen map[string]bool
+	bad  map[string]string
+}
+
+func (r *rawSeen) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Event) error {
+	r.mu.Lock()
+	for _, ev := range evs {
+		r.seen[ev.EventID] = true
+		switch id, framed := r.ids[ev.Topic]; {
+		case ev.Raw == nil:
+			r.bad[ev.EventID] = "no raw record"
+		case framed:
+			var h sr.ConfluentHeader
+			if got, _, err := h.DecodeID(ev.Raw.Value); err != nil || got != id {
+				r.bad[ev.EventID] = fmt.Sprintf("raw value not framed with schema id %d: % x", id, ev.Raw.Value[:min(len(ev.Raw.Value), 6)])
+			}
+		default:
+			var ct string
+			for _, hd := range ev.Raw.Headers {
+				if hd.Key == "content-type" {
+					ct = string(hd.Value)
+				}
+			}
+			if ct != "application/cloudevents+json" {
+				r.bad[ev.EventID] = "raw content-type " + ct
+			}
+		}
+	}
+	r.mu.Unlock()
+	return r.h.HandleBatch(ctx, tx, evs)
+}
+
 // TestWireFormatsReadByThirdPartyClients: events enqueued as JSON through
 // each enqueue path — Go (outbox.Enqueue), SQL (onceflow.enqueue) and the
 // Python package (onceflow.enqueue in Python) — are published by the relay
@@ -64,7 +105,8 @@ VALUES (:event_id, :topic, :source, :seq, :payload::jsonb)`
 // deserializers against the registry and the CloudEvents SDK's Kafka
 // binding. Each sees every event once, with its payload, its identity and
 // the contract version. The Go consumer (through the registry) applies
-// each event once, its SQL handler reading the JSON that was enqueued.
+// each event once, its SQL handler reading the JSON that was enqueued, and
+// a Go handler finds each event's record as the relay wrote it (Event.Raw).
 func TestWireFormatsReadByThirdPartyClients(t *testing.T) {
 	t.Parallel()
 	py, pyWire := testkit.Python(t), testkit.PythonWire(t) // may build the venvs first
@@ -104,7 +146,7 @@ func TestWireFormatsReadByThirdPartyClients(t *testing.T) {
 		formats[cases[i].topic] = cases[i].tf
 		names = append(names, cases[i].topic)
 	}
-	spec, _ := e.wireSpec(ctx, reg, formats)
+	spec, ids := e.wireSpec(ctx, reg, formats)
 
 	// The events: n per path and topic, each path its own source (so its
 	// own stream, seq 1..n), payload {"id": "<path>-<i>", "qty": 10*i}.
@@ -173,7 +215,8 @@ func TestWireFormatsReadByThirdPartyClients(t *testing.T) {
 			t.Fatal(err)
 		}
 		total := len(paths) * n * len(cases)
-		c := startEngine(t, inbox.Config{Pool: e.db.Pool, Group: "g-" + e.topic, Topics: names, BatchHandler: h, SchemaRegistry: reg})
+		raw := &rawSeen{h: h, ids: ids, seen: map[string]bool{}, bad: map[string]string{}}
+		c := startEngine(t, inbox.Config{Pool: e.db.Pool, Group: "g-" + e.topic, Topics: names, BatchHandler: raw, SchemaRegistry: reg})
 		eventually(t, 60*time.Second, "every event applied", func() (bool, string) {
 			p, m := c.metric("onceflow_consumer_processed_total"), c.metric("onceflow_consumer_malformed_total")
 			return p == float64(total), fmtState("processed ", p, " malformed ", m)
@@ -206,6 +249,11 @@ func TestWireFormatsReadByThirdPartyClients(t *testing.T) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("applied\n%v\nwant\n%v", got, want)
+		}
+		raw.mu.Lock()
+		defer raw.mu.Unlock()
+		if len(raw.seen) != total || len(raw.bad) > 0 {
+			t.Fatalf("the handler saw %d events' raw records, want %d; not as the relay wrote them: %v", len(raw.seen), total, raw.bad)
 		}
 		t.Logf("the Go consumer applied %d events from %d wire formats once each in %v", total, len(cases), time.Since(start).Round(time.Millisecond))
 	})
