@@ -31,7 +31,8 @@ const orderAvro = `{"type": "record", "name": "Order", "namespace": "shop",
 // topic and any other topics in formats (topic name -> wire format, each
 // with e's partition count), and registers each registered format's schema
 // in reg with compatibility BACKWARD, as `relay topics apply` does (the
-// topics exist already). It returns the spec file's path.
+// topics exist already). It returns the spec file's path and the schema id
+// each registered topic's subject got.
 func (e *relayEnv) wireSpec(ctx context.Context, reg *sr.Client, formats map[string]wire.TopicFormat) (string, map[string]int) {
 	e.t.Helper()
 	formats = maps.Clone(formats)
