@@ -110,9 +110,8 @@ func (r *rawSeen) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Event)
 func TestWireFormatsReadByThirdPartyClients(t *testing.T) {
 	t.Parallel()
 	py, pyWire := testkit.Python(t), testkit.PythonWire(t) // may build the venvs first
-	// The subtests run after this function returns: cancel at cleanup.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
+	defer cancel()
 	e := newRelayEnv(t, 1)
 	brokers, registry := testkit.KafkaBrokers(t), testkit.SchemaRegistryURL(t)
 	reg, err := sr.NewClient(sr.URLs(registry))
@@ -199,120 +198,127 @@ func TestWireFormatsReadByThirdPartyClients(t *testing.T) {
 	}
 	t.Logf("the relay published %d events to %d topics in %v", len(paths)*n*len(cases), len(cases), time.Since(start).Round(time.Millisecond))
 
-	t.Run("go-consumer", func(t *testing.T) {
-		t.Parallel()
-		start := time.Now()
-		if _, err := e.db.Pool.Exec(ctx, `CREATE TABLE public.orders (event_id text PRIMARY KEY, topic text NOT NULL,
+	// The readers run side by side, each in a subtest started from its own
+	// goroutine: not t.Parallel, whose subtests wait for a free slot of
+	// -parallel after this function returns.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		t.Run("go-consumer", func(t *testing.T) {
+			start := time.Now()
+			if _, err := e.db.Pool.Exec(ctx, `CREATE TABLE public.orders (event_id text PRIMARY KEY, topic text NOT NULL,
 			source text NOT NULL, seq bigint NOT NULL, payload jsonb NOT NULL)`); err != nil {
-			t.Fatal(err)
-		}
-		hf := filepath.Join(t.TempDir(), "handlers.json")
-		if err := os.WriteFile(hf, fmt.Appendf(nil, `{"handlers": [{"event_type": "*", "kind": "sql", "sql": %q}]}`, wireOrdersHandler), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		h, err := handlerfile.Load(hf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		total := len(paths) * n * len(cases)
-		raw := &rawSeen{h: h, ids: ids, seen: map[string]bool{}, bad: map[string]string{}}
-		c := startEngine(t, inbox.Config{Pool: e.db.Pool, Group: "g-" + e.topic, Topics: names, BatchHandler: raw, SchemaRegistry: reg})
-		eventually(t, 60*time.Second, "every event applied", func() (bool, string) {
-			p, m := c.metric("onceflow_consumer_processed_total"), c.metric("onceflow_consumer_malformed_total")
-			return p == float64(total), fmtState("processed ", p, " malformed ", m)
-		})
-		c.stop(t)
-		rows, err := e.db.Pool.Query(ctx, `SELECT event_id, topic, source, seq, payload FROM public.orders`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := map[string]string{}
-		for rows.Next() {
-			var id, topic, source string
-			var seq int64
-			var p map[string]any
-			if err := rows.Scan(&id, &topic, &source, &seq, &p); err != nil {
 				t.Fatal(err)
 			}
-			got[id] = fmt.Sprint(topic, " ", source, " ", seq, " ", p)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		want := map[string]string{}
-		for _, tc := range cases {
-			for _, path := range paths {
-				for i := 1; i <= n; i++ {
-					want[eventID(tc.mode, path, i)] = fmt.Sprint(tc.topic, " ", path, " ", i, " ", payload(path, i))
-				}
+			hf := filepath.Join(t.TempDir(), "handlers.json")
+			if err := os.WriteFile(hf, fmt.Appendf(nil, `{"handlers": [{"event_type": "*", "kind": "sql", "sql": %q}]}`, wireOrdersHandler), 0o600); err != nil {
+				t.Fatal(err)
 			}
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("applied\n%v\nwant\n%v", got, want)
-		}
-		raw.mu.Lock()
-		defer raw.mu.Unlock()
-		if len(raw.seen) != total || len(raw.bad) > 0 {
-			t.Fatalf("the handler saw %d events' raw records, want %d; not as the relay wrote them: %v", len(raw.seen), total, raw.bad)
-		}
-		t.Logf("the Go consumer applied %d events from %d wire formats once each in %v", total, len(cases), time.Since(start).Round(time.Millisecond))
-	})
-	for _, tc := range cases {
-		t.Run(tc.mode, func(t *testing.T) {
-			t.Parallel()
-			start := time.Now()
-			args := append([]string{filepath.Join(root, "itest", "testdata", "wire", "read.py"), brokers, registry, tc.topic, tc.mode, fmt.Sprint(len(paths) * n)}, tc.args...)
-			cmd := exec.CommandContext(ctx, pyWire, args...)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
+			h, err := handlerfile.Load(hf)
 			if err != nil {
-				t.Fatalf("read.py %s: %v\n%s", tc.mode, err, stderr.String())
+				t.Fatal(err)
 			}
-			got := map[string]int{}
-			sc := bufio.NewScanner(bytes.NewReader(out))
-			for sc.Scan() {
-				var line map[string]any
-				if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-					t.Fatalf("read.py line %q: %v", sc.Text(), err)
-				}
-				hs, _ := line["headers"].(map[string]any)
-				if hs["contract-version"] != wire.ContractVersion {
-					t.Errorf("contract-version %v in %v", hs["contract-version"], line)
-				}
-				var id, source, seq string
-				if ce, ok := line["ce"].(map[string]any); ok {
-					id, _ = ce["id"].(string)
-					source, _ = ce["source"].(string)
-					seq, _ = ce["sequence"].(string)
-				} else {
-					id, _ = hs["event-id"].(string)
-					source, _ = hs["source"].(string)
-					seq, _ = hs["seq"].(string)
-				}
-				got[id]++
-				path, k, _ := strings.Cut(strings.TrimPrefix(id, tc.mode+"-"), "-")
-				i, err := strconv.Atoi(k)
-				if err != nil {
-					t.Errorf("record with event id %q, not one the test enqueued", id)
-					continue
-				}
-				wantSeq := fmt.Sprint(i)
-				if line["ce"] != nil {
-					wantSeq = wire.FormatSequence(int64(i))
-				}
-				if source != path || seq != wantSeq || !reflect.DeepEqual(line["value"], payload(path, i)) {
-					t.Errorf("record %s: source %q seq %q value %v, want source %q seq %s value %v", id, source, seq, line["value"], path, wantSeq, payload(path, i))
-				}
+			total := len(paths) * n * len(cases)
+			raw := &rawSeen{h: h, ids: ids, seen: map[string]bool{}, bad: map[string]string{}}
+			c := startEngine(t, inbox.Config{Pool: e.db.Pool, Group: "g-" + e.topic, Topics: names, BatchHandler: raw, SchemaRegistry: reg})
+			eventually(t, 60*time.Second, "every event applied", func() (bool, string) {
+				p, m := c.metric("onceflow_consumer_processed_total"), c.metric("onceflow_consumer_malformed_total")
+				return p == float64(total), fmtState("processed ", p, " malformed ", m)
+			})
+			c.stop(t)
+			rows, err := e.db.Pool.Query(ctx, `SELECT event_id, topic, source, seq, payload FROM public.orders`)
+			if err != nil {
+				t.Fatal(err)
 			}
-			for _, path := range paths {
-				for i := 1; i <= n; i++ {
-					if id := eventID(tc.mode, path, i); got[id] != 1 {
-						t.Errorf("event %s read %d times, want once", id, got[id])
+			got := map[string]string{}
+			for rows.Next() {
+				var id, topic, source string
+				var seq int64
+				var p map[string]any
+				if err := rows.Scan(&id, &topic, &source, &seq, &p); err != nil {
+					t.Fatal(err)
+				}
+				got[id] = fmt.Sprint(topic, " ", source, " ", seq, " ", p)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]string{}
+			for _, tc := range cases {
+				for _, path := range paths {
+					for i := 1; i <= n; i++ {
+						want[eventID(tc.mode, path, i)] = fmt.Sprint(tc.topic, " ", path, " ", i, " ", payload(path, i))
 					}
 				}
 			}
-			t.Logf("%s: %d records read by the third-party client in %v", tc.mode, len(got), time.Since(start).Round(time.Millisecond))
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("applied\n%v\nwant\n%v", got, want)
+			}
+			raw.mu.Lock()
+			defer raw.mu.Unlock()
+			if len(raw.seen) != total || len(raw.bad) > 0 {
+				t.Fatalf("the handler saw %d events' raw records, want %d; not as the relay wrote them: %v", len(raw.seen), total, raw.bad)
+			}
+			t.Logf("the Go consumer applied %d events from %d wire formats once each in %v", total, len(cases), time.Since(start).Round(time.Millisecond))
+		})
+	})
+	for _, tc := range cases {
+		wg.Go(func() {
+			t.Run(tc.mode, func(t *testing.T) {
+				start := time.Now()
+				args := append([]string{filepath.Join(root, "itest", "testdata", "wire", "read.py"), brokers, registry, tc.topic, tc.mode, fmt.Sprint(len(paths) * n)}, tc.args...)
+				cmd := exec.CommandContext(ctx, pyWire, args...)
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				out, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("read.py %s: %v\n%s", tc.mode, err, stderr.String())
+				}
+				got := map[string]int{}
+				sc := bufio.NewScanner(bytes.NewReader(out))
+				for sc.Scan() {
+					var line map[string]any
+					if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+						t.Fatalf("read.py line %q: %v", sc.Text(), err)
+					}
+					hs, _ := line["headers"].(map[string]any)
+					if hs["contract-version"] != wire.ContractVersion {
+						t.Errorf("contract-version %v in %v", hs["contract-version"], line)
+					}
+					var id, source, seq string
+					if ce, ok := line["ce"].(map[string]any); ok {
+						id, _ = ce["id"].(string)
+						source, _ = ce["source"].(string)
+						seq, _ = ce["sequence"].(string)
+					} else {
+						id, _ = hs["event-id"].(string)
+						source, _ = hs["source"].(string)
+						seq, _ = hs["seq"].(string)
+					}
+					got[id]++
+					path, k, _ := strings.Cut(strings.TrimPrefix(id, tc.mode+"-"), "-")
+					i, err := strconv.Atoi(k)
+					if err != nil {
+						t.Errorf("record with event id %q, not one the test enqueued", id)
+						continue
+					}
+					wantSeq := fmt.Sprint(i)
+					if line["ce"] != nil {
+						wantSeq = wire.FormatSequence(int64(i))
+					}
+					if source != path || seq != wantSeq || !reflect.DeepEqual(line["value"], payload(path, i)) {
+						t.Errorf("record %s: source %q seq %q value %v, want source %q seq %s value %v", id, source, seq, line["value"], path, wantSeq, payload(path, i))
+					}
+				}
+				for _, path := range paths {
+					for i := 1; i <= n; i++ {
+						if id := eventID(tc.mode, path, i); got[id] != 1 {
+							t.Errorf("event %s read %d times, want once", id, got[id])
+						}
+					}
+				}
+				t.Logf("%s: %d records read by the third-party client in %v", tc.mode, len(got), time.Since(start).Round(time.Millisecond))
+			})
 		})
 	}
 }
