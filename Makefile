@@ -11,6 +11,10 @@ TEST_TIMEOUT ?= 14m
 # Services are started by scripts/services.sh unless these name existing ones.
 SERVICES  := scripts/services.sh
 WITH_SERVICES = set -a; eval "$$($(SERVICES) up)"; set +a;
+# The tests run the throwaway PostgreSQL with fsync off, the benchmarks with
+# it on (scripts/services.sh explains why).
+WITH_TEST_SERVICES = set -a; eval "$$(ONCEFLOW_PG_FSYNC=off $(SERVICES) up)"; set +a;
+WITH_BENCH_SERVICES = set -a; eval "$$(ONCEFLOW_PG_FSYNC=on $(SERVICES) up)"; set +a;
 # Installs the Debian packages a target needs (as root) or names the command
 # that does; the groups and packages are listed in the script.
 REQUIRE   := scripts/require.sh
@@ -24,15 +28,14 @@ build: ## Build the binaries (relay, consumer, soak, demo) into ./bin.
 	$(GO) build -o bin/ ./cmd/... ./cmd/demo
 
 .PHONY: test
-test: ## Run all tests (unit, integration, fault) with -race against real PostgreSQL and Kafka, then test-python.
+test: ## Run all tests (unit, integration, fault) with -race against real PostgreSQL and Kafka, with test-python beside them.
 	@$(REQUIRE) postgres kafka test
-	@$(WITH_SERVICES) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
-	@$(MAKE) --no-print-directory test-python
+	@$(WITH_TEST_SERVICES) GO='$(GO)' PKGS='$(PKGS)' TEST_TIMEOUT='$(TEST_TIMEOUT)' scripts/test.sh
 
 .PHONY: test-python
 test-python: ## The Python package: its venv (scripts/python-venv.sh), mypy --strict, pytest against real PostgreSQL.
 	@$(REQUIRE) postgres python
-	@$(WITH_SERVICES) venv=$$(scripts/python-venv.sh); cd python && "$$venv/bin/mypy" && "$$venv/bin/python" -m pytest -q
+	@$(WITH_TEST_SERVICES) scripts/test-python.sh
 
 .PHONY: test-short
 test-short: ## Run only the unit tests that need no services (the service variables point nowhere, so a test that reaches one fails).
@@ -49,7 +52,7 @@ lint: ## gofmt check, go vet and staticcheck.
 .PHONY: bench
 bench: ## Run the benchmarks against real services; prints figures beside same-run ceilings.
 	@$(REQUIRE) postgres kafka
-	@$(WITH_SERVICES) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./bench/
+	@$(WITH_BENCH_SERVICES) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./bench/
 
 .PHONY: bench-smoke
 bench-smoke: ## Run the benchmark harness with tiny sizes (< 60 s); checks the figures are produced. Part of `make test`.

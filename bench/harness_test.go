@@ -24,6 +24,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -141,6 +142,9 @@ type machine struct {
 	CPUModel  string `json:"cpu_model"`
 	LoadStart string `json:"loadavg_start"`
 	LoadEnd   string `json:"loadavg_end"`
+	// PGFsync is the test PostgreSQL's fsync setting: make bench runs it
+	// on, make test off (scripts/services.sh); commit rates differ.
+	PGFsync string `json:"postgres_fsync,omitempty"`
 }
 
 // benchReport is filled by the Benchmark functions; TestMain prints it and
@@ -183,13 +187,34 @@ func (r *report) finish() {
 	defer r.mu.Unlock()
 	r.Ended = time.Now().UTC()
 	r.Machine.LoadEnd = loadavg()
+	r.Machine.PGFsync = pgFsync()
+}
+
+// pgFsync reads fsync from the test PostgreSQL ("?" when it cannot).
+func pgFsync() string {
+	url := os.Getenv("ONCEFLOW_TEST_DATABASE_URL")
+	if url == "" {
+		return "?"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return "?"
+	}
+	defer conn.Close(ctx)
+	var v string
+	if err := conn.QueryRow(ctx, "SHOW fsync").Scan(&v); err != nil {
+		return "?"
+	}
+	return v
 }
 
 // printTable writes the results table.
 func (r *report) printTable(w io.Writer) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	fmt.Fprintf(w, "\nonceflow benchmarks — %d CPUs, %s, %s; load avg %s → %s\n", r.Machine.NProc, r.Machine.MemTotal, r.Machine.CPUModel, r.Machine.LoadStart, r.Machine.LoadEnd)
+	fmt.Fprintf(w, "\nonceflow benchmarks — %d CPUs, %s, %s; load avg %s → %s; PostgreSQL fsync %s\n", r.Machine.NProc, r.Machine.MemTotal, r.Machine.CPUModel, r.Machine.LoadStart, r.Machine.LoadEnd, r.Machine.PGFsync)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "figure\tvalue\tunit\tceiling\tratio\ttarget\tmet?\tload avg (start → end)\t")
 	for _, f := range r.Figures {

@@ -68,7 +68,7 @@ func TestRelayLateCommitter(t *testing.T) {
 // lengths (1-6 events, one in ten held open up to 50ms; half through
 // EnqueueBatch, half one by one in random order, so deadlocks happen and
 // are retried), about 20% rollbacks, at least
-// 20k committed events. The read_committed checker must see every committed
+// 10k committed events. The read_committed checker must see every committed
 // event exactly once, no rolled-back event, and every source in seq order.
 // Seqs must also be gap-free per source in the table.
 func TestRelayRandomized(t *testing.T) {
@@ -79,7 +79,7 @@ func TestRelayRandomized(t *testing.T) {
 	relay := e.start("relay", nil)
 	waitLeader(t, ctx, relay)
 
-	const target = 20000
+	const target = 10000
 	w := startWriters(ctx, writerPool(t, e.db.URL), e.topic, 6, 24, 6, 0.2, target)
 	if err := w.wait(); err != nil {
 		t.Fatalf("writer: %v", err)

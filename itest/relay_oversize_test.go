@@ -35,7 +35,7 @@ func vmHWM(t *testing.T, pid int) int64 {
 	return 0
 }
 
-// TestRelayOversizedRowNotLoaded: a 300 MiB row, inserted by a superuser
+// TestRelayOversizedRowNotLoaded: a 128 MiB row, inserted by a superuser
 // past every check (as a row stored before the database constraints, or
 // written by hand, could be), sits among the rows of ten other sources.
 // The relay (default -batch-max-bytes, 4 MiB) reads its size, not its
@@ -50,8 +50,8 @@ func TestRelayOversizedRowNotLoaded(t *testing.T) {
 	const (
 		sources  = 10
 		rounds   = 3
-		bigBytes = 300 << 20
-		maxRSS   = 256 << 20
+		bigBytes = 128 << 20
+		maxRSS   = 96 << 20
 	)
 	src := func(i int) string { return fmt.Sprintf("src-%02d", i) }
 	insertBig := func(tx pgx.Tx) error {

@@ -15,6 +15,15 @@
 # ONCEFLOW_TEST_DATABASE_URL / ONCEFLOW_TEST_KAFKA_BROKERS /
 # ONCEFLOW_TEST_SCHEMA_REGISTRY_URL, when set, name external services: then
 # nothing is started for that service.
+#
+# ONCEFLOW_PG_FSYNC=on|off sets the throwaway PostgreSQL's fsync, also on a
+# cluster already running (a reload; unset leaves it as it is, on for a new
+# cluster). `make test` asks for off: every test database is dropped at the
+# end of its test and each DROP DATABASE forces a checkpoint, which with
+# fsync on waits for the disk (hundreds of them per run). No test cuts the
+# machine's power, the one failure fsync protects against; crash tests kill
+# processes, and a commit's WAL is still written before it returns
+# (synchronous_commit stays on). `make bench` asks for on.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -80,11 +89,32 @@ pg_running() {
   "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$(cat "$pg_dir/port")" -t 2
 }
 
+# pg_fsync_mode prints ONCEFLOW_PG_FSYNC (on, off or empty) or dies on
+# another value.
+pg_fsync_mode() {
+  case "${ONCEFLOW_PG_FSYNC:-}" in
+    ""|on|off) echo "${ONCEFLOW_PG_FSYNC:-}" ;;
+    *) die "ONCEFLOW_PG_FSYNC=${ONCEFLOW_PG_FSYNC}: want on or off" ;;
+  esac
+}
+
+# pg_set_fsync MODE: a running cluster's fsync, changed by a reload when it
+# differs.
+pg_set_fsync() {
+  local url now; url=$(pg_url)
+  now=$("$(pg_bin)/psql" -XAtq "$url" -c 'SHOW fsync') || die "cannot read fsync of the running postgres: see $pg_dir/postgres.log"
+  [ "$now" = "$1" ] && return 0
+  "$(pg_bin)/psql" -XAtq "$url" -c "ALTER SYSTEM SET fsync = '$1'" -c 'SELECT pg_reload_conf()' >/dev/null \
+    || die "cannot set fsync = $1 on the running postgres"
+  log "postgres fsync: $now -> $1"
+}
+
 pg_up() {
   if [ -n "${ONCEFLOW_TEST_DATABASE_URL:-}" ]; then echo "ONCEFLOW_TEST_DATABASE_URL=$ONCEFLOW_TEST_DATABASE_URL"; return; fi
-  local bin; bin=$(pg_bin)
+  local bin fsync; bin=$(pg_bin); fsync=$(pg_fsync_mode)
   if pg_running; then
     log "postgres already running on port $(cat "$pg_dir/port") (log: $pg_dir/postgres.log)"
+    [ -z "$fsync" ] || pg_set_fsync "$fsync"
     echo "ONCEFLOW_TEST_DATABASE_URL=$(pg_url)"; return
   fi
   if [ "$(id -u)" = 0 ]; then
@@ -105,6 +135,7 @@ unix_socket_directories = '$pg_dir'
 max_connections = 400
 shared_buffers = 256MB
 max_locks_per_transaction = 256
+fsync = ${fsync:-on}
 log_min_messages = warning
 log_line_prefix = '%m [%p] %d '
 CONF
@@ -113,7 +144,7 @@ CONF
     || die "postgres failed to start: see $pg_dir/postgres.log"
   for _ in $(seq 1 60); do pg_running && break; sleep 0.5; done
   pg_running || die "postgres did not answer pg_isready on port $port: see $pg_dir/postgres.log"
-  log "postgres $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port (log: $pg_dir/postgres.log)"
+  log "postgres $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port, fsync ${fsync:-on} (log: $pg_dir/postgres.log)"
   echo "ONCEFLOW_TEST_DATABASE_URL=$(pg_url)"
 }
 
