@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/sr"
+
 	"github.com/onceflow/onceflow/internal/failpoint"
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/wire"
 )
 
 var (
@@ -42,18 +45,39 @@ func waitPublished(t *testing.T, ctx context.Context, e *relayEnv, n int) {
 	}
 }
 
+// crashAvro and crashProto are the schemas of TestRelayCrash's binary
+// topics; the writers' payload {"n":1} fits both.
+const (
+	crashAvro  = `{"type":"record","name":"Tick","namespace":"crash","fields":[{"name":"n","type":"long"}]}`
+	crashProto = `syntax = "proto3"; package crash; message Tick { int32 n = 1; }`
+)
+
 // TestRelayCrash SIGKILLs the relay binary 20 times at random moments while
 // writers keep committing (and rolling back), then once at each forced
 // failpoint: after producing but before the Kafka commit, and after the
-// Kafka commit but before the PostgreSQL mark. The checker then finds every
-// committed event exactly once and every source in order (R1-R3).
+// Kafka commit but before the PostgreSQL mark. The writers' transactions
+// span three topics: one in json, one in avro and one in protobuf (through
+// the schema registry). The checker then finds on each topic every
+// committed event exactly once and every source in order (R1-R3), and on
+// the binary ones every record framed with the registered schema's id and
+// decoding with it to the payload written.
 func TestRelayCrash(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	e := newRelayEnv(t, 3)
-	w := startWriters(ctx, writerPool(t, e.db.URL), e.topic, 3, 16, 4, 0.2, 0)
-	args := append([]string{"-holder-id", "crash-relay"}, fastLease...)
+	registry := testkit.SchemaRegistryURL(t)
+	reg, err := sr.NewClient(sr.URLs(registry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	avroTopic, protoTopic := testkit.Topic(t, "relay-avro", 3, nil), testkit.Topic(t, "relay-proto", 3, nil)
+	spec, ids := e.wireSpec(ctx, reg, map[string]wire.TopicFormat{
+		avroTopic:  {Format: wire.FormatAvro, Schema: crashAvro},
+		protoTopic: {Format: wire.FormatProtobuf, Schema: crashProto},
+	})
+	w := startWritersWith(ctx, writerPool(t, e.db.URL), e.topic, 3, 16, 4, 0.2, 0, writerExtras{Also: []string{avroTopic, protoTopic}})
+	args := append([]string{"-holder-id", "crash-relay", "-topics-spec", spec, "-schema-registry-url", registry}, fastLease...)
 	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
 
 	const kills = 20
@@ -91,19 +115,30 @@ func TestRelayCrash(t *testing.T) {
 	if err := w.stop(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-	ck := testkit.NewChecker(t, e.db.Pool, e.topic)
-	rep, err := ck.Check(ctx)
-	if err != nil {
-		t.Fatalf("checker: %v", err)
+	dec := &wire.Decoder{Registry: reg}
+	committed := 0
+	for topic, format := range map[string]string{e.topic: "json", avroTopic: "avro", protoTopic: "protobuf"} {
+		ck := testkit.NewChecker(t, e.db.Pool, topic)
+		if id, ok := ids[topic]; ok {
+			ck.Decoding(framedView(dec, id, `{"n":1}`))
+		}
+		rep, err := ck.Check(ctx)
+		if err != nil {
+			t.Fatalf("checker of %s: %v", topic, err)
+		}
+		t.Logf("checker of %s (%s): %s", topic, format, rep)
+		if err := rep.Err(); err != nil {
+			t.Fatalf("%s: %v", topic, err)
+		}
+		if rep.Committed < 200 {
+			t.Fatalf("only %d events committed to %s: the writers did not run during the kills", rep.Committed, topic)
+		}
+		committed += rep.Committed
+		assertNoRolledBack(t, w, ck)
 	}
-	t.Logf("checker: %s", rep)
-	if err := rep.Err(); err != nil {
-		t.Fatal(err)
+	if committed < 1000 {
+		t.Fatalf("only %d events committed: the writers did not run during the kills", committed)
 	}
-	if rep.Committed < 1000 {
-		t.Fatalf("only %d events committed: the writers did not run during the kills", rep.Committed)
-	}
-	assertNoRolledBack(t, w, ck)
 }
 
 // TestRelayZombie pauses the leader with SIGSTOP; the standby takes over

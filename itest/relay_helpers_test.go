@@ -31,6 +31,7 @@ type relayEnv struct {
 	topic      string
 	checkpoint string
 	txnPrefix  string
+	partitions int32
 }
 
 func newRelayEnv(t *testing.T, partitions int32) *relayEnv {
@@ -41,7 +42,7 @@ func newRelayEnv(t *testing.T, partitions int32) *relayEnv {
 	db := testkit.NewDB(t)
 	topic := testkit.Topic(t, "relay", partitions, nil)
 	ckpt := testkit.Topic(t, "relay-ckpt", 1, map[string]*string{"cleanup.policy": testkit.StringPtr("compact")})
-	return &relayEnv{t: t, db: db, topic: topic, checkpoint: ckpt, txnPrefix: "it-" + topic + "-"}
+	return &relayEnv{t: t, db: db, topic: topic, checkpoint: ckpt, txnPrefix: "it-" + topic + "-", partitions: partitions}
 }
 
 // start runs the relay binary. args override the defaults.
@@ -136,6 +137,9 @@ type writerExtras struct {
 	// event's own transaction: a record of what committed that does not
 	// depend on the outbox (which -delete-on-publish empties).
 	CommittedTable string
+	// Also are more topics: each event goes to the writers' topic or to
+	// one of these, drawn at random, so a transaction may span topics.
+	Also []string
 }
 
 func startWritersWith(ctx context.Context, pool *pgxpool.Pool, topic string, n, sources, maxTx int, rollback float64, limit int64, extras writerExtras) *writers {
@@ -180,8 +184,14 @@ func (w *writers) oneTx(ctx context.Context, pool *pgxpool.Pool, topic string, r
 	k := 1 + rng.IntN(maxTx)
 	msgs := make([]outbox.Message, k)
 	for j := range msgs {
+		to := topic
+		if n := len(w.extras.Also); n > 0 {
+			if i := rng.IntN(n + 1); i < n {
+				to = w.extras.Also[i]
+			}
+		}
 		msgs[j] = outbox.Message{
-			Topic:     topic,
+			Topic:     to,
 			Source:    fmt.Sprintf("src-%03d", rng.IntN(sources)),
 			EventType: "test.event",
 			Payload:   []byte(`{"n":1}`),

@@ -96,6 +96,10 @@ type Record struct {
 type TopicReader struct {
 	Topic    string
 	OnRecord func(Record)
+	// View, when set, turns each data record into the one read as an
+	// envelope, e.g. a wire-format record into its JSON view
+	// (wire.Decoder.View); its error is the Record's Err.
+	View func(context.Context, *kgo.Record) (*kgo.Record, error)
 
 	cl   *kgo.Client
 	adm  *kadm.Client
@@ -144,7 +148,14 @@ func (r *TopicReader) Poll(ctx context.Context) error {
 		if rec.Attrs.IsControl() {
 			return
 		}
-		env, err := envelope.Decode(rec, 0)
+		var env envelope.Envelope
+		view, err := rec, error(nil)
+		if r.View != nil {
+			view, err = r.View(ctx, rec)
+		}
+		if err == nil {
+			env, err = envelope.Decode(view, 0)
+		}
 		if r.OnRecord != nil {
 			r.OnRecord(Record{Partition: rec.Partition, Offset: rec.Offset, Env: env, Err: err})
 		}

@@ -108,6 +108,15 @@ func (c *Checker) Only(keep func(envelope.Envelope) bool) *Checker {
 	return c
 }
 
+// Decoding makes the checker read each record through view before it
+// reads the record's envelope, e.g. a registered wire format's record
+// through a wire.Decoder into its JSON view. A record view refuses is
+// reported unexpected, with view's error. Call it before Check.
+func (c *Checker) Decoding(view func(context.Context, *kgo.Record) (*kgo.Record, error)) *Checker {
+	c.r.View = view
+	return c
+}
+
 // CommittedFrom replaces the committed set (by default the event ids of the
 // topic's outbox rows) with the event ids query returns, e.g. from a table
 // the producers write in the same transaction as the event: with

@@ -10,6 +10,8 @@ prints one JSON line per result.
                              is sent from here (POST URL with Idempotency-Key), fenced by
                              event_key in consumer_scope(CONSUMER, ENTRY): the scope of that
                              consumer's http handler entry
+  enqueue EVENTS             enqueue each event of the JSON list EVENTS ({"topic", "source",
+                             "event_type", "payload", "event_id"}) in one transaction
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ def main(argv: list[str]) -> int:
                 with urllib.request.urlopen(req, timeout=10) as resp:
                     fx.record(resp.status, {"sent_by": "python"})
         out(enqueued=ids, scope=scope)
+        return 0
+    if cmd == "enqueue":
+        with psycopg.connect(os.environ["ONCEFLOW_DATABASE_URL"]) as conn:
+            done = [enqueue(conn, ev["topic"], ev["source"], ev["event_type"], ev["payload"], event_id=ev["event_id"])
+                    for ev in json.loads(argv[1])]
+            conn.commit()
+        out(enqueued=[{"event_id": d.event_id, "seq": d.seq} for d in done])
         return 0
     print(f"unknown command {cmd}", file=sys.stderr)
     return 2

@@ -79,7 +79,9 @@ func decodeItem(ctx context.Context, dec *wire.Decoder, r *kgo.Record, maxPayloa
 	if err != nil {
 		return item{rec: r, bad: err, key: malformedKey(r, topicID), topicID: topicID}
 	}
-	return item{rec: view, ev: eventFromEnvelope(env, r.Topic, r.Partition, r.Offset), key: env.EventID, topicID: topicID}
+	ev := eventFromEnvelope(env, r.Topic, r.Partition, r.Offset)
+	ev.Raw = r
+	return item{rec: view, ev: ev, key: env.EventID, topicID: topicID}
 }
 
 // outcome counts what a committed transaction did.

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/envelope"
@@ -23,6 +24,15 @@ type Event struct {
 	// Late is set when the sequence guard delivers an event that arrived
 	// after its gap was given up. The arrival-order guard never sets it.
 	Late bool
+
+	// Raw is the record as it was fetched, before pkg/wire turned it into
+	// the JSON view the Envelope holds: for a topic in avro, protobuf or
+	// json-schema its value is the registry-framed bytes, for CloudEvents
+	// its headers are the ce_* attributes. For a Go handler that wants the
+	// producer's encoding; read it, do not change it. Nil for an event the
+	// sequence guard parked and delivered from the inbox later (the inbox
+	// keeps the JSON view only).
+	Raw *kgo.Record
 
 	// span is the event's process span (nil with tracing off); see
 	// EventContext.

@@ -67,6 +67,14 @@ type Writer struct {
 	// *spec.PayloadError names the violation. Types without a schema
 	// pass. Default: none.
 	PayloadSchemas *spec.PayloadSchemas
+	// PayloadCheck, when set, is asked whether a payload fits its topic's
+	// wire format before anything is written; its error refuses the event
+	// and is returned as it is. (*wire.Encoder).Check fits: with the
+	// relay's topic spec and registry it refuses a payload that does not
+	// fit an avro, protobuf or json-schema topic's schema at enqueue,
+	// instead of the relay setting the row aside as schema_mismatch.
+	// Default: none.
+	PayloadCheck func(topic string, payload []byte) error
 	// TracerProvider makes the "enqueue" span of each call (see
 	// docs/tracing.md). Default: the global provider (otel.GetTracerProvider).
 	TracerProvider trace.TracerProvider
@@ -202,6 +210,11 @@ func (w Writer) args(msg Message) ([]any, error) {
 	}
 	if err := w.PayloadSchemas.Validate(msg.EventType, msg.ContentType, msg.Payload); err != nil {
 		return nil, err
+	}
+	if w.PayloadCheck != nil {
+		if err := w.PayloadCheck(msg.Topic, msg.Payload); err != nil {
+			return nil, err
+		}
 	}
 	if msg.Payload == nil {
 		msg.Payload = []byte{}

@@ -86,6 +86,28 @@ func TestEnqueueRefusesBadInput(t *testing.T) {
 	}
 }
 
+// TestEnqueuePayloadCheck: Writer.PayloadCheck sees the topic and payload
+// of every event, and its error refuses the event before any statement (no
+// database here), returned as it is.
+func TestEnqueuePayloadCheck(t *testing.T) {
+	t.Parallel()
+	misfit := errors.New("does not fit")
+	var asked []string
+	w := outbox.Writer{PayloadCheck: func(topic string, payload []byte) error {
+		asked = append(asked, topic+" "+string(payload))
+		return misfit
+	}}
+	if _, err := w.Enqueue(context.Background(), nil, msg("s")); !errors.Is(err, misfit) {
+		t.Fatalf("Enqueue = %v, want the check's error", err)
+	}
+	if _, err := w.EnqueueBatch(context.Background(), nil, []outbox.Message{msg("s")}); !errors.Is(err, misfit) {
+		t.Fatalf("EnqueueBatch = %v, want the check's error", err)
+	}
+	if want := []string{`orders {"n":1}`, `orders {"n":1}`}; fmt.Sprint(asked) != fmt.Sprint(want) {
+		t.Fatalf("checked %q, want %q", asked, want)
+	}
+}
+
 func TestEnqueueSeqPerSource(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

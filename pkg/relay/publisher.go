@@ -244,7 +244,7 @@ func (p *publisher) publish(ctx context.Context, rows []row, unmarkedCkpt ckptSe
 				for id, rf := range re.refused {
 					p.suspects[id] = rf
 				}
-				log.WarnContext(txn.ctx, "publish batch: Kafka refused records; trying them one by one", slog.Any("error", err))
+				log.WarnContext(txn.ctx, "publish batch: Kafka or the topic's schema refused records; trying them one by one", slog.Any("error", err))
 				return false, nil
 			}
 			rf := re.refused[rows[0].id]
@@ -449,7 +449,7 @@ func (p *publisher) setAside(ctx context.Context, w row, reason string, cause er
 	if retry > 0 {
 		wait = "the relay's next try, or an operator"
 	}
-	p.log.ErrorContext(p.stop, "outbox row set aside: Kafka refuses it or it is over the relay's byte limit; its source waits, every other source flows",
+	p.log.ErrorContext(p.stop, "outbox row set aside: Kafka refuses it, it is over the relay's byte limit or it does not fit its topic's schema (see reason); its source waits, every other source flows",
 		slog.Int64("outbox_id", w.id), slog.String("event_id", w.eventID), slog.String("topic", w.topic),
 		slog.String("source", w.source), slog.Int64("seq", w.seq), slog.String("reason", reason),
 		slog.Int("attempts", attempts), slog.String("waits_for", wait), slog.String("error", msg))
