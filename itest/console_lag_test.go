@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -59,24 +60,34 @@ func TestConsoleLagSkipsCommitMarkers(t *testing.T) {
 		}
 		return svc
 	}
-	lag := func(svc *console.Service) (total int64, end int64) {
+	// lag reads the lag once the partition's end (its last stable offset)
+	// has reached want: EndTransaction returns once the coordinator has
+	// the decision, and the markers that move the end are written after.
+	lag := func(svc *console.Service, want int64) (total int64, end int64) {
 		t.Helper()
-		r, err := svc.Lag(ctx)
-		if err != nil || r.KafkaError != "" || len(r.Partitions) != 1 || r.Partitions[0].EndOffset == nil {
-			t.Fatalf("lag: %+v %v", r, err)
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			r, err := svc.Lag(ctx)
+			if err != nil || r.KafkaError != "" || len(r.Partitions) != 1 || r.Partitions[0].EndOffset == nil {
+				t.Fatalf("lag: %+v %v", r, err)
+			}
+			total, end = r.Total, *r.Partitions[0].EndOffset
+			if end >= want || time.Now().After(deadline) {
+				return total, end
+			}
+			time.Sleep(20 * time.Millisecond) // polling a condition: the markers' write
 		}
-		return r.Total, *r.Partitions[0].EndOffset
 	}
-	if total, end := lag(service(false)); total != 1 || end != 4 {
+	if total, end := lag(service(false), 4); total != 1 || end != 4 {
 		t.Fatalf("without a reader: lag %d end %d, want the offset difference 1 at end 4", total, end)
 	}
 	svc := service(true)
-	if total, _ := lag(svc); total != 0 {
+	if total, _ := lag(svc, 4); total != 0 {
 		t.Fatalf("caught up: lag %d, want 0", total)
 	}
 	txn(false, 1)
 	txn(true, 2)
-	if total, end := lag(svc); total != 2 || end != 9 {
+	if total, end := lag(svc, 9); total != 2 || end != 9 {
 		t.Fatalf("after an aborted and a committed transaction: lag %d end %d, want 2 events at end 9", total, end)
 	}
 }
