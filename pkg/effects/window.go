@@ -132,6 +132,24 @@ func DoLeasedWith(ctx context.Context, db Querier, scope, key, owner string, lea
 	return doLeased(ctx, db, scope, key, owner, lease, opts, call)
 }
 
+// Settle applies opts to a claim a caller ran itself (ClaimLease,
+// ClaimWait, effect_claim), granted for the attempts-th time: nil, nil when
+// the call may go (not a retry past opts.Window, or the hook found
+// nothing); the result to record (with RecordLease, or effect_record on the
+// claiming session) when the hook found it; a *HeldError when it held the
+// effect (the claim is dropped with the hold: do not call, record or
+// release). Any other error leaves the claim to the caller to release.
+func Settle(ctx context.Context, db Querier, scope, key string, attempts int, opts Options) (*Result, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	past, age, err := pastWindow(ctx, db, opts, scope, key, attempts)
+	if err != nil || !past {
+		return nil, err
+	}
+	return settle(ctx, db, opts, scope, key, attempts, age)
+}
+
 // Hold stops an intent for an operator (StatusHeld, with reason): every
 // claim of the key then fails with a *HeldError until Resolve or Unhold.
 // It drops the key's lease, and the session lock if db's session holds it.
