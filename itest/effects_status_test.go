@@ -72,6 +72,15 @@ func TestEffectsHTTPStatuses(t *testing.T) {
 		pr, d := e.metric("onceflow_consumer_processed_total"), e.metric("onceflow_consumer_dead_lettered_total")
 		return pr == 3 && d == 4, fmtState("processed ", pr, ", dead ", d)
 	})
+	// An operator holds one effect (issue 30 item 2): the running consumer's
+	// gauges show it, ledger-wide and per scope.
+	if ok, err := effects.Hold(context.Background(), db.Pool, effects.ConsumerScope(inbox.DefaultConsumerName, "http", "*"), "event:rejected-held", "operator"); err != nil || !ok {
+		t.Fatalf("hold: %v, %v", ok, err)
+	}
+	eventually(t, 30*time.Second, "the held effect in the gauges", func() (bool, string) {
+		n, byScope := e.metric("onceflow_consumer_effects_held"), e.metric("onceflow_consumer_effects_held_by_scope")
+		return n == 1 && byScope == 1, fmtState("effects_held ", n, ", by scope ", byScope)
+	})
 	e.stop(t)
 
 	_, business := srv.snapshot()
@@ -106,7 +115,8 @@ func TestEffectsHTTPStatuses(t *testing.T) {
 // replayDryRunMatchesReplay: the dead letters of TestEffectsHTTPStatuses
 // (each with an intent of 3 attempts) replayed once the downstream accepts
 // them, after an operator resolved one (held, then resolved with what the
-// downstream did), one was aged past the 24h window and one was held.
+// downstream did) and one was aged past the 24h window; one was held
+// before (TestEffectsHTTPStatuses).
 func replayDryRunMatchesReplay(t *testing.T, db *testkit.DB, srv *idemServer, h inbox.BatchHandler, fixed *atomic.Bool) {
 	ctx := context.Background()
 	scope := effects.ConsumerScope(inbox.DefaultConsumerName, "http", "*")

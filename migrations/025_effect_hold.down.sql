@@ -14,6 +14,11 @@ DROP FUNCTION IF EXISTS onceflow.effect_resolve(text, text, integer, jsonb);
 DROP FUNCTION IF EXISTS onceflow.effect_hold(text, text, text);
 DROP FUNCTION IF EXISTS onceflow.effect_window_age(text, text);
 DROP INDEX IF EXISTS onceflow.effects_held;
+-- The audit is append-only: its effect.* rows stay, so the narrower check
+-- comes back NOT VALID (it holds for new rows only).
+ALTER TABLE onceflow.admin_audit DROP CONSTRAINT admin_audit_action;
+ALTER TABLE onceflow.admin_audit ADD CONSTRAINT admin_audit_action
+    CHECK (action IN ('dlq.replay', 'gap.resolve', 'gap.give_up')) NOT VALID;
 ALTER TABLE onceflow.effects
     DROP CONSTRAINT IF EXISTS effects_held_reason_length,
     DROP COLUMN IF EXISTS unheld_at,

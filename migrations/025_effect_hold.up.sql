@@ -26,6 +26,13 @@ ALTER TABLE onceflow.effects
     ADD COLUMN unheld_at timestamptz,
     ADD CONSTRAINT effects_held_reason_length CHECK (octet_length(held_reason) <= 2048);
 
+-- An operator's resolve and unhold are audited like the other changes
+-- (`consumer effects resolve|unhold`, the console).
+ALTER TABLE onceflow.admin_audit DROP CONSTRAINT admin_audit_action;
+ALTER TABLE onceflow.admin_audit ADD CONSTRAINT admin_audit_action
+    CHECK (action IN ('dlq.replay', 'gap.resolve', 'gap.give_up', 'effect.resolve', 'effect.unhold')) NOT VALID;
+ALTER TABLE onceflow.admin_audit VALIDATE CONSTRAINT admin_audit_action;
+
 -- Operators list held effects by scope (the consumer's gauge, `consumer
 -- effects held`); a partial index keeps that cheap on a large ledger.
 CREATE INDEX effects_held ON onceflow.effects (scope, held_at) WHERE status = 'held';

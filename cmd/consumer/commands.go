@@ -46,9 +46,11 @@ import (
 // positionalArgs are the positional arguments of the commands that take
 // some, for their usage line.
 var positionalArgs = map[string]string{
-	"consumer dlq replay":   " [EVENT-ID]",
-	"consumer gaps resolve": " SOURCE FROM-TO",
-	"consumer gaps give-up": " SOURCE FROM-TO",
+	"consumer dlq replay":      " [EVENT-ID]",
+	"consumer gaps resolve":    " SOURCE FROM-TO",
+	"consumer gaps give-up":    " SOURCE FROM-TO",
+	"consumer effects resolve": " KEY",
+	"consumer effects unhold":  " KEY",
 }
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {

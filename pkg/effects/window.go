@@ -254,6 +254,15 @@ func HeldCounts(ctx context.Context, db dbtx.DB, scopePrefix string, limit int) 
 	return out, nil
 }
 
+// CountHeld returns how many effects are held, in every scope.
+func CountHeld(ctx context.Context, db dbtx.DB) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM onceflow.effects WHERE status = 'held'`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("effects: count held: %w", err)
+	}
+	return n, nil
+}
+
 // IsHeld reports whether err says an effect is held (a *HeldError, or the
 // claim functions' SQLSTATE from a caller that ran them itself).
 func IsHeld(err error) bool {
