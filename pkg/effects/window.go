@@ -199,11 +199,14 @@ func Unhold(ctx context.Context, db Querier, scope, key string) error {
 
 // Held is one held effect.
 type Held struct {
-	Scope, Key, EventID string
-	Attempts            int
-	Reason              string
+	Scope    string `json:"scope"`
+	Key      string `json:"key"`
+	EventID  string `json:"event_id,omitempty"`
+	Attempts int    `json:"attempts"`
+	Reason   string `json:"reason"`
 	// Created is the first claim, HeldAt when it was held.
-	Created, HeldAt time.Time
+	Created time.Time `json:"created_at"`
+	HeldAt  time.Time `json:"held_at"`
 }
 
 // ListHeld returns the held effects whose scope starts with scopePrefix
