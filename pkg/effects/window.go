@@ -89,7 +89,8 @@ func settle(ctx context.Context, db Querier, opts Options, scope, key string, at
 		reason := fmt.Sprintf("attempt %d is %s after the first, past the downstream's idempotency window of %s; no reconcile hook",
 			attempts, age.Round(time.Second), opts.Window)
 		if _, err := Hold(context.WithoutCancel(ctx), db, scope, key, reason); err != nil {
-			return nil, errors.Join(held, err)
+			// Not a HeldError: the claim is still the caller's to release.
+			return nil, fmt.Errorf("effects: retry of %q is past the downstream's window and could not be held (nothing was sent): %w", key, err)
 		}
 		return nil, held
 	}
