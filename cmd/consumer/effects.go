@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,14 +38,14 @@ type effectsConfig struct {
 func (c *effectsConfig) RegisterFlags(fs *flag.FlagSet, verb string) {
 	c.DB.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs)
-	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, "logical consumer name, for the audit of resolve and unhold (held effects are listed and changed in every scope)")
+	fs.StringVar(&c.ConsumerName, "consumer-name", inbox.DefaultConsumerName, consumerNameHelp)
 	if verb == "held" {
 		fs.IntVar(&c.Limit, "limit", 100, "most held effects to list")
-		fs.StringVar(&c.ScopePrefix, "scope-prefix", "", "list only the scopes starting with this (e.g. inbox/<consumer>/); default every scope")
+		fs.StringVar(&c.ScopePrefix, "scope-prefix", "", "list only the scopes starting with this; default the consumer's scopes (inbox/<consumer name>/) and the scopes of no consumer (a library's, an agent's)")
 		cli.Local(fs, "limit", "scope-prefix")
 		return
 	}
-	fs.StringVar(&c.Scope, "scope", "", "the held effect's scope, as consumer effects held shows it (empty: the scope of effects.Do)")
+	fs.StringVar(&c.Scope, "scope", "", "the held effect's scope, as consumer effects held shows it (empty: the scope of effects.Do); not another consumer's")
 	fs.StringVar(&c.Note, "note", "", "what the downstream did (resolve), or why the effect may be sent again (unhold) (required)")
 	fs.StringVar(&c.Actor, "actor", "", "who acts, for the audit (default: the OS user)")
 	fs.StringVar(&c.RequestID, "request-id", "", "id of this change: a retry with the same id is not applied twice (default: a new random id)")
@@ -148,6 +149,10 @@ func runEffectChange(ctx context.Context, verb string, args []string, stdout, st
 		req.Result = json.RawMessage(cfg.Result)
 	}
 	out, err := do(svc, ctx, admin.Caller{Actor: cliActor(cfg.Actor), Via: "cli"}, req)
+	var bad *admin.BadRequest
+	if errors.As(err, &bad) {
+		return cli.Usagef("%s: %v", name, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onceflow/onceflow/internal/admin"
 	"github.com/onceflow/onceflow/internal/testkit"
@@ -30,6 +31,14 @@ func TestEffectsCommands(t *testing.T) {
 	if ok, err := effects.Hold(ctx, db.Pool, "agent/mail", "t1:send:0", "past the window"); err != nil || !ok {
 		t.Fatalf("hold: %v, %v", ok, err)
 	}
+	// Another consumer's held effect: neither listed nor changed here.
+	other := "inbox/billing/http/x"
+	if _, err := effects.ClaimLease(ctx, db.Pool, other, "event:b1", "b1", "o", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := effects.Hold(ctx, db.Pool, other, "event:b1", "past the window"); err != nil || !ok {
+		t.Fatalf("hold: %v, %v", ok, err)
+	}
 	cmd := func(args ...string) (string, error) {
 		var out, errOut bytes.Buffer
 		err := run(ctx, append(args, "-database-url", db.URL), &out, &errOut)
@@ -39,8 +48,17 @@ func TestEffectsCommands(t *testing.T) {
 	if err != nil || !strings.Contains(out, "agent/mail") || !strings.Contains(out, "t1:send:0") || !strings.Contains(out, "past the window") {
 		t.Fatalf("effects held: %v\n%s", err, out)
 	}
+	if strings.Contains(out, "event:b1") {
+		t.Fatalf("effects held lists another consumer's effect:\n%s", out)
+	}
 	if out, err := cmd("effects", "held", "-scope-prefix", "inbox/"); err != nil || strings.Contains(out, "t1:send:0") {
 		t.Fatalf("effects held -scope-prefix inbox/: %v\n%s", err, out)
+	}
+	if out, err := cmd("effects", "held", "-consumer-name", "billing"); err != nil || !strings.Contains(out, "event:b1") {
+		t.Fatalf("effects held -consumer-name billing: %v\n%s", err, out)
+	}
+	if out, err := cmd("effects", "unhold", "event:b1", "-scope", other, "-note", "x"); err == nil || !strings.Contains(err.Error(), "belongs to another consumer") {
+		t.Fatalf("unhold of another consumer's effect: %v\n%s", err, out)
 	}
 	out, err = cmd("effects", "resolve", "t1:send:0", "-scope", "agent/mail", "-code", "250", "-result", `{"message_id":"m-1"}`,
 		"-note", "the mail server has it", "-actor", "erin")

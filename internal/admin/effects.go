@@ -14,10 +14,16 @@ import (
 )
 
 // HeldEffects lists the effects held for an operator (effects.StatusHeld)
-// whose scope starts with scopePrefix ("" for every scope), oldest hold
-// first, at most limit.
+// in s's consumer's scopes and the scopes of no consumer (a library's, an
+// agent's), never another consumer's, whose scope starts with scopePrefix
+// ("" for all of those), oldest hold first, at most limit.
 func (s *Service) HeldEffects(ctx context.Context, scopePrefix string, limit int) ([]effects.Held, error) {
-	return effects.ListHeld(ctx, s.cfg.Pool, scopePrefix, limit)
+	return effects.ListHeld(ctx, s.cfg.Pool, effects.HeldFilter{Consumer: s.cfg.Consumer, ScopePrefix: scopePrefix}, limit)
+}
+
+// ownsScope: a scope of s's consumer, or of no consumer.
+func (s *Service) ownsScope(scope string) bool {
+	return !strings.HasPrefix(scope, "inbox/") || strings.HasPrefix(scope, effects.ConsumerScopePrefix(s.cfg.Consumer))
 }
 
 // EffectRequest asks to resolve a held effect (record what the downstream
@@ -85,6 +91,9 @@ func (s *Service) UnholdEffect(ctx context.Context, c Caller, req EffectRequest)
 
 func (s *Service) effectChange(ctx context.Context, c Caller, req EffectRequest, action string, do func(context.Context, pgx.Tx) error) (EffectOutcome, error) {
 	var out EffectOutcome
+	if !s.ownsScope(req.Scope) {
+		return out, badRequest("scope %q belongs to another consumer (this one is %q: its scopes start with %q)", req.Scope, s.cfg.Consumer, effects.ConsumerScopePrefix(s.cfg.Consumer))
+	}
 	id, repeated, err := s.run(ctx, change{requestID: req.RequestID, action: action, caller: c, params: req, note: req.Note},
 		func(ctx context.Context, tx pgx.Tx) (any, string) {
 			r := EffectOutcome{RequestID: req.RequestID, Scope: req.Scope, Key: req.Key}

@@ -210,13 +210,28 @@ type Held struct {
 	HeldAt  time.Time `json:"held_at"`
 }
 
-// ListHeld returns the held effects whose scope starts with scopePrefix
-// ("" for all), oldest hold first, at most limit.
-func ListHeld(ctx context.Context, db dbtx.DB, scopePrefix string, limit int) ([]Held, error) {
+// HeldFilter selects held effects for ListHeld.
+type HeldFilter struct {
+	// Consumer, when set, keeps the scopes of that logical consumer
+	// (ConsumerScopePrefix) and the scopes of no consumer (not starting
+	// with "inbox/": a library's or an agent's), never another consumer's.
+	Consumer string
+	// ScopePrefix keeps the scopes starting with it ("" for all).
+	ScopePrefix string
+}
+
+// ListHeld returns the held effects f selects, oldest hold first, at most
+// limit.
+func ListHeld(ctx context.Context, db dbtx.DB, f HeldFilter, limit int) ([]Held, error) {
+	var own any
+	if f.Consumer != "" {
+		own = ConsumerScopePrefix(f.Consumer)
+	}
 	rows, err := db.Query(ctx, `SELECT scope, idempotency_key, coalesce(event_id, ''), attempts, coalesce(held_reason, ''), created_at, coalesce(held_at, created_at)
 	  FROM onceflow.effects
-	 WHERE status = 'held' AND left(scope, length($1)) = $1
-	 ORDER BY held_at, scope, idempotency_key LIMIT $2`, scopePrefix, limit)
+	 WHERE status = 'held' AND starts_with(scope, $1)
+	   AND ($2::text IS NULL OR starts_with(scope, $2) OR NOT starts_with(scope, 'inbox/'))
+	 ORDER BY held_at, scope, idempotency_key LIMIT $3`, f.ScopePrefix, own, limit)
 	if err != nil {
 		return nil, fmt.Errorf("effects: list held: %w", err)
 	}
@@ -235,7 +250,7 @@ func ListHeld(ctx context.Context, db dbtx.DB, scopePrefix string, limit int) ([
 // starting with scopePrefix ("" for all), the limit scopes with the most.
 func HeldCounts(ctx context.Context, db dbtx.DB, scopePrefix string, limit int) (map[string]int, error) {
 	rows, err := db.Query(ctx, `SELECT scope, count(*)::int FROM onceflow.effects
-	 WHERE status = 'held' AND left(scope, length($1)) = $1
+	 WHERE status = 'held' AND starts_with(scope, $1)
 	 GROUP BY scope ORDER BY count(*) DESC, scope LIMIT $2`, scopePrefix, limit)
 	if err != nil {
 		return nil, fmt.Errorf("effects: count held: %w", err)

@@ -143,7 +143,7 @@ func TestWindowRetryIsReconciledOrHeld(t *testing.T) {
 	if e := row("k-held"); e.Status != effects.StatusHeld || e.Attempts != 2 {
 		t.Fatalf("held row: %+v, want held after 2 attempts (refused claims change nothing)", e)
 	}
-	hs, err := effects.ListHeld(ctx, db.Pool, "", 10)
+	hs, err := effects.ListHeld(ctx, db.Pool, effects.HeldFilter{}, 10)
 	if err != nil || len(hs) != 1 || hs[0].Key != "k-held" || !strings.Contains(hs[0].Reason, "window of 24h0m0s") {
 		t.Fatalf("ListHeld = %+v, %v", hs, err)
 	}
