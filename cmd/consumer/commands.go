@@ -36,6 +36,7 @@ import (
 	"github.com/onceflow/onceflow/internal/obs"
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/internal/pprofserver"
+	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/retention"
@@ -45,9 +46,11 @@ import (
 // positionalArgs are the positional arguments of the commands that take
 // some, for their usage line.
 var positionalArgs = map[string]string{
-	"consumer dlq replay":   " [EVENT-ID]",
-	"consumer gaps resolve": " SOURCE FROM-TO",
-	"consumer gaps give-up": " SOURCE FROM-TO",
+	"consumer dlq replay":      " [EVENT-ID]",
+	"consumer gaps resolve":    " SOURCE FROM-TO",
+	"consumer gaps give-up":    " SOURCE FROM-TO",
+	"consumer effects resolve": " KEY",
+	"consumer effects unhold":  " KEY",
 }
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
@@ -207,6 +210,7 @@ func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log
 			ConsumerName: cfg.Inbox.ConsumerName, FirstSeen: cfg.Inbox.FirstSeen, GapTimeout: cfg.Inbox.GapTimeout,
 			GapTimeouts: cfg.Inbox.GapTimeouts, Handler: h, MaxParked: cfg.Inbox.MaxParked, Pool: pool,
 		}),
+		PlannedEffects: plannedEffects(h, cfg.Inbox.ConsumerName),
 	})
 	if err != nil {
 		kcl.Close()
@@ -215,6 +219,16 @@ func adminHandler(ctx context.Context, cfg *runConfig, h inbox.BatchHandler, log
 	}
 	log.InfoContext(ctx, "admin enabled", slog.String("addr", cfg.Admin.Addr), slog.Any("tokens", tokens.Names()))
 	return admin.NewHandler(svc, tokens, log), func() { kcl.Close(); pool.Close() }, nil
+}
+
+// plannedEffects is what the handler file's handlers would call for an
+// event, for a replay's dry run (nil for another handler).
+func plannedEffects(h inbox.BatchHandler, consumer string) func(eventType, eventID string) []effects.Planned {
+	plan := handlerfile.PlannedEffects(h)
+	if plan == nil {
+		return nil
+	}
+	return func(eventType, eventID string) []effects.Planned { return plan(consumer, eventType, eventID) }
 }
 
 // replayer is how this binary re-drives a dead letter, for `dlq replay`
@@ -357,10 +371,12 @@ func runDLQReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer pool.Close()
 	rc.Pool = pool
+	var planned func(eventType, eventID string) []effects.Planned
 	if rc.Handler != nil {
 		replay = replayer(rc)
+		planned = plannedEffects(rc.Handler, cfg.ConsumerName)
 	}
-	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool, Replay: replay})
+	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool, Replay: replay, PlannedEffects: planned})
 	if err != nil {
 		return err
 	}
@@ -403,6 +419,7 @@ func printReplay(w io.Writer, out admin.ReplayOutcome) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		printEffectPreview(w, out.Events)
 		if out.Error != "" {
 			return errors.New(out.Error)
 		}
@@ -428,6 +445,39 @@ func printReplay(w io.Writer, out admin.ReplayOutcome) error {
 		return fmt.Errorf("%d event(s) failed and %d later event(s) of their sources were skipped; fix the cause and replay again", out.Failed, out.Skipped)
 	}
 	return nil
+}
+
+// printEffectPreview lists, per event of a dry run, its external effects
+// and what a replay would do with each.
+func printEffectPreview(w io.Writer, evs []admin.EventOutcome) {
+	n := 0
+	for _, e := range evs {
+		n += len(e.Effects)
+	}
+	if n == 0 {
+		fmt.Fprintln(w, "\neffects: none recorded for these events, and no http handler would make one")
+		return
+	}
+	fmt.Fprintln(w, "\neffects (those recorded in the ledger for the event, and the ones the handlers file would make; an effect a handler keys otherwise is not known until it runs):")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EVENT\tSCOPE\tKEY\tLEDGER\tATTEMPTS\tAGE\tWINDOW\tREPLAY WOULD")
+	for _, e := range evs {
+		for _, p := range e.Effects {
+			status, win := p.Status, "-"
+			if status == "" {
+				status = "-"
+			}
+			if p.WindowSeconds > 0 {
+				win = (time.Duration(p.WindowSeconds) * time.Second).String()
+			}
+			age := "-"
+			if p.Status != "" {
+				age = (time.Duration(p.AgeSeconds) * time.Second).String()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.EventID, p.Scope, p.Key, status, p.Attempts, age, win, p.Verdict)
+		}
+	}
+	_ = tw.Flush()
 }
 
 // newRequestID is a random request id for a command's change.

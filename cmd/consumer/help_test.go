@@ -16,7 +16,8 @@ func TestHelpNamesOnlyRealFlags(t *testing.T) {
 	t.Parallel()
 	usageFlag := regexp.MustCompile(`(?m)^\s+-([a-z][a-z0-9-]*)`)
 	flagsOf := map[string]map[string]bool{}
-	for _, sub := range []string{"run", "migrate", "check", "prune", "dlq list", "dlq replay", "gaps list", "gaps give-up", "gaps resolve", "reconcile"} {
+	for _, sub := range []string{"run", "migrate", "check", "prune", "dlq list", "dlq replay", "gaps list", "gaps give-up", "gaps resolve", "reconcile",
+		"effects held", "effects resolve", "effects unhold"} {
 		var out strings.Builder
 		err := run(context.Background(), append(strings.Fields(sub), "-h"), &out, &out)
 		if !errors.Is(err, flag.ErrHelp) {
@@ -66,8 +67,9 @@ func TestHelpNamesOnlyRealFlags(t *testing.T) {
 func TestUsageShowsPositionalArguments(t *testing.T) {
 	t.Parallel()
 	for sub, want := range map[string]string{
-		"dlq replay":   "usage: consumer dlq replay [EVENT-ID] [flags]",
-		"gaps resolve": "usage: consumer gaps resolve SOURCE FROM-TO [flags]",
+		"dlq replay":      "usage: consumer dlq replay [EVENT-ID] [flags]",
+		"gaps resolve":    "usage: consumer gaps resolve SOURCE FROM-TO [flags]",
+		"effects resolve": "usage: consumer effects resolve KEY [flags]",
 	} {
 		var out strings.Builder
 		_ = run(context.Background(), append(strings.Fields(sub), "-h"), &out, &out)

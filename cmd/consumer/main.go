@@ -10,6 +10,9 @@
 //	consumer gaps give-up SOURCE FROM-TO -note "…" [-producer P -topic T]  give an open gap up now
 //	consumer gaps resolve SOURCE FROM-TO -note "…" [-producer P -topic T]  record what was done
 //	consumer reconcile -group G -topics T [-since 1h]  check a window end to end (read-only)
+//	consumer effects held         effects held for an operator (a retry after the downstream's window)
+//	consumer effects resolve KEY -scope S -note "…" [-code N -result JSON]  record what the downstream did
+//	consumer effects unhold KEY -scope S -note "…"  let a held effect send
 //
 // `consumer run -admin` also serves the console (admin API and web page,
 // docs/console.md).
@@ -69,6 +72,14 @@ commands:
                           consumer releases the events parked behind it
   gaps resolve SOURCE FROM-TO -note "…" [-producer P -topic T]
                           record what was done about a given-up gap
+  effects held            list effects held for an operator: a retry came
+                          after the downstream's idempotency window
+                          (-scope-prefix, -limit)
+  effects resolve KEY -scope S -note "…" [-code N -result JSON]
+                          record what the downstream did for a held effect:
+                          later claims replay it, nothing is sent
+  effects unhold KEY -scope S -note "…"
+                          let a held effect send (its window restarts)
 
 Tracing: the standard OpenTelemetry variables (OTEL_EXPORTER_OTLP_ENDPOINT,
 OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...); off when none is set. See docs/tracing.md.
@@ -112,6 +123,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return runGapsResolve(ctx, args[2:], stdout, stderr)
 		}
 		return cli.Usagef("gaps: unknown command %q (want list, give-up or resolve)", args[1])
+	case "effects":
+		if len(args) < 2 {
+			return cli.Usagef("effects: want held, resolve or unhold")
+		}
+		switch args[1] {
+		case "held":
+			return runEffectsHeld(ctx, args[2:], stdout, stderr)
+		case "resolve":
+			return runEffectsResolve(ctx, args[2:], stdout, stderr)
+		case "unhold":
+			return runEffectsUnhold(ctx, args[2:], stdout, stderr)
+		}
+		return cli.Usagef("effects: unknown command %q (want held, resolve or unhold)", args[1])
 	case "reconcile":
 		return runReconcile(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":

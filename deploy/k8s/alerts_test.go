@@ -19,7 +19,7 @@ import (
 // wantAlerts are the on-call alerts the PrometheusRule must carry, each
 // with a runbook docs/runbooks/<name>.md.
 var wantAlerts = []string{
-	"CleanupHeldBack", "ConsumerDown", "ConsumerLag", "DeadLetters", "ParkedEventsGrowing", "RelayDown",
+	"CleanupHeldBack", "ConsumerDown", "ConsumerLag", "DeadLetters", "EffectsHeld", "ParkedEventsGrowing", "RelayDown",
 	"RelayLagging", "RelayLayoutConflict", "RelayNoLeader", "RelayRowsSetAside", "RelayShardWithoutLeader", "RelayUnqueuedRows",
 	"SeqGapGivenUp", "SeqGapOpenLong",
 }

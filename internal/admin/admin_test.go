@@ -175,7 +175,8 @@ func TestAuthRefusesWithoutToken(t *testing.T) {
 	endpoints := [][2]string{{"GET", "/api/v1/session"}, {"GET", "/api/v1/summary"}, {"GET", "/api/v1/gaps"},
 		{"POST", "/api/v1/gaps/resolve"}, {"GET", "/api/v1/dead-letters"}, {"GET", "/api/v1/dead-letters/groups"},
 		{"POST", "/api/v1/dead-letters/replay"}, {"GET", "/api/v1/held"}, {"GET", "/api/v1/lag"}, {"GET", "/api/v1/relay"},
-		{"GET", "/api/v1/audit"}, {"GET", "/api/v1/nope"}}
+		{"GET", "/api/v1/audit"}, {"GET", "/api/v1/effects/held"}, {"POST", "/api/v1/effects/resolve"},
+		{"POST", "/api/v1/effects/unhold"}, {"GET", "/api/v1/nope"}}
 	wrong := "not-the-token-but-long-enough"
 	for _, ep := range endpoints {
 		for _, auth := range []string{"", "Bearer", "Bearer " + wrong, "Basic " + tokAlice, tokAlice, "Bearer " + tokAlice + " "} {
@@ -222,6 +223,10 @@ func TestAuthRefusesWithoutToken(t *testing.T) {
 	resp, body = do("POST", "/api/v1/gaps/resolve", "Bearer "+tokAlice, `{"request_id": "r3", "source": "s", "producer": "db-1", "from": 2, "to": 3, "note": "x"}`)
 	if resp.StatusCode != 400 || !strings.Contains(body["error"].(string), "producer and topic go together") {
 		t.Errorf("resolve with a producer but no topic: %d %v", resp.StatusCode, body)
+	}
+	resp, body = do("POST", "/api/v1/effects/resolve", "Bearer "+tokAlice, `{"request_id": "r4", "scope": "s", "key": "k"}`)
+	if resp.StatusCode != 400 || !strings.Contains(body["error"].(string), "note is required") {
+		t.Errorf("resolve an effect without a note: %d %v", resp.StatusCode, body)
 	}
 	if out := logs.String(); strings.Contains(out, tokAlice) || strings.Contains(out, tokCI) || strings.Contains(out, wrong) {
 		t.Errorf("a token reached the log:\n%s", out)

@@ -53,6 +53,9 @@ func NewHandler(svc *Service, tokens *Tokens, log *slog.Logger) http.Handler {
 	api.HandleFunc("GET /api/v1/dead-letters/groups", h.groups)
 	api.HandleFunc("POST /api/v1/dead-letters/replay", h.replay)
 	api.HandleFunc("GET /api/v1/held", h.held)
+	api.HandleFunc("GET /api/v1/effects/held", h.heldEffects)
+	api.HandleFunc("POST /api/v1/effects/resolve", h.resolveEffect)
+	api.HandleFunc("POST /api/v1/effects/unhold", h.unholdEffect)
 	api.HandleFunc("GET /api/v1/lag", h.lag)
 	api.HandleFunc("GET /api/v1/relay", h.relay)
 	api.HandleFunc("GET /api/v1/audit", h.audit)
@@ -292,6 +295,44 @@ func (h *handler) held(w http.ResponseWriter, r *http.Request) {
 	p.Status = string(status.Held)
 	rows, err := h.svc.DeadLetters(r.Context(), p, limit)
 	h.reply(w, r, map[string]any{"held": rows}, err)
+}
+
+// heldEffects lists the effects held for an operator (?scope_prefix=,
+// ?limit=).
+func (h *handler) heldEffects(w http.ResponseWriter, r *http.Request) {
+	limit, ok := limitParam(w, r, 100, 1000)
+	if !ok {
+		return
+	}
+	rows, err := h.svc.HeldEffects(r.Context(), r.URL.Query().Get("scope_prefix"), limit)
+	h.reply(w, r, map[string]any{"effects": rows}, err)
+}
+
+func (h *handler) resolveEffect(w http.ResponseWriter, r *http.Request) {
+	h.effectChange(w, r, h.svc.ResolveEffect)
+}
+
+func (h *handler) unholdEffect(w http.ResponseWriter, r *http.Request) {
+	h.effectChange(w, r, h.svc.UnholdEffect)
+}
+
+// effectChange answers a resolve or unhold: 409 when the effect is not held.
+func (h *handler) effectChange(w http.ResponseWriter, r *http.Request, do func(context.Context, Caller, EffectRequest) (EffectOutcome, error)) {
+	var req EffectRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	ctx, cancel := workContext(r)
+	defer cancel()
+	out, err := do(ctx, caller(r), req)
+	if err == nil && out.ErrorKind == "not_held" {
+		if out.Repeated {
+			w.Header().Set(RepeatedHeader, "true")
+		}
+		writeJSON(w, http.StatusConflict, out)
+		return
+	}
+	h.replyChange(w, r, out, out.ErrorKind, out.Repeated, err)
 }
 
 func (h *handler) groups(w http.ResponseWriter, r *http.Request) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -66,6 +67,10 @@ type EventOutcome struct {
 	// found, not attempted (stopped), would replay (dry run).
 	Result string `json:"result"`
 	Error  string `json:"error,omitempty"`
+	// Effects (dry run): the event's external effects and what a replay
+	// would do with each (effects.PreviewEvent): call, call again, answer
+	// from the ledger, refuse as held, hold as past its window.
+	Effects []effects.Preview `json:"effects,omitempty"`
 }
 
 // ReplayOutcome is the answer to a ReplayRequest (stored in the audit).
@@ -189,8 +194,19 @@ func (s *Service) dryRun(ctx context.Context, f inbox.DeadLetterFilter, req Repl
 	if err != nil {
 		return out, err
 	}
+	prefix := effects.ConsumerScopePrefix(s.cfg.Consumer)
 	for _, d := range rows {
-		out.Events = append(out.Events, EventOutcome{EventID: d.EventID, Source: d.Source, Seq: d.Seq, Result: ResultWouldReplay})
+		var planned []effects.Planned
+		if s.cfg.PlannedEffects != nil {
+			// Known, even when empty: a recorded effect no handler makes
+			// is not called.
+			planned = append([]effects.Planned{}, s.cfg.PlannedEffects(d.EventType, d.EventID)...)
+		}
+		fx, err := effects.PreviewEvent(ctx, s.cfg.Pool, prefix, d.EventID, planned)
+		if err != nil {
+			return out, err
+		}
+		out.Events = append(out.Events, EventOutcome{EventID: d.EventID, Source: d.Source, Seq: d.Seq, Result: ResultWouldReplay, Effects: fx})
 	}
 	out.EventsTruncated = out.Matched > len(rows)
 	gs, err := inbox.GroupDeadLetters(ctx, s.cfg.Pool, s.cfg.Consumer, f, 20)

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/horizon"
+	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/seqguard"
 )
@@ -47,6 +48,11 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Replay re-drives one event (required for replays).
 	Replay ReplayFunc
+	// PlannedEffects says which effects the handlers would make for an
+	// event (handlerfile.PlannedEffects), for a replay's dry run to list
+	// them beside the ones the ledger records (optional: without it the dry
+	// run lists the recorded ones only).
+	PlannedEffects func(eventType, eventID string) []effects.Planned
 	// ReplayParallel is how many sources a bulk replay works on at once,
 	// each source's events in seq order (default 4).
 	ReplayParallel int

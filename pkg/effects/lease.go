@@ -71,6 +71,8 @@ const (
 // granted claim of a key sends the same key, so a downstream that dedups
 // by it applies the effect once, however many claims a crash causes.
 //
+// A held key (StatusHeld) is refused with a *HeldError.
+//
 // An owner names one live claimant (a process, or a static consumer group
 // member: the consumer uses its instance id when it has one): two live
 // claimants must never share an owner.
@@ -99,6 +101,9 @@ func ClaimLease(ctx context.Context, db Querier, scope, key, eventID, owner stri
 		evID = eventID
 	}
 	err := db.QueryRow(ctx, qLeaseClaim, key, scope, evID, owner, lease.Seconds()).Scan(&c.Status, &c.Attempts, &code, &sum, &by, &until)
+	if herr, ok := heldErr(err, scope, key); ok {
+		return Claim{}, herr
+	}
 	if err != nil {
 		return Claim{}, fmt.Errorf("effects: claim %q: %w", key, err)
 	}
@@ -215,6 +220,10 @@ func ClaimWait(ctx context.Context, db Querier, scope, key, eventID, owner strin
 // at once, any other owner when the lease has expired; the key sent is the
 // same, so a downstream that dedups by it applies the effect once.
 func DoLeased(ctx context.Context, db Querier, scope, key, owner string, lease time.Duration, call CallFunc) (Result, error) {
+	return doLeased(ctx, db, scope, key, owner, lease, Options{}, call)
+}
+
+func doLeased(ctx context.Context, db Querier, scope, key, owner string, lease time.Duration, opts Options, call CallFunc) (Result, error) {
 	start := time.Now() // before the claim: the local deadline ends before the database's lease
 	c, err := ClaimWait(ctx, db, scope, key, eventIDString(ctx), owner, lease)
 	if err != nil {
@@ -222,6 +231,28 @@ func DoLeased(ctx context.Context, db Querier, scope, key, owner string, lease t
 	}
 	if c.Status == StatusDone {
 		return c.Result, nil
+	}
+	past, age, err := pastWindow(ctx, db, opts, scope, key, c.Attempts)
+	if err == nil && past {
+		var found *Result
+		found, err = settle(ctx, db, opts, scope, key, c.Attempts, age)
+		if err == nil && found != nil {
+			if _, err := RecordLeaseOf(context.WithoutCancel(ctx), db, scope, key, eventIDString(ctx), *found); err != nil {
+				return Result{}, err
+			}
+			r := *found
+			r.Replayed, r.Reconciled = true, true
+			return r, nil
+		}
+		if errors.Is(err, ErrHeld) {
+			return Result{}, err // effect_hold dropped the lease
+		}
+	}
+	if err != nil {
+		if _, rerr := ReleaseLease(context.WithoutCancel(ctx), db, scope, key, owner); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return Result{}, err
 	}
 	cctx, cancel := context.WithDeadline(ctx, start.Add(lease))
 	res, err := call(cctx, key)

@@ -22,9 +22,13 @@ type Result struct {
 	// Replayed is true when the result came from the ledger and the call
 	// was not made.
 	Replayed bool
+	// Reconciled is true when the result came from the downstream's
+	// reconcile hook (Options.Reconcile) and the call was not made;
+	// Replayed is set too.
+	Reconciled bool
 }
 
-// Status of a ledger row.
+// Status of a ledger row (and StatusHeld).
 const (
 	StatusIntent = "intent"
 	StatusDone   = "done"
@@ -81,7 +85,14 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 //
 // DoScoped must not be given the caller's inbox transaction: the intent has
 // to be committed before the call whatever becomes of that transaction.
+//
+// A held key (StatusHeld, see DoWith) is not called: DoScoped returns a
+// *HeldError.
 func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call CallFunc) (Result, error) {
+	return doScoped(ctx, db, scope, key, Options{}, call)
+}
+
+func doScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, opts Options, call CallFunc) (Result, error) {
 	if err := ValidateScope(scope); err != nil {
 		return Result{}, err
 	}
@@ -92,9 +103,9 @@ func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call Cal
 	if err != nil {
 		return Result{}, fmt.Errorf("effects: acquire connection: %w", err)
 	}
-	held := false
+	locked := false
 	defer func() {
-		if held {
+		if locked {
 			if _, err := conn.Exec(context.WithoutCancel(ctx), qRelease, key, scope); err != nil {
 				// Never hand a connection holding the key back to the pool.
 				_ = conn.Conn().Close(context.WithoutCancel(ctx))
@@ -104,11 +115,15 @@ func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call Cal
 	}()
 
 	var (
-		status string
-		code   *int
-		sum    []byte
+		status   string
+		attempts int
+		code     *int
+		sum      []byte
 	)
-	err = conn.QueryRow(ctx, qClaim, key, scope, eventIDFrom(ctx)).Scan(&status, &code, &sum)
+	err = conn.QueryRow(ctx, qClaim, key, scope, eventIDFrom(ctx)).Scan(&status, &attempts, &code, &sum)
+	if herr, ok := heldErr(err, scope, key); ok {
+		return Result{}, herr // effect_claim released the key before refusing it
+	}
 	if err != nil {
 		// A cancelled wait or a failed claim may leave the session's lock
 		// state unknown: close it rather than reuse it.
@@ -122,7 +137,28 @@ func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call Cal
 		}
 		return r, nil
 	}
-	held = true
+	locked = true
+
+	past, age, err := pastWindow(ctx, conn, opts, scope, key, attempts)
+	if err != nil {
+		return Result{}, err
+	}
+	if past {
+		found, err := settle(ctx, conn, opts, scope, key, attempts, age)
+		if errors.Is(err, ErrHeld) {
+			locked = false // effect_hold released the key
+		}
+		if err != nil {
+			return Result{}, err
+		}
+		if found != nil {
+			r, err := recordReconciled(ctx, conn, scope, key, *found)
+			if err == nil {
+				locked = false // effect_record released the key
+			}
+			return r, err
+		}
+	}
 
 	res, err := call(ctx, key)
 	if err != nil {
@@ -138,14 +174,28 @@ func DoScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, call Cal
 	if _, err := conn.Exec(context.WithoutCancel(ctx), qRecord, key, scope, res.Code, summary); err != nil {
 		return Result{}, fmt.Errorf("effects: record result of %q: %w", key, err)
 	}
-	held = false // effect_record released the key
+	locked = false // effect_record released the key
 	res.Replayed = false
 	return res, nil
 }
 
+// recordReconciled records what the reconcile hook found (effect_record
+// releases the key).
+func recordReconciled(ctx context.Context, conn *pgxpool.Conn, scope, key string, found Result) (Result, error) {
+	var summary any
+	if len(found.Summary) > 0 {
+		summary = string(found.Summary)
+	}
+	if _, err := conn.Exec(context.WithoutCancel(ctx), qRecord, key, scope, found.Code, summary); err != nil {
+		return Result{}, fmt.Errorf("effects: record reconciled result of %q: %w", key, err)
+	}
+	found.Replayed, found.Reconciled = true, true
+	return found, nil
+}
+
 // The protocol's SQL functions (migrations/007_effects_protocol.up.sql).
 const (
-	qClaim   = `SELECT status, result_code, result::text FROM onceflow.effect_claim($1, $2, $3)`
+	qClaim   = `SELECT status, attempts, result_code, result::text FROM onceflow.effect_claim($1, $2, $3)`
 	qRecord  = `SELECT onceflow.effect_record($1, $2, $3, $4::jsonb)`
 	qRelease = `SELECT onceflow.effect_release($1, $2)`
 )

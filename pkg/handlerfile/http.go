@@ -63,6 +63,13 @@ type HTTPSpec struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	// Timeout of one request, a Go duration ("5s"); default 10s.
 	Timeout string `json:"timeout,omitempty"`
+	// IdempotencyWindow is how long the downstream dedups an
+	// Idempotency-Key (a Go duration: Stripe "24h"); default none. A retry
+	// of an event whose effect was first claimed longer ago than that is
+	// not sent: the effect is held for an operator (effects.StatusHeld,
+	// `consumer effects held`) and the event fails until the operator
+	// resolves it (the recorded result is then used) or lets it send.
+	IdempotencyWindow string `json:"idempotency_window,omitempty"`
 }
 
 // maxResponseBody is how much of a response body is read (and hashed).
@@ -88,6 +95,8 @@ type httpHandler struct {
 	client  *http.Client
 	// afterCall is the OnAfterHTTPCall hook (nil: none).
 	afterCall func()
+	// window is the downstream's idempotency window (0: none).
+	window time.Duration
 
 	mu   sync.Mutex
 	pool *pgxpool.Pool
@@ -131,6 +140,13 @@ func compileHTTP(entry string, s *HTTPSpec) (*httpHandler, error) {
 			secrets = append(secrets, strings.TrimSpace(tok))
 		}
 	}
+	var window time.Duration
+	if s.IdempotencyWindow != "" {
+		window, err = time.ParseDuration(s.IdempotencyWindow)
+		if err != nil || window <= 0 {
+			return nil, fmt.Errorf("http.idempotency_window %q: want a positive duration such as \"24h\"", s.IdempotencyWindow)
+		}
+	}
 	secrets = append(secrets, urlSecrets(u)...)
 	client := &http.Client{
 		Timeout: timeout,
@@ -139,7 +155,7 @@ func compileHTTP(entry string, s *HTTPSpec) (*httpHandler, error) {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	return &httpHandler{entry: entry, method: method, url: s.URL, where: u.Scheme + "://" + u.Host,
-		secrets: secrets, headers: h, client: client}, nil
+		secrets: secrets, headers: h, client: client, window: window}, nil
 }
 
 // describeURL is how a configured URL appears in a configuration error:
@@ -391,6 +407,18 @@ func (h *httpHandler) fencedCall(ctx context.Context, db effects.Querier, ev *in
 		code = c.Result.Code
 		return f, nil
 	}
+	if h.window > 0 {
+		// A retry past the downstream's window holds the effect (and drops
+		// the claim with it); there is no reconcile hook for this handler.
+		if _, err := effects.Settle(ctx, db, f.scope, f.key, c.Attempts, effects.Options{Window: h.window}); err != nil {
+			if !errors.Is(err, effects.ErrHeld) {
+				if _, rerr := effects.ReleaseLease(context.WithoutCancel(ctx), db, f.scope, f.key, f.owner); rerr != nil {
+					err = fmt.Errorf("%w (and release the claim: %v)", err, rerr)
+				}
+			}
+			return nil, err
+		}
+	}
 	cctx, cancel := context.WithDeadline(ctx, start.Add(lease))
 	sent = true
 	res, err := h.send(cctx, key, ev)
@@ -520,4 +548,32 @@ func (h *httpHandler) send(ctx context.Context, key string, ev *inbox.Event) (ef
 	sum := sha256.Sum256(body)
 	summary, _ := json.Marshal(map[string]any{"status": resp.StatusCode, "bytes": len(body), "sha256": hex.EncodeToString(sum[:])})
 	return effects.Result{Code: resp.StatusCode, Summary: summary}, nil
+}
+
+// PlannedEffects returns what a handler made by Load, Parse or Compile
+// would call for an event (for a replay's dry run, effects.PreviewEvent):
+// the http entry of the event's type, in the consumer's scope for it, with
+// the event's key and the entry's idempotency window. Events of other kinds
+// make none. It returns nil for a handler that is not a handler file's.
+func PlannedEffects(h inbox.BatchHandler) func(consumer, eventType, eventID string) []effects.Planned {
+	var c *configured
+	switch v := h.(type) {
+	case *configured:
+		c = v
+	case *effecting:
+		c = v.configured
+	default:
+		return nil
+	}
+	return func(consumer, eventType, eventID string) []effects.Planned {
+		e := c.lookup(eventType)
+		if e == nil || e.http == nil {
+			return nil
+		}
+		key, err := effects.EventKey(eventID)
+		if err != nil {
+			return nil
+		}
+		return []effects.Planned{{Scope: effects.ConsumerScope(consumer, "http", e.http.entry), Key: key, Window: e.http.window}}
+	}
 }

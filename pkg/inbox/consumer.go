@@ -197,14 +197,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// The gap timer runs in every replica until Run returns.
 	timerCtx, stopTimer := context.WithCancel(ctx)
 	timerDone := make(chan struct{})
-	if sg, ok := c.app.guard.(*seqGuard); ok {
-		go func() {
-			defer close(timerDone)
-			c.runGapTimer(timerCtx, sg)
-		}()
-	} else {
-		close(timerDone)
-	}
+	sg, _ := c.app.guard.(*seqGuard) // nil under arrival ordering: the held effects gauges only
+	go func() {
+		defer close(timerDone)
+		c.runGapTimer(timerCtx, sg)
+	}()
 	defer func() {
 		stopTimer()
 		<-timerDone

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/seqguard"
 )
 
@@ -17,9 +18,10 @@ import (
 const gapTimerLimit = 100
 
 // runGapTimer gives up expired sequence gaps every GapCheckInterval and
-// refreshes the guard gauges, until ctx ends. Every replica runs it; the
-// store locks each source with SKIP LOCKED and decides on freshly read
-// state, so each gap is given up once.
+// refreshes the guard gauges and the held effects gauges, until ctx ends.
+// Every replica runs it; the store locks each source with SKIP LOCKED and
+// decides on freshly read state, so each gap is given up once. With g nil
+// (arrival ordering: no guard) it refreshes the held effects only.
 func (c *Consumer) runGapTimer(ctx context.Context, g *seqGuard) {
 	t := time.NewTicker(c.cfg.GapCheckInterval)
 	defer t.Stop()
@@ -30,7 +32,37 @@ func (c *Consumer) runGapTimer(ctx context.Context, g *seqGuard) {
 			return
 		case <-t.C:
 		}
-		c.gapTick(ctx, g, failures)
+		if g != nil {
+			c.gapTick(ctx, g, failures)
+		}
+		c.refreshHeldEffects(ctx)
+	}
+}
+
+// maxHeldScopes bounds the scope label of effects_held_by_scope.
+const maxHeldScopes = 50
+
+// refreshHeldEffects sets the held effects gauges from the ledger (a
+// partial index on status held keeps the count cheap).
+func (c *Consumer) refreshHeldEffects(ctx context.Context) {
+	byScope, err := effects.HeldCounts(ctx, c.cfg.Pool, "", maxHeldScopes)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.WarnContext(ctx, "read held effects", "error", err)
+		}
+		return
+	}
+	total, err := effects.CountHeld(ctx, c.cfg.Pool)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.WarnContext(ctx, "read held effects", "error", err)
+		}
+		return
+	}
+	c.m.effectsHeld.Set(float64(total))
+	c.m.effectsHeldByScope.Reset()
+	for scope, v := range byScope {
+		c.m.effectsHeldByScope.WithLabelValues(scope).Set(float64(v))
 	}
 }
 

@@ -35,6 +35,10 @@ type metrics struct {
 	oldestGap   prometheus.Gauge
 	parkedNow   prometheus.Gauge
 	heldNow     prometheus.Gauge
+
+	// Effects held for an operator (effects.StatusHeld), ledger-wide.
+	effectsHeld        prometheus.Gauge
+	effectsHeldByScope *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -87,6 +91,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Events parked behind a sequence gap now."}),
 		heldNow: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "held_events",
 			Help: "Events held for an operator now."}),
+		effectsHeld: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "effects_held",
+			Help: "External effects held for an operator now (onceflow.effects status held, every scope of the database): a retry came after its downstream's idempotency window."}),
+		effectsHeldByScope: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "effects_held_by_scope",
+			Help: "External effects held for an operator now, per effects scope (the 50 scopes with the most)."},
+			[]string{"scope"}),
 	}
 	for _, r := range []string{"other_topic_id", "no_topic_id", "topic_id_unknown"} {
 		m.offsetsIgnored.WithLabelValues(r)
@@ -97,7 +106,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.deadLettered, m.handlerErrors, m.malformed,
 		m.batchSize, m.batchDuration, m.lag, m.inFlight, m.offsetsIgnored, m.staleBatches, m.topicsRecreated,
 		m.parked, m.late, m.held, m.gapsOpened, m.gapsGivenUp,
-		m.gapsOpen, m.oldestGap, m.parkedNow, m.heldNow} {
+		m.gapsOpen, m.oldestGap, m.parkedNow, m.heldNow, m.effectsHeld, m.effectsHeldByScope} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}

@@ -49,7 +49,7 @@ func TestMetricsGuardExportedFromStart(t *testing.T) {
 	}
 	for _, name := range []string{
 		"onceflow_consumer_seq_gaps_open", "onceflow_consumer_seq_oldest_open_gap_age_seconds",
-		"onceflow_consumer_parked_events", "onceflow_consumer_held_events",
+		"onceflow_consumer_parked_events", "onceflow_consumer_held_events", "onceflow_consumer_effects_held",
 		"onceflow_consumer_parked_total", "onceflow_consumer_late_events_total", "onceflow_consumer_held_total",
 		"onceflow_consumer_seq_gaps_opened_total", "onceflow_consumer_seq_gaps_given_up_total",
 	} {

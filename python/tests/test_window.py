@@ -72,15 +72,47 @@ def test_retry_past_the_window_without_a_hook_is_held(db_url: str) -> None:
     down = Downstream()
     lost_response(db_url, down, "k-held")
     age(db_url, "k-held", 25)
-    for attempt in (2, 3):
+    for kw in ({"window": DAY}, {"window": DAY}, {}):
+        # The first retry holds the effect (effect_hold); every claim after
+        # it, with a window or without, is refused (SQLSTATE OFH01).
         with pytest.raises(EffectHeldError) as err:
-            send(db_url, down, "k-held", window=DAY)
-        assert err.value.key == "k-held" and err.value.attempts == attempt and err.value.age > DAY
+            send(db_url, down, "k-held", **kw)
+        assert err.value.key == "k-held" and err.value.attempts == 2 and err.value.age > DAY
     assert down.calls == ["k-held"], "a retry past the window sent again"
-    assert row(db_url, "k-held") == ("intent", 3, None, None)
-    # The key is not left locked: an operator's fence without a window
-    # (deciding to send) gets it at once.
-    assert send(db_url, down, "k-held").summary == {"id": "m-2"}
+    assert row(db_url, "k-held") == ("held", 2, None, None)
+    # An operator lets it send (effect_unhold restarts the window): the key
+    # is not left locked, and the next fence, with its window, sends.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT onceflow.effect_unhold('k-held', 'w')")
+    assert send(db_url, down, "k-held", window=DAY).summary == {"id": "m-2"}
+
+
+def test_held_effect_resolved_by_an_operator_replays(db_url: str) -> None:
+    down = Downstream()
+    lost_response(db_url, down, "k-res")
+    age(db_url, "k-res", 25)
+    with pytest.raises(EffectHeldError):
+        send(db_url, down, "k-res", window=DAY)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("""SELECT onceflow.effect_resolve('k-res', 'w', 200, '{"id": "m-1"}')""")
+    assert send(db_url, down, "k-res", window=DAY) == Result(200, {"id": "m-1"}, replayed=True)
+    assert down.calls == ["k-res"]
+
+
+async def _held_async(db_url: str) -> None:
+    async with fenced("k-held-async", "w", db=db_url, window=DAY):
+        pass  # pragma: no cover - the claim is refused
+
+
+def test_held_effect_refused_async(db_url: str) -> None:
+    down = Downstream()
+    lost_response(db_url, down, "k-held-async")
+    age(db_url, "k-held-async", 25)
+    with pytest.raises(EffectHeldError):
+        asyncio.run(_held_async(db_url))  # holds it
+    with pytest.raises(EffectHeldError) as err:
+        asyncio.run(_held_async(db_url))  # refused
+    assert err.value.attempts == 2 and row(db_url, "k-held-async") == ("held", 2, None, None)
 
 
 def test_retry_past_the_window_without_fencing_the_window_sends_blindly(db_url: str) -> None:

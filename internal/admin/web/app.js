@@ -192,6 +192,7 @@
       ["gaps", "api/v1/gaps", renderGaps],
       ["groups", "api/v1/dead-letters/groups" + query(filter), renderGroups],
       ["held", "api/v1/held", renderHeld],
+      ["held effects", "api/v1/effects/held", renderHeldEffects],
       ["lag", "api/v1/lag", renderLag],
       ["relay", "api/v1/relay", renderRelay],
       ["audit", "api/v1/audit", renderAudit],
@@ -304,6 +305,18 @@
         el("td", {}, btn));
     });
     fillBody("held-table", rows, "No held events.", 6);
+  }
+
+  function renderHeldEffects(data) {
+    const rows = data.effects.map((f) =>
+      el("tr", {},
+        el("td", { class: "mono", text: f.scope }),
+        el("td", { class: "mono", text: f.key }),
+        el("td", { class: "mono", text: f.event_id || "–" }),
+        el("td", { class: "num", text: String(f.attempts) }),
+        el("td", {}, fmtTime(f.held_at)),
+        el("td", { text: f.reason })));
+    fillBody("held-effects-table", rows, "No held effects.", 6);
   }
 
   function renderLag(rep) {
@@ -449,6 +462,8 @@
       $("replay-count").textContent = r.matched + " event" + (r.matched === 1 ? "" : "s") + " of " + r.sources + " source" +
         (r.sources === 1 ? "" : "s") + " will be replayed, each source in seq order" +
         (r.remaining ? " (" + r.attempted + " now, " + r.remaining + " beyond the limit)" : "") + ".";
+      const fx = effectsSummary(r.events || []);
+      if (fx) $("replay-count").textContent += " " + fx;
       $("replay-confirm").textContent = "Replay " + r.matched + " event" + (r.matched === 1 ? "" : "s");
       $("replay-confirm").disabled = false;
     } catch (e) {
@@ -456,6 +471,18 @@
       $("replay-count").textContent = "";
       $("replay-error").textContent = "Could not count the events: " + e.message;
     }
+  }
+
+  // effectsSummary counts the dry run's effect verdicts (the events it
+  // lists): what the replay would send, answer from the ledger, or hold.
+  function effectsSummary(events) {
+    const n = {};
+    let listed = 0;
+    events.forEach((e) => (e.effects || []).forEach((f) => { n[f.verdict] = (n[f.verdict] || 0) + 1; listed++; }));
+    if (!listed) return "";
+    const parts = Object.keys(n).sort().map((v) => n[v] + " " + v);
+    return "External effects of the " + events.length + " event" + (events.length === 1 ? "" : "s") + " listed: " + parts.join(", ") +
+      " (held ones fail the replay until resolved; `consumer dlq replay -dry-run` lists each).";
   }
 
   async function confirmReplay(ev) {

@@ -71,7 +71,13 @@ FAILPOINT_AFTER_RECORD = "effects-after-record"
 _CLAIM = "SELECT status, attempts, result_code, result FROM onceflow.effect_claim(%s, %s, %s)"
 _RECORD = "SELECT onceflow.effect_record(%s, %s, %s, %s)"
 _RELEASE = "SELECT onceflow.effect_release(%s, %s)"
-_AGE = "SELECT now() - created_at FROM onceflow.effects WHERE scope = %s AND idempotency_key = %s"
+_AGE = "SELECT onceflow.effect_window_age(%s, %s)"
+_HOLD = "SELECT onceflow.effect_hold(%s, %s, %s)"
+_HELD_ROW = (
+    "SELECT attempts, onceflow.effect_window_age(idempotency_key, scope) FROM onceflow.effects"
+    " WHERE scope = %s AND idempotency_key = %s"
+)
+_SQLSTATE_HELD = "OFH01"  # effect_claim refuses a held key (migration 025)
 
 Reconcile = Callable[[str], "Result | None | Awaitable[Result | None]"]
 """Asks the downstream what became of the effect sent under a key: the
@@ -211,6 +217,48 @@ def _claim_error(key: str, err: psycopg.Error) -> Exception:
     return FenceError(f"claim {key!r}: {msg}")
 
 
+def _refused_error(f: Fence, row: tuple[Any, ...] | None) -> EffectHeldError:
+    attempts, age = (int(row[0]), row[1]) if row is not None else (0, datetime.timedelta(0))
+    f.attempts = attempts
+    return EffectHeldError(
+        f"effect {f.key!r} (scope {f.scope!r}) is held for an operator (a retry came after the downstream's "
+        "idempotency window); nothing was sent: resolve it or let it send (consumer effects resolve / unhold)",
+        key=f.key,
+        scope=f.scope,
+        attempts=attempts,
+        age=age,
+    )
+
+
+def _refused_sync(conn: psycopg.Connection[Any], f: Fence) -> EffectHeldError:
+    """The claim was refused (SQLSTATE OFH01; effect_claim released the key
+    first): the held effect's attempts and age, for the error."""
+    try:
+        if not conn.autocommit:
+            conn.rollback()
+        row = conn.execute(_HELD_ROW, (f.scope, f.key)).fetchone()
+        if not conn.autocommit:
+            conn.commit()
+    except psycopg.Error as err:
+        conn.close()
+        raise FenceError(f"read held effect {f.key!r}: {err}") from err
+    return _refused_error(f, row)
+
+
+async def _refused_async(conn: psycopg.AsyncConnection[Any], f: Fence) -> EffectHeldError:
+    try:
+        if not conn.autocommit:
+            await conn.rollback()
+        cur = await conn.execute(_HELD_ROW, (f.scope, f.key))
+        row = await cur.fetchone()
+        if not conn.autocommit:
+            await conn.commit()
+    except psycopg.Error as err:
+        await conn.close()
+        raise FenceError(f"read held effect {f.key!r}: {err}") from err
+    return _refused_error(f, row)
+
+
 T = TypeVar("T")
 
 
@@ -312,18 +360,47 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         return EffectHeldError(
             f"effect {f.key!r} (scope {f.scope!r}) held: attempt {f.attempts} is {self._age} after the first, "
             f"past the downstream's idempotency window of {self._window}, and there is no reconcile hook; "
-            "nothing was sent: an operator must find out whether the first attempts reached the downstream",
+            "nothing was sent: an operator must find out whether the first attempts reached the downstream "
+            "(consumer effects resolve / unhold)",
             key=f.key,
             scope=f.scope,
             attempts=f.attempts,
             age=self._age,
         )
 
+    def _hold_reason(self, f: Fence) -> str:
+        return (
+            f"attempt {f.attempts} is {self._age} after the first, past the downstream's idempotency window "
+            f"of {self._window}; no reconcile hook (Python fence)"
+        )
+
+    def _hold_sync(self, conn: psycopg.Connection[Any], f: Fence) -> EffectHeldError:
+        """Hold the effect in the ledger (status held; effect_hold releases
+        the key) and return the error to raise."""
+        try:
+            conn.execute(_HOLD, (f.key, f.scope, self._hold_reason(f)))
+            if not conn.autocommit:
+                conn.commit()
+        except psycopg.Error as err:
+            raise FenceError(f"hold {f.key!r}: {err}") from err
+        f._held = False
+        return self._held_error(f)
+
+    async def _hold_async(self, conn: psycopg.AsyncConnection[Any], f: Fence) -> EffectHeldError:
+        try:
+            await conn.execute(_HOLD, (f.key, f.scope, self._hold_reason(f)))
+            if not conn.autocommit:
+                await conn.commit()
+        except psycopg.Error as err:
+            raise FenceError(f"hold {f.key!r}: {err}") from err
+        f._held = False
+        return self._held_error(f)
+
     def _past_window_sync(self, conn: psycopg.Connection[Any], f: Fence) -> bool:
         if self._window is None or not f._held or f.attempts <= 1:
             return False
         try:
-            row = conn.execute(_AGE, (f.scope, f.key)).fetchone()
+            row = conn.execute(_AGE, (f.key, f.scope)).fetchone()
             if not conn.autocommit:
                 conn.commit()
         except psycopg.Error as err:
@@ -334,7 +411,7 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         if self._window is None or not f._held or f.attempts <= 1:
             return False
         try:
-            cur = await conn.execute(_AGE, (f.scope, f.key))
+            cur = await conn.execute(_AGE, (f.key, f.scope))
             row = await cur.fetchone()
             if not conn.autocommit:
                 await conn.commit()
@@ -346,7 +423,7 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         """Past the window: reconcile, or hold (the caller's ``except``
         releases the key and leaves the intent)."""
         if self._reconcile is None:
-            raise self._held_error(f)
+            raise self._hold_sync(conn, f)
         found = self._reconcile(f.key)
         if inspect.isawaitable(found):
             raise FenceError("reconcile returned an awaitable: use `async with fenced(...)` or a sync hook")
@@ -363,7 +440,7 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
 
     async def _settle_async(self, conn: psycopg.AsyncConnection[Any], f: Fence) -> None:
         if self._reconcile is None:
-            raise self._held_error(f)
+            raise await self._hold_async(conn, f)
         answer = self._reconcile(f.key)
         found = await answer if inspect.isawaitable(answer) else answer
         if found is None:
@@ -396,6 +473,8 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                 if not conn.autocommit:
                     conn.commit()
             except psycopg.Error as err:
+                if err.sqlstate == _SQLSTATE_HELD:
+                    raise _refused_sync(conn, f) from err
                 conn.close()  # the lock state is unknown: never reuse it
                 raise _claim_error(f.key, err) from err
             f._claimed(row)
@@ -460,6 +539,8 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                 if not conn.autocommit:
                     await conn.commit()
             except psycopg.Error as err:
+                if err.sqlstate == _SQLSTATE_HELD:
+                    raise await _refused_async(conn, f) from err
                 await conn.close()
                 raise _claim_error(f.key, err) from err
             f._claimed(row)

@@ -61,12 +61,15 @@ class FenceError(OnceflowError):
 class EffectHeldError(FenceError):
     """A retry of an effect whose first attempt is older than its
     downstream's idempotency window, with no ``reconcile`` hook to ask the
-    downstream what became of it: nothing was sent. The intent stays in
-    the ledger (status ``intent``, ``attempts`` counting the held retries)
-    for an operator to resolve; every retry raises this again until then.
+    downstream what became of it: nothing was sent. The fence holds the
+    effect in the ledger (``onceflow.effect_hold``: status ``held``), and
+    every claim of the key is refused with this error until an operator
+    resolves it (``onceflow.effect_resolve``: records what the downstream
+    did) or lets it send (``onceflow.effect_unhold``); ``consumer effects
+    held|resolve|unhold`` runs them.
 
     ``key``, ``scope``, ``attempts`` and ``age`` (a ``timedelta`` since
-    the first attempt) say which effect and why."""
+    the first attempt, or the last unhold) say which effect and why."""
 
     def __init__(self, message: str, *, key: str, scope: str, attempts: int, age: datetime.timedelta) -> None:
         super().__init__(message)
