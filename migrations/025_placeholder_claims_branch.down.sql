@@ -1,0 +1,2 @@
+-- Placeholder on branch 'claims' only (see the up file).
+SELECT 1;
