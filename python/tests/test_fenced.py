@@ -338,7 +338,7 @@ _CRASH_CHILD = """
 import datetime, sys, urllib.request
 from onceflow import fenced
 db, down, key, owner, lease = sys.argv[1:6]
-with fenced(key, db=db, owner=owner, lease=datetime.timedelta(seconds=float(lease))) as fx:
+with fenced(key, db=db, owner=owner or None, lease=datetime.timedelta(seconds=float(lease))) as fx:
     req = urllib.request.Request(down, data=b'{"to": "a@example.com"}', method="POST",
                                  headers={"Idempotency-Key": fx.key, "Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=10).read()
@@ -351,9 +351,10 @@ with fenced(key, db=db, owner=owner, lease=datetime.timedelta(seconds=float(leas
 def test_killed_between_claim_and_record_resumes_with_the_same_key(db_url: str, mail: MailService) -> None:
     """A process SIGKILLed after its call and before the record leaves the
     claim: restarted with the same owner it claims the key again at once;
-    another owner takes it over once the lease has expired. Each calls again
-    with the same key, so a downstream that dedups by key makes one
-    business effect, and the ledger ends done after two attempts."""
+    another owner takes it over once the lease has expired, or at once when
+    the claim is a default owner's of this host whose process is gone. Each
+    calls again with the same key, so a downstream that dedups by key makes
+    one business effect, and the ledger ends done after two attempts."""
     import json
     import signal
     import subprocess
@@ -403,5 +404,12 @@ def test_killed_between_claim_and_record_resumes_with_the_same_key(db_url: str, 
     k2 = event_key("crash-other")
     crash(k2, "worker-2", 1)
     resume(k2)
-    assert mail.keys() == [k1, k1, k2, k2], "every call carries its event's key"
-    assert len(set(mail.keys())) == 2, "one business effect per key for a downstream that dedups by key"
+    # The default owner (this host, the killed process's pid): released at
+    # once, although its lease runs for a minute.
+    k3 = event_key("crash-default")
+    crash(k3, "", 60)
+    t0 = time.monotonic()
+    resume(k3)
+    assert time.monotonic() - t0 < 30
+    assert mail.keys() == [k1, k1, k2, k2, k3, k3], "every call carries its event's key"
+    assert len(set(mail.keys())) == 3, "one business effect per key for a downstream that dedups by key"

@@ -157,6 +157,7 @@ class Fence:
         self.reconciled = False
         self.lease_until: datetime.datetime | None = None
         self._event_id = event_id
+        self._busy_owner: str | None = None
         # How to get a connection for one statement (claim, record,
         # release): none is kept between them.
         self._open: Callable[[], AbstractContextManager[psycopg.Connection[Any]]] | None = None
@@ -248,8 +249,9 @@ class Fence:
         """Take a claim's answer; False when the key is busy (claim again later)."""
         if row is None:  # pragma: no cover - the function always returns a row
             raise FenceError(f"claim {self.key!r}: no row")
-        status, attempts, code, summary, _owner, until = row
+        status, attempts, code, summary, owner, until = row
         if status == "busy":
+            self._busy_owner = owner
             return False
         self.attempts = int(attempts)
         if status == "done":
@@ -361,7 +363,7 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         if self._fence is not None:
             raise FenceError("this fenced(...) is already in use; make one per block")
         validate_scope(self.scope)
-        owner = self._owner or f"python/{socket.gethostname()[:200]}/{os.getpid()}/{secrets.token_hex(8)}"
+        owner = self._owner or f"{_local_owner_prefix()}/{secrets.token_hex(8)}"
         f = Fence(self._key_str(), self.scope, owner, self._event_id)
         self._fence = f
         return f
@@ -497,8 +499,16 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                         if self._past_window_sync(conn, f):
                             self._settle_sync(conn, f)
                         break
-                # Busy: another claimant's lease runs. Nothing is held
-                # while waiting.
+                # Busy: another claimant's lease runs. A claimant of this
+                # host whose process is gone is released at once; otherwise
+                # wait, holding nothing.
+                if _dead_local_owner(f._busy_owner):
+                    with f._open() as conn:
+                        row = conn.execute(_RELEASE, (f.key, f.scope, f._busy_owner)).fetchone()
+                        if not conn.autocommit:
+                            conn.commit()
+                    if row is not None and row[0]:
+                        continue
                 _sleep(wait)
                 wait = min(2 * wait, _MAX_BUSY_WAIT)
         except BaseException:
@@ -585,6 +595,14 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                         if await self._past_window_async(conn, f):
                             await self._settle_async(conn, f)
                         break
+                if _dead_local_owner(f._busy_owner):
+                    async with f._aopen() as conn:
+                        cur = await conn.execute(_RELEASE, (f.key, f.scope, f._busy_owner))
+                        row = await cur.fetchone()
+                        if not conn.autocommit:
+                            await conn.commit()
+                    if row is not None and row[0]:
+                        continue
                 await asyncio.sleep(wait)
                 wait = min(2 * wait, _MAX_BUSY_WAIT)
         except BaseException:
@@ -683,6 +701,57 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                 return r if wrapped else r.summary
 
         return wrapper
+
+
+# ------------------------------------------------------------ owners
+
+_OWNER_PREFIX = "python/"
+
+
+def _proc_start(pid: int) -> str:
+    """The start time of process ``pid`` (Linux: /proc/<pid>/stat field 22,
+    in clock ticks since boot), "" where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _local_owner_prefix() -> str:
+    """``python/<host>/<pid>.<start time>``: a fence's default owner is this
+    and a random part, so that a fence of this host can tell whether the
+    process of a claim it finds busy still runs."""
+    pid = os.getpid()
+    return f"{_OWNER_PREFIX}{socket.gethostname()[:200]}/{pid}.{_proc_start(pid)}"
+
+
+def _dead_local_owner(owner: str | None) -> bool:
+    """Whether ``owner`` is a default owner of this host whose process is
+    gone (killed between claim and record): no process has its pid, or the
+    one that has it started at another time (the pid was reused). Such a
+    claim is released at once instead of after its lease. Anything else —
+    another host, an ``owner=`` given by the caller, a process that cannot
+    be checked — is taken as alive: wait for the lease."""
+    if not owner or not owner.startswith(_OWNER_PREFIX):
+        return False
+    parts = owner[len(_OWNER_PREFIX) :].split("/")
+    if len(parts) != 3 or parts[0] != socket.gethostname()[:200]:
+        return False
+    pid_s, _, start = parts[1].partition(".")
+    if not pid_s.isdigit():
+        return False
+    pid = int(pid_s)
+    if pid == os.getpid() or pid <= 1:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # exists (another user's) or cannot tell
+    return bool(start) and _proc_start(pid) not in ("", start)
 
 
 # ------------------------------------------------------------ connecting
