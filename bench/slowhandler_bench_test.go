@@ -81,7 +81,14 @@ func slowHandler(tb testing.TB, rep *report, s slowSize) {
 		tb.Fatal(err)
 	}
 	delay := s.Delay.String()
-	run := func(n, concurrency int) (rate float64, maxConns int64) {
+	// The pool's use in a run: acquires per event and the time spent
+	// waiting for a connection (what bounded the claims of one statement
+	// per call).
+	type poolUse struct {
+		acquires int64
+		wait     time.Duration
+	}
+	run := func(n, concurrency int) (rate float64, maxConns int64, pw poolUse) {
 		db := testkit.NewDB(tb)
 		topic := testkit.Topic(tb, "bench-slow", benchPartitions, nil)
 		cl := testkit.Client(tb, kgo.DefaultProduceTopic(topic))
@@ -105,7 +112,8 @@ func slowHandler(tb testing.TB, rep *report, s slowSize) {
 		}
 		pc.ConnConfig.RuntimeParams["application_name"] = app
 		// One connection per partition for the transactions, the rest for
-		// the claims (100 claims per 200 ms); the target counts those in use.
+		// the claims (100 claims per 200 ms, sent in groups: one statement
+		// per group); the target counts those in use.
 		pc.MaxConns = 8
 		pool, err := pgxpool.NewWithConfig(ctx, pc)
 		if err != nil {
@@ -146,24 +154,27 @@ func slowHandler(tb testing.TB, rep *report, s slowSize) {
 		stop()
 		wg.Wait()
 		took := end.Sub(time.Unix(0, firstCall.Load()))
-		return float64(n) / took.Seconds(), peak.Load()
+		st := pool.Stat()
+		pw = poolUse{acquires: st.AcquireCount(), wait: st.AcquireDuration()}
+		return float64(n) / took.Seconds(), peak.Load(), pw
 	}
 	perPartition := slowConcurrency / benchPartitions
 	record := rep.measure()
-	today, _ := run(s.Baseline, 1)
+	today, _, _ := run(s.Baseline, 1)
 	record(figure{Name: fmt.Sprintf("slow handler %s: today (concurrency 1)", delay), Value: today, Unit: "events/s",
 		Notes: []string{fmt.Sprintf("%d events of %d sources, %d partitions: one call at a time per partition", s.Baseline, s.Baseline, benchPartitions)}})
 	record = rep.measure()
-	rate, conns := run(s.Events, perPartition)
+	rate, conns, pw := run(s.Events, perPartition)
 	ideal := float64(slowConcurrency) / s.Delay.Seconds()
 	record(figure{Name: fmt.Sprintf("slow handler %s: concurrency %d", delay, slowConcurrency), Value: rate, Unit: "events/s",
 		CeilingName: fmt.Sprintf("%d calls in flight / %s", slowConcurrency, delay), Ceiling: ideal,
 		Target: fmt.Sprintf(">= %.0f ev/s (0.8 of ceiling) with <= 10 PostgreSQL connections in use", 0.8*ideal), Met: met(rate >= 0.8*ideal && conns <= 10),
 		Notes: []string{fmt.Sprintf("%d events of %d sources, %d partitions, Concurrency %d per partition; %.1fx today's %.1f ev/s; from the first call to the last commit",
-			s.Events, s.Events, benchPartitions, perPartition, rate/today, today)}})
+			s.Events, s.Events, benchPartitions, perPartition, rate/today, today),
+			fmt.Sprintf("pool of 8: %.2f acquires per event, %s waiting for a connection in all", float64(pw.acquires)/float64(s.Events), pw.wait.Round(time.Millisecond))}})
 	rep.measure()(figure{Name: fmt.Sprintf("slow handler %s: PostgreSQL connections in use (peak)", delay), Value: float64(max(conns, 1)), Unit: "connections",
 		Target: "<= 10", Met: met(conns <= 10),
 		Notes: []string{"the consumer pool's backends not idle, sampled every 10 ms from pg_stat_activity during the concurrent run"}})
-	fmt.Printf("slow handler, downstream %s: %.1f ev/s at %d calls in flight (target >= %.0f), peak %d PostgreSQL connections in use; today (concurrency 1) %.1f ev/s\n",
-		delay, rate, slowConcurrency, 0.8*ideal, conns, today)
+	fmt.Printf("slow handler, downstream %s: %.1f ev/s at %d calls in flight (target >= %.0f), peak %d PostgreSQL connections in use; today (concurrency 1) %.1f ev/s; pool: %.2f acquires per event, %s waiting\n",
+		delay, rate, slowConcurrency, 0.8*ideal, conns, today, float64(pw.acquires)/float64(s.Events), pw.wait.Round(time.Millisecond))
 }

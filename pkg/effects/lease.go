@@ -185,9 +185,15 @@ const maxBusyWait = time.Second
 // until the claim is granted or the key is done (or ctx ends). Between two
 // claims it holds no connection.
 func ClaimWait(ctx context.Context, db Querier, scope, key, eventID, owner string, lease time.Duration) (Claim, error) {
+	return claimWait(ctx, key, func() (Claim, error) { return ClaimLease(ctx, db, scope, key, eventID, owner, lease) })
+}
+
+// claimWait runs claim until the key is not busy (or ctx ends), waiting
+// longer each time, at most maxBusyWait.
+func claimWait(ctx context.Context, key string, claim func() (Claim, error)) (Claim, error) {
 	wait := 20 * time.Millisecond
 	for {
-		c, err := ClaimLease(ctx, db, scope, key, eventID, owner, lease)
+		c, err := claim()
 		if err != nil || c.Status != StatusBusy {
 			return c, err
 		}

@@ -100,6 +100,9 @@ type httpHandler struct {
 
 	mu   sync.Mutex
 	pool *pgxpool.Pool
+	// claimers send the claims of the calls made before the inbox
+	// transaction in groups, one per consumer pool (groupClaimer).
+	claimers map[*pgxpool.Pool]*effects.Claimer
 	// owner owns the claims made outside the engine (claimOwner).
 	owner string
 }
@@ -371,7 +374,11 @@ func (f *fenced) Abandon(ctx context.Context, db *pgxpool.Pool) error {
 // lease ends. The result is not recorded here: the caller records it in the
 // inbox transaction (record). A failed call gives the claim up; the intent
 // stays and the next try sends the same key.
-func (h *httpHandler) fencedCall(ctx context.Context, db effects.Querier, ev *inbox.Event) (f *fenced, err error) {
+//
+// With cl, the claim goes in cl's next group (effects.Claimer) rather than
+// in a statement of its own: the many calls a consumer starts at once
+// share their claims' statements.
+func (h *httpHandler) fencedCall(ctx context.Context, db effects.Querier, cl *effects.Claimer, ev *inbox.Event) (f *fenced, err error) {
 	ctx, span := startHandler(ctx, ev, "http", httpSpanAttrs(h.method, h.url)...)
 	sent, code := false, 0
 	defer func() {
@@ -398,7 +405,12 @@ func (h *httpHandler) fencedCall(ctx context.Context, db effects.Querier, ev *in
 	f = &fenced{scope: effects.ConsumerScope(inbox.ConsumerName(ctx), "http", h.entry), key: key, owner: h.claimOwner(ctx), eventID: ev.EventID}
 	lease := h.lease()
 	start := time.Now() // before the claim: the call ends before the database's lease does
-	c, err := effects.ClaimWait(ctx, db, f.scope, f.key, ev.EventID, f.owner, lease)
+	var c effects.Claim
+	if cl != nil {
+		c, err = cl.ClaimWait(ctx, f.scope, f.key, ev.EventID, f.owner, lease)
+	} else {
+		c, err = effects.ClaimWait(ctx, db, f.scope, f.key, ev.EventID, f.owner, lease)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -471,11 +483,30 @@ func prepared(ev *inbox.Event) (*fenced, error) {
 // inbox transaction, claimed through db (the consumer's pool), and recorded
 // by handle in the transaction.
 func (h *httpHandler) effect(ctx context.Context, db *pgxpool.Pool, ev inbox.Event) (inbox.Prepared, error) {
-	f, err := h.fencedCall(ctx, db, &ev)
+	f, err := h.fencedCall(ctx, db, h.groupClaimer(db), &ev)
 	if err != nil {
 		return nil, err
 	}
 	return f, nil
+}
+
+// maxClaimGroup bounds the claims of one group statement.
+const maxClaimGroup = 256
+
+// groupClaimer is the Claimer of the calls made before the transactions of
+// the consumer whose pool is db.
+func (h *httpHandler) groupClaimer(db *pgxpool.Pool) *effects.Claimer {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cl := h.claimers[db]
+	if cl == nil {
+		if h.claimers == nil {
+			h.claimers = map[*pgxpool.Pool]*effects.Claimer{}
+		}
+		cl = effects.NewClaimer(db, maxClaimGroup)
+		h.claimers[db] = cl
+	}
+	return cl
 }
 
 // handle records the effect made before the transaction, or, for an event
@@ -491,7 +522,7 @@ func (h *httpHandler) handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) er
 	if err != nil {
 		return err
 	}
-	f, err := h.fencedCall(ctx, pool, ev)
+	f, err := h.fencedCall(ctx, pool, nil, ev)
 	if err != nil {
 		return err
 	}

@@ -10,8 +10,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import MailService
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+import onceflow.effects as effects_module
 from onceflow import FenceError, InvalidKeyError, Result, consumer_scope, current_fence, event_key, fenced
 
 
@@ -58,7 +60,7 @@ def test_scopes_are_separate_ledgers(db_url: str) -> None:
     assert ledger(db_url, key, scope) == ("done", 1, 201, {"scope": scope})
 
 
-def test_concurrent_callers_one_effect(db_url: str) -> None:
+def test_concurrent_callers_one_effect(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight threads with one key: one calls, never two at once, seven get its result."""
     callers = 8
     lock = threading.Lock()
@@ -99,17 +101,21 @@ def test_concurrent_callers_one_effect(db_url: str) -> None:
     # Another key is not held up meanwhile.
     with fenced("other", db=db_url) as fx:
         assert not fx.replayed
-    # Wait until the others are queued on the lock in PostgreSQL.
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        for _ in range(600):
-            row = conn.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 3839 AND NOT granted"
-            ).fetchone()
-            if row is not None and row[0] == callers - 1:
-                break
-            conn.execute("SELECT pg_sleep(0.05)")
-        else:
-            raise AssertionError("the other callers never waited on the key")
+    # Wait until every other caller has found the key busy (the lease
+    # runs) and waits to claim it again.
+    waiting: set[int] = set()
+    busy = threading.Condition()
+
+    def counted_sleep(seconds: float) -> None:
+        with busy:
+            waiting.add(threading.get_ident())
+            busy.notify_all()
+        real_sleep(seconds)
+
+    real_sleep = effects_module._sleep
+    monkeypatch.setattr(effects_module, "_sleep", counted_sleep)
+    with busy:
+        assert busy.wait_for(lambda: len(waiting) >= callers - 1, timeout=30), "the other callers never waited on the key"
     release.set()
     for t in threads:
         t.join(30)
@@ -294,3 +300,116 @@ def test_malformed_database_url_password_not_echoed() -> None:
             shown = str(info.value) + repr(info.value) + "".join(traceback.format_exception(info.value))
             assert secret not in shown and "s3cr" not in shown, shown
             assert "[redacted]" in shown or "missing" in shown, shown
+
+
+def test_no_connection_transaction_or_lock_during_the_call(db_url: str) -> None:
+    """The lease protocol: while the fenced call runs, the fence holds no
+    connection (the pool's only one is free), PostgreSQL has no transaction
+    and no lock of it, and the ledger shows the claim with its lease."""
+    with ConnectionPool(db_url, min_size=1, max_size=1, open=True) as pool:
+        with fenced(event_key("slow-1"), db=pool, event_id="slow-1") as fx:
+            assert not fx.replayed and fx.attempts == 1
+            with pool.connection(timeout=2) as conn:  # the call: the fence holds nothing
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()),"
+                    " (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory')"
+                    " FROM pg_stat_activity WHERE datname = current_database()"
+                ).fetchone()
+                assert row == (0, 0), "a transaction or an advisory lock is open during the call"
+                row = conn.execute(
+                    "SELECT status, claimed_by, lease_until > now(), event_id FROM onceflow.effects WHERE idempotency_key = %s",
+                    (fx.key,),
+                ).fetchone()
+                assert row == ("intent", fx.owner, True, "slow-1")
+                conn.commit()
+            fx.record(200, {"id": "s-1"})
+    assert ledger(db_url, event_key("slow-1")) == ("done", 1, 200, {"id": "s-1"})
+    # A connection string: the fence's own connections are closed during the call.
+    app = "onceflow-fence-under-test"
+    sep = "&" if "?" in db_url else "?"
+    with fenced("slow-2", db=f"{db_url}{sep}application_name={app}") as fx:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)).fetchone()
+            assert row == (0,), "the fence keeps a connection open during the call"
+        fx.record(200)
+
+
+_CRASH_CHILD = """
+import datetime, sys, urllib.request
+from onceflow import fenced
+db, down, key, owner, lease = sys.argv[1:6]
+with fenced(key, db=db, owner=owner or None, lease=datetime.timedelta(seconds=float(lease))) as fx:
+    req = urllib.request.Request(down, data=b'{"to": "a@example.com"}', method="POST",
+                                 headers={"Idempotency-Key": fx.key, "Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).read()
+    print("called", flush=True)
+    sys.stdin.readline()  # killed here, between the call and the record
+    fx.record(202)
+"""
+
+
+def test_killed_between_claim_and_record_resumes_with_the_same_key(db_url: str, mail: MailService) -> None:
+    """A process SIGKILLed after its call and before the record leaves the
+    claim: restarted with the same owner it claims the key again at once;
+    another owner takes it over once the lease has expired, or at once when
+    the claim is a default owner's of this host whose process is gone. Each
+    calls again with the same key, so a downstream that dedups by key makes
+    one business effect, and the ledger ends done after two attempts."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    def crash(key: str, owner: str, lease: float) -> None:
+        p = subprocess.Popen(
+            [sys.executable, "-c", _CRASH_CHILD, db_url, mail.url, key, owner, str(lease)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            assert line == "called\n", (line, p.stderr.read() if p.stderr else "")
+            p.send_signal(signal.SIGKILL)
+        finally:
+            p.wait(30)
+        assert p.returncode == -signal.SIGKILL
+        row = ledger(db_url, key)
+        assert row is not None and row[:2] == ("intent", 1), row
+
+    def resume(key: str, **kw: Any) -> None:
+        with fenced(key, db=db_url, **kw) as fx:
+            assert not fx.replayed and fx.attempts == 2 and fx.key == key
+            req = urllib.request.Request(
+                mail.url,
+                data=json.dumps({"to": "a@example.com"}).encode(),
+                method="POST",
+                headers={"Idempotency-Key": fx.key, "Content-Type": "application/json"},
+            )
+            urllib.request.urlopen(req, timeout=10).read()
+            fx.record(202)
+        assert ledger(db_url, key) == ("done", 2, 202, None)
+
+    # Restarted with the same owner: no wait for the lease (a minute).
+    k1 = event_key("crash-own")
+    crash(k1, "worker-1", 60)
+    t0 = time.monotonic()
+    resume(k1, owner="worker-1")
+    assert time.monotonic() - t0 < 30
+    # Another owner: waits for the lease (one second), then takes it over.
+    k2 = event_key("crash-other")
+    crash(k2, "worker-2", 1)
+    resume(k2)
+    # The default owner (this host, the killed process's pid): released at
+    # once, although its lease runs for a minute.
+    k3 = event_key("crash-default")
+    crash(k3, "", 60)
+    t0 = time.monotonic()
+    resume(k3)
+    assert time.monotonic() - t0 < 30
+    assert mail.keys() == [k1, k1, k2, k2, k3, k3], "every call carries its event's key"
+    assert len(set(mail.keys())) == 3, "one business effect per key for a downstream that dedups by key"

@@ -2,13 +2,19 @@
 for Python, over the same SQL functions and the same ``onceflow.effects``
 table, so Go and Python share one ledger.
 
-A fence claims a key on a database connection of its own (never the
-caller's business transaction): it waits while another caller, in any
-language, holds the same key, then either finds the recorded result
-(``replayed``: do not call) or records the intent and lets the caller call
-the downstream with the key; the result is recorded after the call. A call
-that fails leaves the intent, and the next attempt calls again with the
-same key, for the downstream to dedup (``Idempotency-Key``).
+A fence claims a key with a lease, in a short statement on a connection
+of its own (never the caller's business transaction) that commits at once:
+it waits while another caller, in any language, holds the same key and its
+lease runs, then either finds the recorded result (``replayed``: do not
+call) or records the intent, claimed by this fence until the lease ends,
+and lets the caller call the downstream with the key. While the call runs
+the fence holds no connection, no transaction and no lock; the result is
+recorded after the call, in a statement of its own. A call that fails
+gives the lease up and leaves the intent, and the next attempt calls again
+with the same key, for the downstream to dedup (``Idempotency-Key``). A
+caller that dies between claim and record (a killed process) leaves its
+claim: its own ``owner`` claims it again at once, anyone else once the
+lease has expired, and the call is made again with the same key.
 
 Context manager::
 
@@ -30,6 +36,8 @@ Both work with ``async with`` / ``async def`` and psycopg's async API.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import datetime
 import functools
@@ -37,7 +45,10 @@ import inspect
 import json
 import os
 import re
-from collections.abc import Awaitable, Callable
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -54,6 +65,7 @@ from .keys import validate_key, validate_scope
 
 __all__ = [
     "DATABASE_URL_ENV",
+    "DEFAULT_LEASE",
     "AsyncConnectionSource",
     "ConnectionSource",
     "Fence",
@@ -68,16 +80,31 @@ DATABASE_URL_ENV = "ONCEFLOW_DATABASE_URL"
 FAILPOINT_AFTER_CALL = "effects-after-call"
 FAILPOINT_AFTER_RECORD = "effects-after-record"
 
-_CLAIM = "SELECT status, attempts, result_code, result FROM onceflow.effect_claim(%s, %s, %s)"
-_RECORD = "SELECT onceflow.effect_record(%s, %s, %s, %s)"
-_RELEASE = "SELECT onceflow.effect_release(%s, %s)"
+# The lease protocol of Go's effects.DoLeased (migration 022). The claim's
+# commit is not waited for on disk, as Go's: a claim lost in a database
+# crash costs no correctness (the record inserts the done row without it,
+# and a call made again carries the same key).
+_CLAIM = (
+    "SELECT c.status, c.attempts, c.result_code, c.result, c.claimed_by, c.lease_until"
+    " FROM set_config('synchronous_commit', 'off', true) AS sc,"
+    " onceflow.effect_lease_claim(%s, %s, %s, %s, make_interval(secs => %s)) AS c"
+)
+_RECORD = "SELECT onceflow.effect_lease_record(%s, %s, %s, %s, %s)"
+_RELEASE = "SELECT onceflow.effect_lease_release(%s, %s, %s)"
+_KEPT = "SELECT result_code, result FROM onceflow.effects WHERE scope = %s AND idempotency_key = %s AND status = 'done'"
 _AGE = "SELECT onceflow.effect_window_age(%s, %s)"
 _HOLD = "SELECT onceflow.effect_hold(%s, %s, %s)"
 _HELD_ROW = (
     "SELECT attempts, onceflow.effect_window_age(idempotency_key, scope) FROM onceflow.effects"
     " WHERE scope = %s AND idempotency_key = %s"
 )
-_SQLSTATE_HELD = "OFH01"  # effect_claim refuses a held key (migration 025)
+_SQLSTATE_HELD = "OFH01"  # a claim of a held key is refused (migration 025)
+
+DEFAULT_LEASE = datetime.timedelta(minutes=5)
+"""How long a fence's claim lasts when ``fenced`` is given no ``lease``."""
+
+_MAX_BUSY_WAIT = 1.0  # seconds between two claims of a busy key, at most
+_sleep = time.sleep  # the wait between two claims of a busy key (tests count it)
 
 Reconcile = Callable[[str], "Result | None | Awaitable[Result | None]"]
 """Asks the downstream what became of the effect sent under a key: the
@@ -126,18 +153,24 @@ def current_fence() -> Fence:
 class Fence:
     """One claim of one key: what a ``with fenced(...)`` block sees."""
 
-    def __init__(self, key: str, scope: str) -> None:
+    def __init__(self, key: str, scope: str, owner: str = "", event_id: str | None = None) -> None:
         self.key = key
         self.scope = scope
+        self.owner = owner
         self.replayed = False
         self.attempts = 0
         self.result: Result | None = None
         self.reconciled = False
-        self._conn: psycopg.Connection[Any] | None = None
-        self._aconn: psycopg.AsyncConnection[Any] | None = None
+        self.lease_until: datetime.datetime | None = None
+        self._event_id = event_id
+        self._busy_owner: str | None = None
+        # How to get a connection for one statement (claim, record,
+        # release): none is kept between them.
+        self._open: Callable[[], AbstractContextManager[psycopg.Connection[Any]]] | None = None
+        self._aopen: Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]] | None = None
         self._held = False
 
-    def _record_args(self, code: int | None, summary: Any) -> tuple[str, str, int | None, Jsonb | None]:
+    def _record_args(self, code: int | None, summary: Any) -> tuple[str, str, int | None, Jsonb | None, str | None]:
         if self.replayed:
             raise FenceError(f"key {self.key!r} was replayed: its result is recorded already, nothing was called")
         if not self._held:
@@ -148,11 +181,17 @@ class Fence:
             json.dumps(summary)
         except (TypeError, ValueError) as err:
             raise FenceError(f"result summary of {self.key!r} is not JSON: {err}") from err
-        return (self.key, self.scope, code, Jsonb(summary) if summary is not None else None)
+        return (self.key, self.scope, code, Jsonb(summary) if summary is not None else None, self._event_id)
 
-    def _recorded(self, code: int | None, summary: Any) -> Result:
+    def _recorded(self, code: int | None, summary: Any, kept: tuple[Any, ...] | None) -> Result:
         self._held = False
-        self.result = Result(code=code, summary=json.loads(json.dumps(summary)), replayed=False)
+        if kept is not None:
+            # Another claimant took the key over after this fence's lease
+            # expired and recorded first: its result is kept (both calls
+            # carried the same key).
+            self.result = Result(code=kept[0], summary=kept[1], replayed=True)
+        else:
+            self.result = Result(code=code, summary=json.loads(json.dumps(summary)), replayed=False)
         failpoint.hit(FAILPOINT_AFTER_RECORD)
         return self.result
 
@@ -160,33 +199,47 @@ class Fence:
         """Record the call's result (status done) and release the key. Call
         it right after the downstream answered; a block that ends without
         it records ``Result()``."""
-        if self._conn is None:
+        if self._aopen is not None:
             raise FenceError("record(): this fence is async; use await arecord()")
         failpoint.hit(FAILPOINT_AFTER_CALL)
         args = self._record_args(code, summary)
+        if self._open is None:
+            raise FenceError(f"key {self.key!r} is not held (the fence has ended)")
+        kept = None
         try:
-            self._conn.execute(_RECORD, args)
-            if not self._conn.autocommit:
-                self._conn.commit()
+            with self._open() as conn:
+                row = conn.execute(_RECORD, args).fetchone()
+                if row is None or not row[0]:
+                    kept = conn.execute(_KEPT, (self.scope, self.key)).fetchone()
+                if not conn.autocommit:
+                    conn.commit()
         except psycopg.Error as err:
             raise FenceError(f"record result of {self.key!r}: {err}") from err
-        return self._recorded(code, summary)
+        return self._recorded(code, summary, kept)
 
     async def arecord(self, code: int | None = None, summary: Any = None) -> Result:
         """:meth:`record` for an async fence."""
-        if self._aconn is None:
+        if self._open is not None:
             raise FenceError("arecord(): this fence is sync; use record()")
         failpoint.hit(FAILPOINT_AFTER_CALL)
         args = self._record_args(code, summary)
+        if self._aopen is None:
+            raise FenceError(f"key {self.key!r} is not held (the fence has ended)")
+        kept = None
         try:
-            await self._aconn.execute(_RECORD, args)
-            if not self._aconn.autocommit:
-                await self._aconn.commit()
+            async with self._aopen() as conn:
+                cur = await conn.execute(_RECORD, args)
+                row = await cur.fetchone()
+                if row is None or not row[0]:
+                    cur = await conn.execute(_KEPT, (self.scope, self.key))
+                    kept = await cur.fetchone()
+                if not conn.autocommit:
+                    await conn.commit()
         except psycopg.Error as err:
             raise FenceError(f"record result of {self.key!r}: {err}") from err
-        return self._recorded(code, summary)
+        return self._recorded(code, summary, kept)
 
-    def _reconciled(self, found: Result) -> tuple[str, str, int | None, Jsonb | None]:
+    def _reconciled(self, found: Result) -> tuple[str, str, int | None, Jsonb | None, str | None]:
         if not isinstance(found, Result):
             raise FenceError(f"reconcile({self.key!r}) returned {type(found).__name__}, want Result or None")
         args = self._record_args(found.code, found.summary)
@@ -198,16 +251,22 @@ class Fence:
         self.reconciled = True
         self.result = Result(code=found.code, summary=json.loads(json.dumps(found.summary)), replayed=True)
 
-    def _claimed(self, row: tuple[Any, ...] | None) -> None:
+    def _claimed(self, row: tuple[Any, ...] | None) -> bool:
+        """Take a claim's answer; False when the key is busy (claim again later)."""
         if row is None:  # pragma: no cover - the function always returns a row
             raise FenceError(f"claim {self.key!r}: no row")
-        status, attempts, code, summary = row
+        status, attempts, code, summary, owner, until = row
+        if status == "busy":
+            self._busy_owner = owner
+            return False
         self.attempts = int(attempts)
         if status == "done":
             self.replayed = True
             self.result = Result(code=code, summary=summary, replayed=True)
         else:
             self._held = True
+            self.lease_until = until
+        return True
 
 
 def _claim_error(key: str, err: psycopg.Error) -> Exception:
@@ -274,8 +333,17 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
     handler, so a key fenced there is replayed by the handler and back.
     ``db`` is a connection string, a psycopg pool
     (sync or async), or ``None`` for ``$ONCEFLOW_DATABASE_URL``: the fence
-    takes a connection of its own for the claim and gives it back at the
-    end. ``event_id`` is stored in the ledger row for operators.
+    takes a connection of its own for each of its short statements (the
+    claim, the record) and holds none while the call runs. ``event_id`` is
+    stored in the ledger row for operators.
+
+    ``lease`` is how long the claim lasts (default :data:`DEFAULT_LEASE`):
+    make it longer than the call can take, since a claimant that finds the
+    lease expired takes the key over and calls again (with the same key).
+    ``owner`` names the claimant (default: one unique to the fence): a
+    process restarted with the same ``owner`` claims its own keys again at
+    once instead of waiting for their leases; two live claimants must never
+    share one.
 
     ``window`` is the downstream's idempotency window (how long it dedups
     a key: Stripe 24 hours). A retry of an intent (an earlier attempt may
@@ -299,9 +367,17 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         event_id: str | None = None,
         window: datetime.timedelta | None = None,
         reconcile: Reconcile | None = None,
+        lease: datetime.timedelta = DEFAULT_LEASE,
+        owner: str | None = None,
     ) -> None:
         if not isinstance(scope, str):
             raise FenceError(f"scope is {type(scope).__name__}, want str")
+        if not isinstance(lease, datetime.timedelta) or lease <= datetime.timedelta(0):
+            raise FenceError(f"lease is {lease!r}, want a positive timedelta")
+        if owner is not None and (not isinstance(owner, str) or not owner or len(owner.encode()) > 512):
+            raise FenceError(f"owner is {owner!r}, want a string of 1 to 512 bytes")
+        self._lease = lease
+        self._owner = owner
         if window is not None and (not isinstance(window, datetime.timedelta) or window <= datetime.timedelta(0)):
             raise FenceError(f"window is {window!r}, want a positive timedelta")
         if reconcile is not None and window is None:
@@ -314,7 +390,6 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         self._event_id = event_id
         self._fence: Fence | None = None
         self._token: contextvars.Token[Fence | None] | None = None
-        self._cm: Any = None
 
     # ------------------------------------------------------------- helpers
 
@@ -336,16 +411,19 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         if self._fence is not None:
             raise FenceError("this fenced(...) is already in use; make one per block")
         validate_scope(self.scope)
-        f = Fence(self._key_str(), self.scope)
+        owner = self._owner or f"{_local_owner_prefix()}/{secrets.token_hex(8)}"
+        f = Fence(self._key_str(), self.scope, owner, self._event_id)
         self._fence = f
         return f
+
+    def _claim_args(self, f: Fence) -> tuple[str, str, str | None, str, float]:
+        return (f.key, f.scope, self._event_id, f.owner, self._lease.total_seconds())
 
     def _finish(self) -> None:
         if self._token is not None:
             _current.reset(self._token)
         self._token = None
         self._fence = None
-        self._cm = None
 
     # -------------------------------------------------- downstream window
 
@@ -456,32 +534,64 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
 
     # ---------------------------------------------------------------- sync
 
+    def _opener_sync(self) -> Callable[[], AbstractContextManager[psycopg.Connection[Any]]]:
+        db = self._db_or_env()
+        if isinstance(db, str):
+            url = db
+
+            @contextlib.contextmanager
+            def direct() -> Iterator[psycopg.Connection[Any]]:
+                conn = _connect(url)
+                try:
+                    yield conn
+                finally:
+                    conn.close()
+
+            return direct
+        pool = cast(ConnectionSource, db)
+
+        @contextlib.contextmanager
+        def pooled() -> Iterator[psycopg.Connection[Any]]:
+            with pool.connection() as conn:
+                if not isinstance(conn, psycopg.Connection):
+                    raise FenceError("db is an async pool: use `async with fenced(...)`")
+                yield conn
+
+        return pooled
+
     def __enter__(self) -> Fence:
         f = self._start()
         try:
-            db = self._db_or_env()
-            if isinstance(db, str):
-                conn = _connect(db)
-            else:
-                self._cm = cast(ConnectionSource, db).connection()
-                conn = self._cm.__enter__()
-                if not isinstance(conn, psycopg.Connection):
-                    raise FenceError("db is an async pool: use `async with fenced(...)`")
-            f._conn = conn
-            try:
-                row = conn.execute(_CLAIM, (f.key, f.scope, self._event_id)).fetchone()
-                if not conn.autocommit:
-                    conn.commit()
-            except psycopg.Error as err:
-                if err.sqlstate == _SQLSTATE_HELD:
-                    raise _refused_sync(conn, f) from err
-                conn.close()  # the lock state is unknown: never reuse it
-                raise _claim_error(f.key, err) from err
-            f._claimed(row)
-            if self._past_window_sync(conn, f):
-                self._settle_sync(conn, f)
+            f._open = self._opener_sync()
+            wait = 0.02
+            while True:
+                with f._open() as conn:
+                    try:
+                        row = conn.execute(_CLAIM, self._claim_args(f)).fetchone()
+                        if not conn.autocommit:
+                            conn.commit()
+                    except psycopg.Error as err:
+                        if err.sqlstate == _SQLSTATE_HELD:
+                            raise _refused_sync(conn, f) from err
+                        raise _claim_error(f.key, err) from err
+                    if f._claimed(row):
+                        if self._past_window_sync(conn, f):
+                            self._settle_sync(conn, f)
+                        break
+                # Busy: another claimant's lease runs. A claimant of this
+                # host whose process is gone is released at once; otherwise
+                # wait, holding nothing.
+                if _dead_local_owner(f._busy_owner):
+                    with f._open() as conn:
+                        row = conn.execute(_RELEASE, (f.key, f.scope, f._busy_owner)).fetchone()
+                        if not conn.autocommit:
+                            conn.commit()
+                    if row is not None and row[0]:
+                        continue
+                _sleep(wait)
+                wait = min(2 * wait, _MAX_BUSY_WAIT)
         except BaseException:
-            self._close_sync(f)
+            self._release_sync(f)
             self._finish()
             raise
         self._token = _current.set(f)
@@ -500,54 +610,84 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
             if exc_type is None and f._held:
                 f.record()
         finally:
-            self._close_sync(f)
+            self._release_sync(f)
             self._finish()
 
-    def _close_sync(self, f: Fence) -> None:
-        conn = f._conn
-        f._conn = None
-        if conn is not None and f._held and not conn.closed:
+    def _release_sync(self, f: Fence) -> None:
+        """Give up a claim that was not recorded (the call failed): the
+        intent stays, the lease goes, and the next claim calls again."""
+        if f._held and f._open is not None:
+            f._held = False
             try:
-                conn.execute(_RELEASE, (f.key, f.scope))
-                if not conn.autocommit:
-                    conn.commit()
+                with f._open() as conn:
+                    conn.execute(_RELEASE, (f.key, f.scope, f.owner))
+                    if not conn.autocommit:
+                        conn.commit()
             except psycopg.Error:
-                conn.close()  # never hand back a connection holding the key
+                pass  # the lease expires on its own
         f._held = False
-        if self._cm is not None:
-            self._cm.__exit__(None, None, None)
-        elif conn is not None:
-            conn.close()
+        f._open = None
 
     # --------------------------------------------------------------- async
+
+    def _opener_async(self) -> Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]:
+        db = self._db_or_env()
+        if isinstance(db, str):
+            url = db
+
+            @contextlib.asynccontextmanager
+            async def direct() -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+                conn = await _aconnect(url)
+                try:
+                    yield conn
+                finally:
+                    await conn.close()
+
+            return direct
+        pool = cast(AsyncConnectionSource, db)
+
+        @contextlib.asynccontextmanager
+        async def pooled() -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+            cm = pool.connection()
+            if not hasattr(cm, "__aenter__"):
+                raise FenceError("db is a sync pool: use `with fenced(...)`")
+            async with cm as conn:
+                yield conn
+
+        return pooled
 
     async def __aenter__(self) -> Fence:
         f = self._start()
         try:
-            db = self._db_or_env()
-            if isinstance(db, str):
-                conn = await _aconnect(db)
-            else:
-                self._cm = cast(AsyncConnectionSource, db).connection()
-                if not hasattr(self._cm, "__aenter__"):
-                    raise FenceError("db is a sync pool: use `with fenced(...)`")
-                conn = await self._cm.__aenter__()
-            f._aconn = conn
-            try:
-                cur = await conn.execute(_CLAIM, (f.key, f.scope, self._event_id))
-                row = await cur.fetchone()
-                if not conn.autocommit:
-                    await conn.commit()
-            except psycopg.Error as err:
-                if err.sqlstate == _SQLSTATE_HELD:
-                    raise await _refused_async(conn, f) from err
-                await conn.close()
-                raise _claim_error(f.key, err) from err
-            f._claimed(row)
-            if await self._past_window_async(conn, f):
-                await self._settle_async(conn, f)
+            f._aopen = self._opener_async()
+            wait = 0.02
+            while True:
+                async with f._aopen() as conn:
+                    try:
+                        cur = await conn.execute(_CLAIM, self._claim_args(f))
+                        row = await cur.fetchone()
+                        if not conn.autocommit:
+                            await conn.commit()
+                    except psycopg.Error as err:
+                        if err.sqlstate == _SQLSTATE_HELD:
+                            raise await _refused_async(conn, f) from err
+                        raise _claim_error(f.key, err) from err
+                    if f._claimed(row):
+                        if await self._past_window_async(conn, f):
+                            await self._settle_async(conn, f)
+                        break
+                if _dead_local_owner(f._busy_owner):
+                    async with f._aopen() as conn:
+                        cur = await conn.execute(_RELEASE, (f.key, f.scope, f._busy_owner))
+                        row = await cur.fetchone()
+                        if not conn.autocommit:
+                            await conn.commit()
+                    if row is not None and row[0]:
+                        continue
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, _MAX_BUSY_WAIT)
         except BaseException:
-            await self._close_async(f)
+            await self._release_async(f)
             self._finish()
             raise
         self._token = _current.set(f)
@@ -566,24 +706,21 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
             if exc_type is None and f._held:
                 await f.arecord()
         finally:
-            await self._close_async(f)
+            await self._release_async(f)
             self._finish()
 
-    async def _close_async(self, f: Fence) -> None:
-        conn = f._aconn
-        f._aconn = None
-        if conn is not None and f._held and not conn.closed:
+    async def _release_async(self, f: Fence) -> None:
+        if f._held and f._aopen is not None:
+            f._held = False
             try:
-                await conn.execute(_RELEASE, (f.key, f.scope))
-                if not conn.autocommit:
-                    await conn.commit()
+                async with f._aopen() as conn:
+                    await conn.execute(_RELEASE, (f.key, f.scope, f.owner))
+                    if not conn.autocommit:
+                        await conn.commit()
             except psycopg.Error:
-                await conn.close()
+                pass
         f._held = False
-        if self._cm is not None:
-            await self._cm.__aexit__(None, None, None)
-        elif conn is not None:
-            await conn.close()
+        f._aopen = None
 
     # ----------------------------------------------------------- decorator
 
@@ -603,7 +740,14 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
         def child(args: tuple[Any, ...], kwargs: dict[str, Any]) -> fenced:
             key = spec._key(*args, **kwargs) if callable(spec._key) else spec._key
             return fenced(
-                key, spec.scope, db=spec._db, event_id=spec._event_id, window=spec._window, reconcile=spec._reconcile
+                key,
+                spec.scope,
+                db=spec._db,
+                event_id=spec._event_id,
+                window=spec._window,
+                reconcile=spec._reconcile,
+                lease=spec._lease,
+                owner=spec._owner,
             )
 
         def unpack(value: Any) -> tuple[int | None, Any, bool]:
@@ -638,6 +782,57 @@ class fenced:  # noqa: N801 - used like a function: with fenced(...), @fenced(..
                 return r if wrapped else r.summary
 
         return wrapper
+
+
+# ------------------------------------------------------------ owners
+
+_OWNER_PREFIX = "python/"
+
+
+def _proc_start(pid: int) -> str:
+    """The start time of process ``pid`` (Linux: /proc/<pid>/stat field 22,
+    in clock ticks since boot), "" where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _local_owner_prefix() -> str:
+    """``python/<host>/<pid>.<start time>``: a fence's default owner is this
+    and a random part, so that a fence of this host can tell whether the
+    process of a claim it finds busy still runs."""
+    pid = os.getpid()
+    return f"{_OWNER_PREFIX}{socket.gethostname()[:200]}/{pid}.{_proc_start(pid)}"
+
+
+def _dead_local_owner(owner: str | None) -> bool:
+    """Whether ``owner`` is a default owner of this host whose process is
+    gone (killed between claim and record): no process has its pid, or the
+    one that has it started at another time (the pid was reused). Such a
+    claim is released at once instead of after its lease. Anything else —
+    another host, an ``owner=`` given by the caller, a process that cannot
+    be checked — is taken as alive: wait for the lease."""
+    if not owner or not owner.startswith(_OWNER_PREFIX):
+        return False
+    parts = owner[len(_OWNER_PREFIX) :].split("/")
+    if len(parts) != 3 or parts[0] != socket.gethostname()[:200]:
+        return False
+    pid_s, _, start = parts[1].partition(".")
+    if not pid_s.isdigit():
+        return False
+    pid = int(pid_s)
+    if pid == os.getpid() or pid <= 1:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # exists (another user's) or cannot tell
+    return bool(start) and _proc_start(pid) not in ("", start)
 
 
 # ------------------------------------------------------------ connecting

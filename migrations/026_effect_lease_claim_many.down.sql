@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS onceflow.effect_lease_claim_many(text[], text[], text[], text[], interval[]);
