@@ -5,6 +5,7 @@ the SQL functions' guards against misuse."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -312,7 +313,8 @@ def test_no_connection_transaction_or_lock_during_the_call(db_url: str) -> None:
             with pool.connection(timeout=2) as conn:  # the call: the fence holds nothing
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()),"
-                    " (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory')"
+                    " (SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+                    "   WHERE l.locktype = 'advisory' AND d.datname = current_database())"
                     " FROM pg_stat_activity WHERE datname = current_database()"
                 ).fetchone()
                 assert row == (0, 0), "a transaction or an advisory lock is open during the call"
@@ -413,3 +415,21 @@ def test_killed_between_claim_and_record_resumes_with_the_same_key(db_url: str, 
     assert time.monotonic() - t0 < 30
     assert mail.keys() == [k1, k1, k2, k2, k3, k3], "every call carries its event's key"
     assert len(set(mail.keys())) == 3, "one business effect per key for a downstream that dedups by key"
+
+
+def test_a_dead_owner_is_released_only_from_its_own_pid_namespace() -> None:
+    """A default owner names its host, boot and pid namespace: a fence
+    releases a busy claim at once only when all three are its own and the
+    pid is gone. The containers of one pod share the host name but not
+    their pids, so an owner of another namespace waits for its lease."""
+    fx = effects_module
+    here = fx._host_id()
+    host, boot, ns = here.split("~")
+    assert host and boot and ns, here
+    gone = 2**22 + 12345  # above the kernel's pid_max: no such process
+    assert fx._dead_local_owner(f"python/{here}/{gone}.1/abc")
+    assert not fx._dead_local_owner(f"python/{host}~{boot}~{int(ns) + 1}/{gone}.1/abc")
+    assert not fx._dead_local_owner(f"python/{host}~{'0' * 8}~{ns}/{gone}.1/abc")
+    assert not fx._dead_local_owner(f"python/{host}/{gone}.1/abc")  # the old form: cannot tell
+    assert not fx._dead_local_owner(f"python/{here}/{os.getpid()}.1/abc")  # this process
+    assert not fx._dead_local_owner(f"app/{here}/{gone}.1/abc")  # an owner= of the caller

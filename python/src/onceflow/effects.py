@@ -800,26 +800,49 @@ def _proc_start(pid: int) -> str:
         return ""
 
 
+def _host_id() -> str:
+    """``<host>~<boot id>~<pid namespace>``: two processes with the same
+    host id see each other's pids. The host name alone does not say that:
+    the containers of one Kubernetes pod share it, each with its own pid
+    namespace, and a pid seen from one means nothing in another. The boot
+    id or the namespace is empty where Linux does not tell them."""
+    boot = ns = ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()[:8]
+    except OSError:
+        pass
+    try:
+        ns = os.readlink("/proc/self/ns/pid").removeprefix("pid:[").rstrip("]")
+    except OSError:
+        pass
+    return f"{socket.gethostname()[:200].replace('/', '_')}~{boot}~{ns}"
+
+
 def _local_owner_prefix() -> str:
-    """``python/<host>/<pid>.<start time>``: a fence's default owner is this
-    and a random part, so that a fence of this host can tell whether the
-    process of a claim it finds busy still runs."""
+    """``python/<host id>/<pid>.<start time>``: a fence's default owner is
+    this and a random part, so that a fence of the same host, boot and pid
+    namespace can tell whether the process of a claim it finds busy still
+    runs."""
     pid = os.getpid()
-    return f"{_OWNER_PREFIX}{socket.gethostname()[:200]}/{pid}.{_proc_start(pid)}"
+    return f"{_OWNER_PREFIX}{_host_id()}/{pid}.{_proc_start(pid)}"
 
 
 def _dead_local_owner(owner: str | None) -> bool:
-    """Whether ``owner`` is a default owner of this host whose process is
-    gone (killed between claim and record): no process has its pid, or the
-    one that has it started at another time (the pid was reused). Such a
-    claim is released at once instead of after its lease. Anything else —
-    another host, an ``owner=`` given by the caller, a process that cannot
-    be checked — is taken as alive: wait for the lease."""
+    """Whether ``owner`` is a default owner of this host id (same host,
+    boot and pid namespace) whose process is gone (killed between claim
+    and record): no process has its pid, or the one that has it started at
+    another time (the pid was reused). Such a claim is released at once
+    instead of after its lease. Anything else — another host, boot or pid
+    namespace (another container of the pod), an ``owner=`` given by the
+    caller, a process that cannot be checked — is taken as alive: wait for
+    the lease."""
     if not owner or not owner.startswith(_OWNER_PREFIX):
         return False
     parts = owner[len(_OWNER_PREFIX) :].split("/")
-    if len(parts) != 3 or parts[0] != socket.gethostname()[:200]:
-        return False
+    here = _host_id()
+    if len(parts) != 3 or parts[0] != here or here.endswith("~") or "~~" in here:
+        return False  # another host id, or one that cannot tell
     pid_s, _, start = parts[1].partition(".")
     if not pid_s.isdigit():
         return False
