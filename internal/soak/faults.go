@@ -111,8 +111,11 @@ func (s *scheduler) next() plan {
 	switch kind {
 	case KindRelayKill, KindRelayPause:
 		p.role = "leader"
-		if s.rng.IntN(10) < 3 {
+		switch n := s.rng.IntN(10); {
+		case n < 2:
 			p.role = "standby"
+		case n < 4:
+			p.role = "database-b" // the relay of the second producing database
 		}
 		if kind == KindRelayKill {
 			p.outage = ms(0, 3000)
@@ -373,21 +376,28 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 	return f
 }
 
-// relayByRole names the relay holding the lease ("leader") or the other
-// one ("standby").
+// relayByRole names the relay of database a holding the lease ("leader")
+// or the other one ("standby"), or database b's relay ("database-b").
 func (r *run) relayByRole(ctx context.Context, role string) string {
+	if role == "database-b" {
+		for _, n := range relays {
+			if relayDB[n] == dbB {
+				return n
+			}
+		}
+	}
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var holder string
 	err := r.pool.QueryRow(qctx, `SELECT holder FROM onceflow.relay_lease WHERE expires_at > now() ORDER BY expires_at DESC LIMIT 1`).Scan(&holder)
-	if err != nil || !slices.Contains(relays, holder) {
+	if err != nil || relayDB[holder] != dbA {
 		return relays[0]
 	}
 	if role == "leader" {
 		return holder
 	}
 	for _, n := range relays {
-		if n != holder {
+		if n != holder && relayDB[n] == dbA {
 			return n
 		}
 	}

@@ -70,6 +70,9 @@ type Config struct {
 	// ServicesScript is scripts/services.sh, asked for the Kafka jars
 	// (default "scripts/services.sh").
 	ServicesScript string
+	// SnapshotHold is how long each producing database's REPEATABLE READ
+	// snapshot is held before the next one replaces it (default 3m).
+	SnapshotHold time.Duration
 	// Writers is the number of producer goroutines (default 6).
 	Writers int
 }
@@ -106,6 +109,9 @@ func (c Config) WithDefaults() Config {
 	if c.Writers == 0 {
 		c.Writers = 6
 	}
+	if c.SnapshotHold == 0 {
+		c.SnapshotHold = 3 * time.Minute
+	}
 	return c
 }
 
@@ -127,17 +133,40 @@ func (c Config) validate() error {
 	return nil
 }
 
+// The topology: two producing databases, a (the database the consumers
+// apply to as well) and b, writing the same source names to both event
+// topics; a has two relay replicas, b one; two consumer names with
+// different handlers read both topics: soak (two replicas) records each
+// applied event, soak-tally (one) also keeps a per-stream counter.
 const (
-	eventTopic = "onceflow.events"
-	ckptTopic  = "onceflow.relay.checkpoints"
-	group      = "onceflow-soak"
-	consumerID = "soak"
+	eventTopic  = "onceflow.events"
+	eventTopic2 = "onceflow.events.orders"
+	ckptTopic   = "onceflow.relay.checkpoints"
+	group       = "onceflow-soak"
+	consumerID  = "soak"
+	tallyGroup  = "onceflow-soak-tally"
+	tallyID     = "soak-tally"
+	dbA, dbB    = "a", "b"
+	dbBName     = "soak_b"
 )
 
 var (
-	relays    = []string{"relay-a", "relay-b"}
-	consumers = []string{"consumer-a", "consumer-b"}
+	eventTopics = []string{eventTopic, eventTopic2}
+	relays      = []string{"relay-a", "relay-b", "relay-2a"}
+	consumers   = []string{"consumer-a", "consumer-b", "tally-a"}
+	// relayDB is the producing database each relay publishes.
+	relayDB = map[string]string{"relay-a": dbA, "relay-b": dbA, "relay-2a": dbB}
+	// consumerNames are the logical consumers, each with its own group.
+	consumerNames = []string{consumerID, tallyID}
 )
+
+// prodDB is one producing database.
+type prodDB struct {
+	name string // dbA or dbB
+	url  string // direct, past the proxy
+	pool *pgxpool.Pool
+	prod *producer
+}
 
 type run struct {
 	cfg   Config
@@ -147,11 +176,15 @@ type run struct {
 
 	pg      *pgtemp.Cluster
 	pgProxy *tcpproxy.Proxy
-	pool    *pgxpool.Pool // direct, past the proxy
-	kc      *cluster
-	adm     *kadm.Client // past the proxies
-	admCl   *kgo.Client
-	procs   *procs.Set
+	pool    *pgxpool.Pool // database a, direct, past the proxy
+	dbs     []*prodDB     // a and b
+	// identities maps each producing database's identity (the producer
+	// of its streams) to its name.
+	identities map[string]string
+	kc         *cluster
+	adm        *kadm.Client // past the proxies
+	admCl      *kgo.Client
+	procs      *procs.Set
 
 	led    *ledger
 	prod   *producer
@@ -226,7 +259,26 @@ func (r *run) setup(ctx context.Context) error {
 	if r.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return err
 	}
-	r.printf("  postgres   %s (binaries through proxy %s)\n", redact(r.pg.URL), r.pgProxy.Addr())
+	// Database b: a second producing database in the same server.
+	if _, err := r.pool.Exec(ctx, "CREATE DATABASE "+dbBName); err != nil {
+		return fmt.Errorf("create database %s: %w", dbBName, err)
+	}
+	urlB, err := withDatabase(r.pg.URL, dbBName)
+	if err != nil {
+		return err
+	}
+	pcB, err := pgxpool.ParseConfig(urlB)
+	if err != nil {
+		return err
+	}
+	pcB.MaxConns = pc.MaxConns
+	pcB.ConnConfig.RuntimeParams["deadlock_timeout"] = "50ms"
+	poolB, err := pgxpool.NewWithConfig(ctx, pcB)
+	if err != nil {
+		return err
+	}
+	r.dbs = []*prodDB{{name: dbA, url: r.pg.URL, pool: r.pool}, {name: dbB, url: urlB, pool: poolB}}
+	r.printf("  postgres   %s and database %s (binaries through proxy %s)\n", redact(r.pg.URL), dbBName, r.pgProxy.Addr())
 
 	// Kafka: three brokers, each behind a proxy.
 	if r.kc, err = startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka")); err != nil {
@@ -239,13 +291,31 @@ func (r *run) setup(ctx context.Context) error {
 	r.printf("  kafka      3 brokers (KRaft), binaries through proxies %v\n", r.kc.externalSeeds())
 
 	// Schema, topics as the contract ships them, the side-effect table.
-	out, err := r.binCmd(ctx, "relay", "migrate", "-database-url", r.pg.URL)
-	if err != nil {
-		return fmt.Errorf("relay migrate: %w: %s", err, out)
+	for _, d := range r.dbs {
+		out, err := r.binCmd(ctx, "relay", "migrate", "-database-url", d.url)
+		if err != nil {
+			return fmt.Errorf("relay migrate (database %s): %w: %s", d.name, err, out)
+		}
+	}
+	r.identities = map[string]string{}
+	for _, d := range r.dbs {
+		var id string
+		if err := d.pool.QueryRow(ctx, `SELECT id::text FROM onceflow.database_identity`).Scan(&id); err != nil {
+			return fmt.Errorf("identity of database %s: %w", d.name, err)
+		}
+		r.identities[id] = d.name
 	}
 	spec, err := topics.Default()
 	if err != nil {
 		return err
+	}
+	// The second event topic, with the first one's contract.
+	for _, t := range spec.Topics {
+		if t.Name == eventTopic {
+			t.Name = eventTopic2
+			spec.Topics = append(spec.Topics, t)
+			break
+		}
 	}
 	// Freshly created topics reach every broker's metadata a moment later:
 	// apply again until the verification after it passes.
@@ -259,7 +329,7 @@ func (r *run) setup(ctx context.Context) error {
 		}
 		time.Sleep(time.Second)
 	}
-	if err := r.kc.waitTopics(ctx, eventTopic, ckptTopic); err != nil {
+	if err := r.kc.waitTopics(ctx, eventTopic, eventTopic2, ckptTopic); err != nil {
 		return err
 	}
 	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
@@ -268,29 +338,41 @@ func (r *run) setup(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(r.work, "handlers.json"), []byte(handlersJSON), 0o644); err != nil {
 		return err
 	}
+	if err := os.WriteFile(filepath.Join(r.work, "tally.json"), []byte(tallyJSON), 0o644); err != nil {
+		return err
+	}
 	parts, err := r.partitions(ctx)
 	if err != nil {
 		return err
 	}
 	r.probes = newProbes(eventTopic, parts)
-	r.prod = &producer{pool: r.pool, led: r.led, topic: eventTopic, seed: r.cfg.Seed, hard: ctx}
-	if r.topic, err = newTopicWatch(eventTopic, r.kc.internalOpts()); err != nil {
+	for i, d := range r.dbs {
+		d.prod = &producer{pool: d.pool, led: r.led, db: d.name, topics: eventTopics, seed: r.cfg.Seed + uint64(i)*7919, hard: ctx}
+	}
+	r.prod = r.dbs[0].prod
+	if r.topic, err = newTopicWatch(eventTopics, r.kc.internalOpts()); err != nil {
 		return err
 	}
+	r.topic.producers = r.identities
 	if r.procs, err = procs.NewSet(r.logs); err != nil {
 		return err
 	}
-	r.printf("  topics     %s (%d partitions, RF 3, min ISR 2), %s; set up in %s\n",
-		eventTopic, parts, ckptTopic, time.Since(t0).Round(time.Second))
+	r.printf("  topics     %s and %s (%d partitions, RF 3, min ISR 2), %s; set up in %s\n",
+		eventTopic, eventTopic2, parts, ckptTopic, time.Since(t0).Round(time.Second))
 	return nil
 }
 
 // effectsDDL is the side effect the consumers apply: one row per applied
-// event, no unique constraint, so a double apply shows as two rows.
+// event and consumer name, no unique constraint, so a double apply shows as
+// two rows; and soak-tally's per-stream counter, which a double apply
+// moves past the ledger's count.
 const effectsDDL = `
 CREATE SCHEMA soak;
 CREATE TABLE soak.effects (
     n               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer        text        NOT NULL,
+    producer        text        NOT NULL,
+    topic           text        NOT NULL,
     event_id        text        NOT NULL,
     source          text        NOT NULL,
     seq             bigint      NOT NULL,
@@ -299,10 +381,24 @@ CREATE TABLE soak.effects (
     kafka_offset    bigint      NOT NULL,
     applied_at      timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE INDEX effects_source_seq ON soak.effects (source, seq);`
+CREATE INDEX effects_source_seq ON soak.effects (source, seq);
+CREATE TABLE soak.tally (
+    producer text   NOT NULL,
+    topic    text   NOT NULL,
+    source   text   NOT NULL,
+    n        bigint NOT NULL,
+    max_seq  bigint NOT NULL,
+    PRIMARY KEY (producer, topic, source)
+);`
 
-const handlersJSON = `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
-  "INSERT INTO soak.effects (event_id, source, seq, late, kafka_partition, kafka_offset) VALUES (:event_id, :source, :seq, :late, :partition, :offset)"}]}`
+// The two consumer names' handlers. :payload.db is the producing database
+// the producers write into every payload.
+const (
+	handlersJSON = `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+  "INSERT INTO soak.effects (consumer, producer, topic, event_id, source, seq, late, kafka_partition, kafka_offset) VALUES ('soak', :payload.db, :topic, :event_id, :source, :seq, :late, :partition, :offset)"}]}`
+	tallyJSON = `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+  "WITH t AS (INSERT INTO soak.tally AS t (producer, topic, source, n, max_seq) VALUES (:payload.db, :topic, :source, 1, :seq) ON CONFLICT (producer, topic, source) DO UPDATE SET n = t.n + 1, max_seq = greatest(t.max_seq, excluded.max_seq)) INSERT INTO soak.effects (consumer, producer, topic, event_id, source, seq, late, kafka_partition, kafka_offset) VALUES ('soak-tally', :payload.db, :topic, :event_id, :source, :seq, :late, :partition, :offset)"}]}`
+)
 
 func (r *run) partitions(ctx context.Context) (int, error) {
 	m, err := r.adm.Metadata(ctx, eventTopic)
@@ -326,14 +422,21 @@ func (r *run) childSpec(name string) procs.Spec {
 	dbURL := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", r.pgProxy.Addr())
 	brokers := joinComma(r.kc.externalSeeds())
 	if strings.HasPrefix(name, "relay") {
+		if relayDB[name] == dbB {
+			dbURL = fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", r.pgProxy.Addr(), dbBName)
+		}
 		return procs.Spec{Bin: filepath.Join(r.cfg.BinDir, "relay"), Args: []string{"run",
 			"-database-url", dbURL, "-kafka-brokers", brokers, "-http-addr", "127.0.0.1:0",
 			"-holder-id", name, "-topics-verify"}}
 	}
+	grp, cname, handlers := group, consumerID, "handlers.json"
+	if strings.HasPrefix(name, "tally") {
+		grp, cname, handlers = tallyGroup, tallyID, "tally.json"
+	}
 	return procs.Spec{Bin: filepath.Join(r.cfg.BinDir, "consumer"), Args: []string{"run",
 		"-database-url", dbURL, "-kafka-brokers", brokers, "-http-addr", "127.0.0.1:0",
-		"-group", group, "-topics", eventTopic, "-consumer-name", consumerID,
-		"-instance-id", name, "-handlers-file", filepath.Join(r.work, "handlers.json")}}
+		"-group", grp, "-topics", joinComma(eventTopics), "-consumer-name", cname,
+		"-instance-id", name, "-handlers-file", filepath.Join(r.work, handlers)}}
 }
 
 // execute runs the producing phase with faults, drains, and judges.
@@ -364,11 +467,17 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 	var wg sync.WaitGroup
 	perWriter := max(float64(r.cfg.Rate)-float64(len(r.probes.sources))/probeInterval.Seconds(), 1) / float64(r.cfg.Writers)
 	for w := range r.cfg.Writers {
+		// The writers alternate between the producing databases.
+		p := r.dbs[w%len(r.dbs)].prod
 		wg.Add(1)
-		go func() { defer wg.Done(); r.prod.runWriter(prodCtx, w, perWriter) }()
+		go func() { defer wg.Done(); p.runWriter(prodCtx, w, perWriter) }()
 	}
-	wg.Add(3)
-	go func() { defer wg.Done(); r.prod.runLong(prodCtx) }()
+	for _, d := range r.dbs {
+		wg.Add(2)
+		go func() { defer wg.Done(); d.prod.runLong(prodCtx) }()
+		go func() { defer wg.Done(); d.prod.holdSnapshots(prodCtx, r.cfg.SnapshotHold) }()
+	}
+	wg.Add(2)
 	go func() { defer wg.Done(); r.probes.run(prodCtx, r.prod, eventTopic) }()
 	go func() { defer wg.Done(); r.injectFaults(prodCtx) }()
 	<-prodCtx.Done()
@@ -428,10 +537,13 @@ func (r *run) drain(ctx context.Context) (bool, time.Duration) {
 	deadline := t0.Add(r.cfg.DrainTimeout)
 	committed := int(r.led.n.Load())
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		var unpublished, applied int
-		err := r.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM onceflow.outbox_pending),
-			(SELECT count(DISTINCT event_id) FROM soak.effects)`).Scan(&unpublished, &applied)
-		if err == nil && unpublished == 0 && applied >= committed && r.topic.distinct() >= committed {
+		var applied, tallied int
+		unpublished, err := r.unpublished(ctx)
+		if err == nil {
+			err = r.pool.QueryRow(ctx, `SELECT count(DISTINCT event_id) FILTER (WHERE consumer = $1),
+				count(DISTINCT event_id) FILTER (WHERE consumer = $2) FROM soak.effects`, consumerID, tallyID).Scan(&applied, &tallied)
+		}
+		if err == nil && unpublished == 0 && applied >= committed && tallied >= committed && r.topic.distinct() >= committed {
 			return true, time.Since(t0)
 		}
 		select {
@@ -442,13 +554,29 @@ func (r *run) drain(ctx context.Context) (bool, time.Duration) {
 	return false, time.Since(t0)
 }
 
+// unpublished counts the rows the relays still queue, in both databases.
+func (r *run) unpublished(ctx context.Context) (int64, error) {
+	var total int64
+	for _, d := range r.dbs {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var n int64
+		err := d.pool.QueryRow(qctx, `SELECT count(*) FROM onceflow.outbox_pending`).Scan(&n)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
 // teardown stops everything the soak started, keeping the logs.
 func (r *run) teardown() {
 	if r.procs != nil {
 		r.procs.StopAll(5 * time.Second)
 	}
 	if r.topic != nil {
-		r.topic.r.Close()
+		r.topic.close()
 	}
 	if r.admCl != nil {
 		r.admCl.Close()
@@ -458,6 +586,11 @@ func (r *run) teardown() {
 			copyFile(filepath.Join(b.node.Dir, "server.log"), filepath.Join(r.logs, fmt.Sprintf("broker-%d.log", b.id)))
 		}
 		r.kc.stop()
+	}
+	for _, d := range r.dbs {
+		if d.pool != r.pool {
+			d.pool.Close()
+		}
 	}
 	if r.pool != nil {
 		r.pool.Close()
