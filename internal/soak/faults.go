@@ -29,24 +29,35 @@ const (
 	// checkpoint partition's leader while the relay recovers: the one
 	// moment the checkpoint matters, read from a slow broker.
 	KindRelayCrashSlowCkpt = "relay-crash-slow-checkpoint"
+	// KindBrokerPartition cuts one broker off from its peers: nothing
+	// reaches its replication (inter-broker) and controller listeners, so
+	// its followers cannot fetch from it, its controller loses the quorum
+	// and its own broker loses the controller, while clients still reach
+	// it. The cut is one-way: its own connections to the others stay.
+	KindBrokerPartition = "broker-partition"
+	// KindBrokerDiskFull fills the data disk of one broker (a tmpfs shrunk
+	// to its usage): its writes fail with "no space left on device" and it
+	// stops; the disk gets its size back and the broker is started again.
+	KindBrokerDiskFull = "broker-disk-full"
 )
 
 // AllKinds are the fault kinds in report order.
 var AllKinds = []string{KindRelayKill, KindRelayPause, KindConsumerKill, KindConsumerPause, KindBrokerKill,
-	KindPGRestart, KindProxyCutKafka, KindProxyCutPG, KindProxyStallKafka, KindProxyStallPG, KindProxySlowKafka, KindRelayCrashSlowCkpt}
+	KindPGRestart, KindProxyCutKafka, KindProxyCutPG, KindProxyStallKafka, KindProxyStallPG, KindProxySlowKafka, KindRelayCrashSlowCkpt,
+	KindBrokerPartition, KindBrokerDiskFull}
 
-// weights per kind (out of 100): broker kills and PostgreSQL restarts are
-// about a quarter of all faults.
+// weights per kind (out of 100): broker kills, disks filled and PostgreSQL
+// restarts are about a quarter of all faults.
 var weights = map[string]int{
-	KindRelayKill: 11, KindRelayPause: 7, KindConsumerKill: 11, KindConsumerPause: 7, KindBrokerKill: 18,
-	KindPGRestart: 8, KindProxyCutKafka: 8, KindProxyCutPG: 8, KindProxyStallKafka: 6, KindProxyStallPG: 6,
-	KindProxySlowKafka: 5, KindRelayCrashSlowCkpt: 5,
+	KindRelayKill: 10, KindRelayPause: 6, KindConsumerKill: 10, KindConsumerPause: 6, KindBrokerKill: 15,
+	KindPGRestart: 8, KindProxyCutKafka: 7, KindProxyCutPG: 7, KindProxyStallKafka: 5, KindProxyStallPG: 5,
+	KindProxySlowKafka: 4, KindRelayCrashSlowCkpt: 5, KindBrokerPartition: 8, KindBrokerDiskFull: 4,
 }
 
 // essential kinds open the schedule, so that even a short run has at
 // least one of each: a process kill, a broker kill, a database restart, a
-// proxy cut.
-var essential = []string{KindRelayKill, KindBrokerKill, KindPGRestart, KindProxyCutPG}
+// proxy cut, a partition between brokers, a full disk.
+var essential = []string{KindRelayKill, KindBrokerKill, KindPGRestart, KindProxyCutPG, KindBrokerPartition, KindBrokerDiskFull}
 
 func validKind(k string) bool { return slices.Contains(AllKinds, k) }
 
@@ -138,6 +149,11 @@ func (s *scheduler) next() plan {
 	case KindBrokerKill:
 		p.role = brokerRoles[s.rng.IntN(len(brokerRoles))]
 		p.outage = ms(1000, 10000)
+	case KindBrokerPartition:
+		p.role = brokerRoles[s.rng.IntN(len(brokerRoles))]
+		p.outage = ms(2000, 15000)
+	case KindBrokerDiskFull:
+		p.outage = ms(2000, 8000)
 	case KindPGRestart:
 		p.outage = ms(500, 5000)
 	case KindProxyCutKafka, KindProxyStallKafka:
@@ -188,7 +204,16 @@ type Fault struct {
 // injectFaults runs the schedule until ctx ends. A fault in progress is
 // always healed, even when ctx ends meanwhile.
 func (r *run) injectFaults(ctx context.Context) {
-	s := newScheduler(r.cfg.Seed, r.cfg.Kinds, r.cfg.FaultInterval)
+	var kinds []string
+	for _, k := range r.cfg.Kinds {
+		if _, no := r.unavailable[k]; !no {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) == 0 {
+		return
+	}
+	s := newScheduler(r.cfg.Seed, kinds, r.cfg.FaultInterval)
 	// Let the pipeline warm up: the first probe applied.
 	if _, ok := r.probes.progressAfter(ctx, r.start); !ok {
 		return
@@ -231,7 +256,8 @@ func (r *run) injectFaults(ctx context.Context) {
 func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 	f := Fault{N: n, Kind: p.kind}
 	hard := context.WithoutCancel(ctx) // a begun fault is always healed
-	if p.kind == KindBrokerKill || p.kind == KindProxyCutKafka || p.kind == KindProxyStallKafka {
+	switch p.kind {
+	case KindBrokerKill, KindProxyCutKafka, KindProxyStallKafka, KindBrokerPartition, KindBrokerDiskFull:
 		// One failure at a time: the cluster fully replicated first.
 		if why, err := waitHealthy(ctx, r.adm, 90*time.Second); why != "" || err != nil {
 			f.Error = fmt.Sprintf("cluster not fully in sync before the fault: %s %v", why, err)
@@ -280,6 +306,45 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 		sleep(p.outage)
 		if err := r.kc.restart(hard, id); err != nil {
 			f.Error = err.Error()
+		}
+		r.held.Delete(held)
+	case KindBrokerPartition:
+		id, what, err := roleHolder(ctx, r.adm, p.role, p.pick, eventTopic, ckptTopic, group)
+		if err != nil {
+			id = int32(1 + p.pick%clusterSize)
+			what = "random broker (" + err.Error() + ")"
+		}
+		b := r.kc.broker(id)
+		began(fmt.Sprintf("broker %d (%s) cut off from its peers", id, what))
+		b.repl.Cut(p.outage)
+		b.ctrl.Cut(p.outage)
+		sleep(p.outage)
+		b.healPeers()
+	case KindBrokerDiskFull:
+		b := r.kc.diskBroker()
+		if b == nil {
+			f.Error = "no broker has a disk of its own"
+			break
+		}
+		held := fmt.Sprintf("broker-%d", b.id)
+		r.held.Store(held, struct{}{})
+		began(fmt.Sprintf("broker %d: data disk full", b.id))
+		if used, err := fillTmpfs(hard, b.disk, 64<<10); err != nil {
+			f.Error = err.Error()
+		} else {
+			f.Target += fmt.Sprintf(" at %d KiB", used>>10)
+		}
+		sleep(p.outage)
+		if err := resizeTmpfs(hard, b.disk, brokerDiskSize); err != nil {
+			f.Error = err.Error()
+		}
+		if !b.node.Running() {
+			f.Target += ", it stopped and was started again"
+			if err := r.kc.restart(hard, b.id); err != nil {
+				f.Error = err.Error()
+			}
+		} else {
+			f.Target += ", it kept running"
 		}
 		r.held.Delete(held)
 	case KindRelayCrashSlowCkpt:

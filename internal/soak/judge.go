@@ -319,6 +319,9 @@ func (r *run) judge(ctx context.Context) (*Report, error) {
 	rep.Faults = append([]Fault(nil), r.faults...)
 	r.faultsMu.Unlock()
 	rep.summarizeFaults()
+	if len(r.unavailable) > 0 {
+		rep.Unavailable = r.unavailable
+	}
 	rep.ByFault = byFault(l, r.topic, main, rep.Faults, r.start)
 	rep.Latency = durationStats(r.probes.latencySnapshot())
 	r.exitsMu.Lock()

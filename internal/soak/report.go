@@ -40,10 +40,13 @@ type Report struct {
 	RecoveryBy   map[string]Stats `json:"recovery_by_kind"`
 	// ByFault is the per-fault-kind table: faults, the events near them
 	// lost, duplicated or reordered, and recovery.
-	ByFault   []FaultKindRow `json:"by_fault_kind"`
-	Stalls    int            `json:"stalls"`
-	Latency   Stats          `json:"probe_latency"`
-	Anomalies []Anomaly      `json:"anomalies"`
+	ByFault []FaultKindRow `json:"by_fault_kind"`
+	Stalls  int            `json:"stalls"`
+	// Unavailable are the fault kinds this machine could not inject, and
+	// why (e.g. broker-disk-full needs root to mount a tmpfs).
+	Unavailable map[string]string `json:"unavailable_fault_kinds,omitempty"`
+	Latency     Stats             `json:"probe_latency"`
+	Anomalies   []Anomaly         `json:"anomalies"`
 	// Reconcile sums what the reconcile check read and found for consumer
 	// soak over both producing databases (nil when it could not run: then
 	// it is an anomaly); Reconciles has each (database, consumer) run.
@@ -240,6 +243,11 @@ func (rep *Report) Text() string {
 			}
 		}
 	}
+	for _, k := range AllKinds {
+		if why, ok := rep.Unavailable[k]; ok {
+			p("  %-28s not injected: %s\n", k, why)
+		}
+	}
 	p("recovery     %s (fault to progress again on every partition)\n", rep.Recovery)
 	if rep.Stalls > 0 {
 		p("stalls       %d faults without progress within the recovery timeout\n", rep.Stalls)
@@ -299,7 +307,8 @@ func secs(s float64) string {
 	return (time.Duration(s * float64(time.Second))).Round(time.Second).String()
 }
 
-// writeReport writes report.txt, report.json and lag.png into OutDir.
+// writeReport writes report.txt, report.json and lag.png (throughput and
+// lag, plotRun) into OutDir.
 func (r *run) writeReport(rep *Report) error {
 	if err := os.WriteFile(filepath.Join(r.cfg.OutDir, "report.txt"), []byte(rep.Text()), 0o644); err != nil {
 		return err
@@ -315,7 +324,7 @@ func (r *run) writeReport(rep *Report) error {
 	if err != nil {
 		return err
 	}
-	if err := plotLag(f, rep.Series, rep.Faults); err != nil {
+	if err := plotRun(f, rep.Series, rep.Faults); err != nil {
 		f.Close()
 		return err
 	}

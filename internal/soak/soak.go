@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -199,7 +200,14 @@ type run struct {
 	series    *series
 	current   atomic.Pointer[string] // the fault in progress, for the progress line
 	loadStart string
+	// unavailable are the fault kinds this machine cannot inject, and why.
+	unavailable map[string]string
 }
+
+// brokerDiskSize is the size of the tmpfs that holds one broker's data (the
+// disk-full fault): room for an hour's run; only what is written takes
+// memory.
+const brokerDiskSize = 8 << 30
 
 // Run executes the soak. The error is about the soak itself (a binary
 // missing, a broker that does not start); what the run found is in the
@@ -214,7 +222,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("binary %s: %w (run `make build` first)", b, err)
 		}
 	}
-	r := &run{cfg: cfg, logs: filepath.Join(cfg.OutDir, "logs"), led: newLedger(), series: &series{}}
+	r := &run{cfg: cfg, logs: filepath.Join(cfg.OutDir, "logs"), led: newLedger(), series: &series{}, unavailable: map[string]string{}}
 	if err := os.MkdirAll(r.logs, 0o755); err != nil {
 		return nil, err
 	}
@@ -281,8 +289,17 @@ func (r *run) setup(ctx context.Context) error {
 	r.printf("  postgres   %s and database %s (binaries through proxy %s)\n", redact(r.pg.URL), dbBName, r.pgProxy.Addr())
 
 	// Kafka: three brokers, each behind a proxy.
-	if r.kc, err = startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka")); err != nil {
+	var diskErr error
+	var diskSize int64
+	if slices.Contains(r.cfg.Kinds, KindBrokerDiskFull) {
+		diskSize = brokerDiskSize
+	}
+	if r.kc, diskErr, err = startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize); err != nil {
 		return fmt.Errorf("start Kafka cluster: %w", err)
+	}
+	if diskErr != nil {
+		r.unavailable[KindBrokerDiskFull] = diskErr.Error()
+		r.printf("  fault %s left out: %v\n", KindBrokerDiskFull, diskErr)
 	}
 	if r.admCl, err = kgo.NewClient(r.kc.internalOpts()...); err != nil {
 		return err
@@ -525,6 +542,12 @@ func (r *run) healAll(ctx context.Context) {
 	r.pgProxy.Heal()
 	for _, b := range r.kc.brokers {
 		b.proxy.Heal()
+		b.healPeers()
+		if b.disk != "" {
+			if err := resizeTmpfs(ctx, b.disk, brokerDiskSize); err != nil {
+				r.printf("  %v\n", err)
+			}
+		}
 	}
 	if started, err := r.kc.ensureRunning(ctx); err != nil || len(started) > 0 {
 		r.printf("  brokers started at the end: %v (%v)\n", started, err)

@@ -237,12 +237,14 @@ func TestReportRenders(t *testing.T) {
 	t.Parallel()
 	var samples []sample
 	for i := range 300 {
-		samples = append(samples, sample{T: float64(i), RelayLag: int64(i % 50), ConsumerLag: int64((i * 7) % 90)})
+		samples = append(samples, sample{T: float64(i), RelayLag: int64(i % 50), ConsumerLag: int64((i * 7) % 90),
+			Committed: int64(100 * i), Applied: int64(90 * i)})
 	}
 	samples[100].RelayLag, samples[100].ConsumerLag = -1, -1 // the database was away
 	faults := []Fault{{N: 1, Kind: KindBrokerKill, AtS: 20, RecoveryS: 9}, {N: 2, Kind: KindPGRestart, AtS: 90, RecoveryS: -1}}
 	var buf bytes.Buffer
-	if err := plotLag(&buf, samples, faults); err != nil {
+	samples[100].Applied = -1
+	if err := plotRun(&buf, samples, faults); err != nil {
 		t.Fatal(err)
 	}
 	img, err := png.Decode(&buf)
@@ -380,6 +382,26 @@ func TestTallyAnomalies(t *testing.T) {
 		got := tallyAnomalies(l, rows)
 		if len(got) != 1 || got[0].Kind != AnomalyTally || got[0].Count != 1 {
 			t.Errorf("%s: %+v, want one %s", name, got, AnomalyTally)
+		}
+	}
+}
+
+// rates: events per second over the last throughputWindow seconds, a hole
+// where the counter could not be read.
+func TestRates(t *testing.T) {
+	t.Parallel()
+	var samples []sample
+	for i := range 20 {
+		samples = append(samples, sample{T: float64(i), Committed: int64(50 * i)})
+	}
+	samples[10].Committed = -1
+	got := rates(samples, func(s sample) int64 { return s.Committed })
+	if len(got) != len(samples) || got[0].v != -1 || got[10].v != -1 {
+		t.Fatalf("rates %v: want a hole at the first sample and at the unread one", got)
+	}
+	for i, p := range got {
+		if i != 0 && i != 10 && p.v != 50 {
+			t.Errorf("rate at %v s = %v, want 50", p.t, p.v)
 		}
 	}
 }
