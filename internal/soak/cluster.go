@@ -83,6 +83,7 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64) (c *c
 		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", b.id, b.ctrl.Port()))
 	}
 	clusterID := kafkanode.NewClusterID()
+	cfgs := make([]kafkanode.Config, clusterSize)
 	for i, b := range c.brokers {
 		external, internal, controller, replication := ports[perNode*i], ports[perNode*i+1], ports[perNode*i+2], ports[perNode*i+3]
 		bdir := filepath.Join(dir, fmt.Sprintf("broker-%d", i+1))
@@ -100,15 +101,27 @@ advertised.listeners=EXTERNAL://127.0.0.1:%d,INTERNAL://127.0.0.1:%d,REPLICATION
 inter.broker.listener.name=REPLICATION
 listener.security.protocol.map=EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT,REPLICATION:PLAINTEXT
 `, external, internal, controller, replication, b.proxy.Port(), internal, b.repl.Port())
-		var err error
-		b.node, err = kafkanode.Prepare(ctx, kafkanode.Config{
+		cfgs[i] = kafkanode.Config{
 			Classpath: cp, ClusterID: clusterID, Dir: bdir, Listeners: listeners, MaxHeap: "384m",
 			NodeID: i + 1, QuorumVoters: strings.Join(voters, ","), ReplicationFactor: clusterSize,
-		})
-		if err != nil {
-			c.stop()
-			return nil, nil, fmt.Errorf("broker %d: %w", i+1, err)
 		}
+	}
+	// Formatting a node's storage starts a JVM: the three at once.
+	errs := make([]error, clusterSize)
+	var wg sync.WaitGroup
+	for i, b := range c.brokers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if b.node, errs[i] = kafkanode.Prepare(ctx, cfgs[i]); errs[i] != nil {
+				errs[i] = fmt.Errorf("broker %d: %w", i+1, errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		c.stop()
+		return nil, nil, err
 	}
 	for _, b := range c.brokers {
 		if err := b.node.Start(); err != nil {

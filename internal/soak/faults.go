@@ -81,6 +81,8 @@ type scheduler struct {
 	kinds    []string
 	interval time.Duration
 	opening  []string
+	// outageScale multiplies every outage (0: 1).
+	outageScale float64
 }
 
 func newScheduler(seed uint64, kinds []string, interval time.Duration) *scheduler {
@@ -182,6 +184,9 @@ func (s *scheduler) next() plan {
 		p.outage = ms(1000, 8000)
 	}
 	p.gap = time.Duration(float64(s.interval) * (0.5 + s.rng.Float64()))
+	if s.outageScale > 0 {
+		p.outage = time.Duration(float64(p.outage) * s.outageScale)
+	}
 	return p
 }
 
@@ -201,9 +206,30 @@ type Fault struct {
 	Error     string  `json:"error,omitempty"`
 }
 
-// injectFaults runs the schedule until ctx ends. A fault in progress is
-// always healed, even when ctx ends meanwhile.
-func (r *run) injectFaults(ctx context.Context) {
+// injectFaults runs the schedule until ctx ends, and closes essentialsDone
+// once every enabled essential kind has been injected. A fault in progress
+// is always healed, even when ctx ends meanwhile.
+func (r *run) injectFaults(ctx context.Context, essentialsDone chan<- struct{}) {
+	pending := map[string]bool{}
+	for _, k := range r.cfg.Kinds {
+		if _, no := r.unavailable[k]; !no && slices.Contains(essential, k) {
+			pending[k] = true
+		}
+	}
+	closed := false
+	markDone := func(kind string) {
+		delete(pending, kind)
+		if len(pending) == 0 && !closed {
+			close(essentialsDone)
+			closed = true
+		}
+	}
+	defer func() {
+		if !closed {
+			close(essentialsDone)
+		}
+	}()
+	markDone("")
 	var kinds []string
 	for _, k := range r.cfg.Kinds {
 		if _, no := r.unavailable[k]; !no {
@@ -214,6 +240,7 @@ func (r *run) injectFaults(ctx context.Context) {
 		return
 	}
 	s := newScheduler(r.cfg.Seed, kinds, r.cfg.FaultInterval)
+	s.outageScale = r.cfg.OutageScale
 	// Let the pipeline warm up: the first probe applied.
 	if _, ok := r.probes.progressAfter(ctx, r.start); !ok {
 		return
@@ -221,6 +248,7 @@ func (r *run) injectFaults(ctx context.Context) {
 	for n := 1; ctx.Err() == nil; n++ {
 		p := s.next()
 		f := r.inject(ctx, n, p)
+		markDone(p.kind)
 		r.current.Store(nil)
 		// Measure the recovery even past the end of the producing phase,
 		// but not past the drain's own patience.
@@ -329,10 +357,15 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 		held := fmt.Sprintf("broker-%d", b.id)
 		r.held.Store(held, struct{}{})
 		began(fmt.Sprintf("broker %d: data disk full", b.id))
-		if used, err := fillTmpfs(hard, b.disk, 64<<10); err != nil {
+		if used, err := fillTmpfs(hard, b.disk, 0); err != nil {
 			f.Error = err.Error()
 		} else {
 			f.Target += fmt.Sprintf(" at %d KiB", used>>10)
+		}
+		// The disk stays full until the broker's writes fail and it stops
+		// (within a second or two under load), then for the outage.
+		for deadline := time.Now().Add(diskFullLimit); b.node.Running() && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond) // polling the process table
 		}
 		sleep(p.outage)
 		if err := resizeTmpfs(hard, b.disk, brokerDiskSize); err != nil {
@@ -440,6 +473,9 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 	f.OutageS = time.Since(t0).Seconds()
 	return f
 }
+
+// diskFullLimit bounds the wait for a broker whose disk is full to stop.
+const diskFullLimit = 20 * time.Second
 
 // relayByRole names the relay of database a holding the lease ("leader")
 // or the other one ("standby"), or database b's relay ("database-b").

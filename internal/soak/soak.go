@@ -59,6 +59,9 @@ type Config struct {
 	OutDir string
 	// Out receives the progress lines (default os.Stdout).
 	Out io.Writer
+	// OutageScale multiplies every fault's outage (default 1): a short run
+	// (the test) uses short outages to fit every essential fault in.
+	OutageScale float64
 	// Rate is the offered load in events per second, probes included
 	// (default 320: above 1M events an hour after the outages).
 	Rate int
@@ -98,6 +101,9 @@ func (c Config) WithDefaults() Config {
 	if c.Rate == 0 {
 		c.Rate = 320
 	}
+	if c.OutageScale == 0 {
+		c.OutageScale = 1
+	}
 	if c.RecoveryTimeout == 0 {
 		c.RecoveryTimeout = 2 * time.Minute
 	}
@@ -123,8 +129,8 @@ func (c Config) validate() error {
 	if c.OutDir == "" {
 		return errors.New("soak: OutDir is required")
 	}
-	if c.Duration < 0 || c.Rate < 0 || c.FaultInterval < 0 || c.Writers < 0 {
-		return errors.New("soak: Duration, Rate, FaultInterval and Writers must not be negative")
+	if c.Duration < 0 || c.Rate < 0 || c.FaultInterval < 0 || c.Writers < 0 || c.OutageScale < 0 {
+		return errors.New("soak: Duration, Rate, FaultInterval, Writers and OutageScale must not be negative")
 	}
 	for _, k := range c.Kinds {
 		if !validKind(k) {
@@ -204,6 +210,10 @@ type run struct {
 	unavailable map[string]string
 }
 
+// essentialGrace is how long the producing phase may outlast Duration for
+// the essential faults to be injected.
+const essentialGrace = 3 * time.Minute
+
 // brokerDiskSize is the size of the tmpfs that holds one broker's data (the
 // disk-full fault): room for an hour's run; only what is written takes
 // memory.
@@ -247,6 +257,32 @@ func (r *run) elapsed() time.Duration { return time.Since(r.start) }
 func (r *run) setup(ctx context.Context) error {
 	t0 := time.Now()
 	var err error
+	// Kafka (three JVMs) starts while PostgreSQL starts and is migrated.
+	type started struct {
+		kc           *cluster
+		diskErr, err error
+	}
+	kafkaCh := make(chan started, 1)
+	var diskSize int64
+	if slices.Contains(r.cfg.Kinds, KindBrokerDiskFull) {
+		diskSize = brokerDiskSize
+	}
+	go func() {
+		kc, diskErr, err := startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize)
+		kafkaCh <- started{kc, diskErr, err}
+	}()
+	kafkaJoined := false
+	joinKafka := func() started {
+		kafkaJoined = true
+		k := <-kafkaCh
+		r.kc = k.kc // stopped by teardown
+		return k
+	}
+	defer func() {
+		if !kafkaJoined {
+			joinKafka()
+		}
+	}()
 	// PostgreSQL, and the proxy the binaries reach it through.
 	if r.pg, err = pgtemp.StartWithOptions(ctx, pgtemp.Options{Settings: map[string]string{
 		"max_connections": "300", "log_min_messages": "warning",
@@ -288,26 +324,7 @@ func (r *run) setup(ctx context.Context) error {
 	r.dbs = []*prodDB{{name: dbA, url: r.pg.URL, pool: r.pool}, {name: dbB, url: urlB, pool: poolB}}
 	r.printf("  postgres   %s and database %s (binaries through proxy %s)\n", redact(r.pg.URL), dbBName, r.pgProxy.Addr())
 
-	// Kafka: three brokers, each behind a proxy.
-	var diskErr error
-	var diskSize int64
-	if slices.Contains(r.cfg.Kinds, KindBrokerDiskFull) {
-		diskSize = brokerDiskSize
-	}
-	if r.kc, diskErr, err = startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize); err != nil {
-		return fmt.Errorf("start Kafka cluster: %w", err)
-	}
-	if diskErr != nil {
-		r.unavailable[KindBrokerDiskFull] = diskErr.Error()
-		r.printf("  fault %s left out: %v\n", KindBrokerDiskFull, diskErr)
-	}
-	if r.admCl, err = kgo.NewClient(r.kc.internalOpts()...); err != nil {
-		return err
-	}
-	r.adm = kadm.NewClient(r.admCl)
-	r.printf("  kafka      3 brokers (KRaft), binaries through proxies %v\n", r.kc.externalSeeds())
-
-	// Schema, topics as the contract ships them, the side-effect table.
+	// Schema and the side-effect tables.
 	for _, d := range r.dbs {
 		out, err := r.binCmd(ctx, "relay", "migrate", "-database-url", d.url)
 		if err != nil {
@@ -322,6 +339,26 @@ func (r *run) setup(ctx context.Context) error {
 		}
 		r.identities[id] = d.name
 	}
+	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
+		return fmt.Errorf("create soak.effects: %w", err)
+	}
+
+	// Kafka: three brokers, each behind a proxy.
+	k := joinKafka()
+	if k.err != nil {
+		return fmt.Errorf("start Kafka cluster: %w", k.err)
+	}
+	if k.diskErr != nil {
+		r.unavailable[KindBrokerDiskFull] = k.diskErr.Error()
+		r.printf("  fault %s left out: %v\n", KindBrokerDiskFull, k.diskErr)
+	}
+	if r.admCl, err = kgo.NewClient(r.kc.internalOpts()...); err != nil {
+		return err
+	}
+	r.adm = kadm.NewClient(r.admCl)
+	r.printf("  kafka      3 brokers (KRaft), binaries through proxies %v\n", r.kc.externalSeeds())
+
+	// Topics as the contract ships them.
 	spec, err := topics.Default()
 	if err != nil {
 		return err
@@ -348,9 +385,6 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	if err := r.kc.waitTopics(ctx, eventTopic, eventTopic2, ckptTopic); err != nil {
 		return err
-	}
-	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
-		return fmt.Errorf("create soak.effects: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(r.work, "handlers.json"), []byte(handlersJSON), 0o644); err != nil {
 		return err
@@ -479,8 +513,25 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 
 	// The producing phase: writers, the long-transaction writer, probes,
 	// and the faults.
-	prodCtx, stopProducing := context.WithTimeout(ctx, r.cfg.Duration)
+	// It lasts Duration, and longer if the essential faults have not all
+	// been injected by then (a short run on a slow machine), up to
+	// essentialGrace more.
+	prodCtx, stopProducing := context.WithCancel(ctx)
 	defer stopProducing()
+	essentialsDone := make(chan struct{})
+	go func() {
+		defer stopProducing()
+		select {
+		case <-time.After(r.cfg.Duration):
+		case <-prodCtx.Done():
+			return
+		}
+		select {
+		case <-essentialsDone:
+		case <-time.After(essentialGrace):
+		case <-prodCtx.Done():
+		}
+	}()
 	var wg sync.WaitGroup
 	perWriter := max(float64(r.cfg.Rate)-float64(len(r.probes.sources))/probeInterval.Seconds(), 1) / float64(r.cfg.Writers)
 	for w := range r.cfg.Writers {
@@ -496,7 +547,7 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 	}
 	wg.Add(2)
 	go func() { defer wg.Done(); r.probes.run(prodCtx, r.prod, eventTopic) }()
-	go func() { defer wg.Done(); r.injectFaults(prodCtx) }()
+	go func() { defer wg.Done(); r.injectFaults(prodCtx, essentialsDone) }()
 	<-prodCtx.Done()
 	wg.Wait()
 	if ctx.Err() != nil {
@@ -571,7 +622,7 @@ func (r *run) drain(ctx context.Context) (bool, time.Duration) {
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(3 * time.Second):
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 	return false, time.Since(t0)
