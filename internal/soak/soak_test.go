@@ -405,3 +405,27 @@ func TestRates(t *testing.T) {
 		}
 	}
 }
+
+// OutageScale shortens every outage (the test's short run) and the new
+// broker kinds draw their targets like a broker kill.
+func TestSchedulerOutageScale(t *testing.T) {
+	t.Parallel()
+	full, short := newScheduler(7, AllKinds, time.Second), newScheduler(7, AllKinds, time.Second)
+	short.outageScale = 0.2
+	for range 300 {
+		a, b := full.next(), short.next()
+		if a.kind != b.kind || b.outage != time.Duration(float64(a.outage)*0.2) {
+			t.Fatalf("plan %+v scaled to %+v", a, b)
+		}
+		switch a.kind {
+		case KindBrokerPartition:
+			if !slices.Contains(brokerRoles, a.role) || a.outage < 2*time.Second || a.outage > 15*time.Second {
+				t.Errorf("partition %+v", a)
+			}
+		case KindBrokerDiskFull:
+			if a.outage < 2*time.Second || a.outage > 8*time.Second {
+				t.Errorf("disk full %+v", a)
+			}
+		}
+	}
+}
