@@ -48,7 +48,8 @@ type cluster struct {
 
 const clusterSize = 3
 
-// startCluster starts the three nodes in dir. With diskSize > 0 the last
+// startCluster starts the three nodes in dir. When a node does not come
+// up, the cluster is returned with the error, to be stopped by the caller. With diskSize > 0 the last
 // node's data directory is a tmpfs of that size (for the disk-full fault);
 // when it cannot be mounted (not root, no tmpfs), diskErr says why and the
 // node uses dir like the others.
@@ -131,8 +132,9 @@ listener.security.protocol.map=EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:
 	}
 	for _, b := range c.brokers {
 		if err := c.waitBroker(ctx, b); err != nil {
-			c.stop()
-			return nil, nil, err
+			// Returned with the error: the caller keeps the brokers' logs,
+			// then stops them.
+			return c, nil, err
 		}
 	}
 	return c, diskErr, nil

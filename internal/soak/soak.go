@@ -49,6 +49,9 @@ type Config struct {
 	DrainTimeout time.Duration
 	// Duration of the producing phase, faults included (default 10m).
 	Duration time.Duration
+	// EssentialGrace is how long the producing phase may outlast Duration
+	// for every essential fault kind to be injected (default 3m).
+	EssentialGrace time.Duration
 	// FaultInterval is the mean pause between one fault's recovery and
 	// the next fault (default 4s).
 	FaultInterval time.Duration
@@ -88,6 +91,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Duration == 0 {
 		c.Duration = 10 * time.Minute
+	}
+	if c.EssentialGrace == 0 {
+		c.EssentialGrace = 3 * time.Minute
 	}
 	if c.FaultInterval == 0 {
 		c.FaultInterval = 4 * time.Second
@@ -209,10 +215,6 @@ type run struct {
 	// unavailable are the fault kinds this machine cannot inject, and why.
 	unavailable map[string]string
 }
-
-// essentialGrace is how long the producing phase may outlast Duration for
-// the essential faults to be injected.
-const essentialGrace = 3 * time.Minute
 
 // brokerDiskSize is the size of the tmpfs that holds one broker's data (the
 // disk-full fault): room for an hour's run; only what is written takes
@@ -515,7 +517,7 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 	// and the faults.
 	// It lasts Duration, and longer if the essential faults have not all
 	// been injected by then (a short run on a slow machine), up to
-	// essentialGrace more.
+	// EssentialGrace more.
 	prodCtx, stopProducing := context.WithCancel(ctx)
 	defer stopProducing()
 	essentialsDone := make(chan struct{})
@@ -528,7 +530,7 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 		}
 		select {
 		case <-essentialsDone:
-		case <-time.After(essentialGrace):
+		case <-time.After(r.cfg.EssentialGrace):
 		case <-prodCtx.Done():
 		}
 	}()
