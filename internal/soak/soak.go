@@ -324,7 +324,7 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.dbs = []*prodDB{{name: dbA, url: r.pg.URL, pool: r.pool}, {name: dbB, url: urlB, pool: poolB}}
-	r.printf("  postgres   %s and database %s (binaries through proxy %s)\n", redact(r.pg.URL), dbBName, r.pgProxy.Addr())
+	r.printf("  postgres   %s and database %s (binaries through proxy %s), up at %s\n", redact(r.pg.URL), dbBName, r.pgProxy.Addr(), time.Since(t0).Round(100*time.Millisecond))
 
 	// Schema and the side-effect tables.
 	for _, d := range r.dbs {
@@ -344,6 +344,7 @@ func (r *run) setup(ctx context.Context) error {
 	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
 		return fmt.Errorf("create soak.effects: %w", err)
 	}
+	r.printf("  schema     both databases migrated at %s\n", time.Since(t0).Round(100*time.Millisecond))
 
 	// Kafka: three brokers, each behind a proxy.
 	k := joinKafka()
@@ -358,7 +359,7 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.adm = kadm.NewClient(r.admCl)
-	r.printf("  kafka      3 brokers (KRaft), binaries through proxies %v\n", r.kc.externalSeeds())
+	r.printf("  kafka      3 brokers (KRaft), binaries through proxies %v, up at %s\n", r.kc.externalSeeds(), time.Since(t0).Round(100*time.Millisecond))
 
 	// Topics as the contract ships them.
 	spec, err := topics.Default()
