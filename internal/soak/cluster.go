@@ -53,7 +53,12 @@ const clusterSize = 3
 // node's data directory is a tmpfs of that size (for the disk-full fault);
 // when it cannot be mounted (not root, no tmpfs), diskErr says why and the
 // node uses dir like the others.
-func startCluster(ctx context.Context, script, dir string, diskSize int64) (c *cluster, diskErr error, err error) {
+//
+// With peers, the brokers reach each other's REPLICATION and CONTROLLER
+// listeners through proxies (for the partition fault); without, directly:
+// the proxies cost CPU in the soak's process on every replica fetch and
+// every quorum request, which a race-instrumented test pays dearly for.
+func startCluster(ctx context.Context, script, dir string, diskSize int64, peers bool) (c *cluster, diskErr error, err error) {
 	cp, err := kafkanode.Classpath(ctx, script)
 	if err != nil {
 		return nil, nil, err
@@ -72,7 +77,11 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64) (c *c
 		for _, x := range []struct {
 			px   **tcpproxy.Proxy
 			port int
-		}{{&b.proxy, ports[perNode*i]}, {&b.ctrl, ports[perNode*i+2]}, {&b.repl, ports[perNode*i+3]}} {
+			want bool
+		}{{&b.proxy, ports[perNode*i], true}, {&b.ctrl, ports[perNode*i+2], peers}, {&b.repl, ports[perNode*i+3], peers}} {
+			if !x.want {
+				continue
+			}
 			if *x.px, err = tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", x.port)); err != nil {
 				c.stop()
 				return nil, nil, err
@@ -80,13 +89,21 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64) (c *c
 		}
 	}
 	var voters []string
-	for _, b := range c.brokers {
-		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", b.id, b.ctrl.Port()))
+	for i, b := range c.brokers {
+		port := ports[perNode*i+2]
+		if b.ctrl != nil {
+			port = b.ctrl.Port()
+		}
+		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", b.id, port))
 	}
 	clusterID := kafkanode.NewClusterID()
 	cfgs := make([]kafkanode.Config, clusterSize)
 	for i, b := range c.brokers {
 		external, internal, controller, replication := ports[perNode*i], ports[perNode*i+1], ports[perNode*i+2], ports[perNode*i+3]
+		advertisedRepl := replication
+		if b.repl != nil {
+			advertisedRepl = b.repl.Port()
+		}
 		bdir := filepath.Join(dir, fmt.Sprintf("broker-%d", i+1))
 		if err := os.MkdirAll(filepath.Join(bdir, "data"), 0o755); err != nil {
 			c.stop()
@@ -101,7 +118,7 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64) (c *c
 advertised.listeners=EXTERNAL://127.0.0.1:%d,INTERNAL://127.0.0.1:%d,REPLICATION://127.0.0.1:%d
 inter.broker.listener.name=REPLICATION
 listener.security.protocol.map=EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT,REPLICATION:PLAINTEXT
-`, external, internal, controller, replication, b.proxy.Port(), internal, b.repl.Port())
+`, external, internal, controller, replication, b.proxy.Port(), internal, advertisedRepl)
 		cfgs[i] = kafkanode.Config{
 			Classpath: cp, ClusterID: clusterID, Dir: bdir, Listeners: listeners, MaxHeap: "384m",
 			NodeID: i + 1, QuorumVoters: strings.Join(voters, ","), ReplicationFactor: clusterSize,
@@ -370,8 +387,10 @@ func (c *cluster) stop() {
 
 // healPeers ends a partition of b.
 func (b *broker) healPeers() {
-	b.repl.Heal()
-	b.ctrl.Heal()
+	if b.repl != nil {
+		b.repl.Heal()
+		b.ctrl.Heal()
+	}
 }
 
 // waitTopics waits until every broker's own metadata lists every topic

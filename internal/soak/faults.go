@@ -343,6 +343,10 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 			what = "random broker (" + err.Error() + ")"
 		}
 		b := r.kc.broker(id)
+		if b.repl == nil {
+			f.Error = "the brokers reach each other without proxies"
+			break
+		}
 		began(fmt.Sprintf("broker %d (%s) cut off from its peers", id, what))
 		b.repl.Cut(p.outage)
 		b.ctrl.Cut(p.outage)

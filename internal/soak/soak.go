@@ -270,7 +270,8 @@ func (r *run) setup(ctx context.Context) error {
 		diskSize = brokerDiskSize
 	}
 	go func() {
-		kc, diskErr, err := startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize)
+		kc, diskErr, err := startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize,
+			slices.Contains(r.cfg.Kinds, KindBrokerPartition))
 		kafkaCh <- started{kc, diskErr, err}
 	}()
 	kafkaJoined := false
