@@ -38,7 +38,9 @@ func run() error {
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule and the producers' choices (0: time-based)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 10*time.Minute, "longest wait for every committed event to be applied after producing stops")
 	fs.DurationVar(&cfg.RecoveryTimeout, "recovery-timeout", 2*time.Minute, "longest wait for progress after one fault before it counts as a stall")
-	fs.IntVar(&cfg.Writers, "writers", 6, "producer goroutines")
+	fs.IntVar(&cfg.Writers, "writers", 6, "producer goroutines (alternating between the two producing databases)")
+	fs.DurationVar(&cfg.SnapshotHold, "snapshot-hold", 3*time.Minute, "how long each producing database's REPEATABLE READ snapshot is held before the next replaces it")
+	fs.Float64Var(&cfg.OutageScale, "outage-scale", 1, "multiplies every fault's outage (short runs: below 1)")
 	kinds := fs.String("faults", "", "comma-separated fault kinds (default all: "+strings.Join(soak.AllKinds, ",")+")")
 	binDir := fs.String("bin-dir", "bin", "directory holding the relay and consumer binaries")
 	out := fs.String("out", "soak-results", "directory for the run's report.txt, report.json, lag.png and logs (a subdirectory per run)")
@@ -62,7 +64,8 @@ func run() error {
 	cfg.ServicesScript = *script
 	cfg.OutDir = filepath.Join(*out, fmt.Sprintf("%s-seed%d", time.Now().Format("20060102-150405"), cfg.Seed))
 	cfg.Out = os.Stdout
-	cfg.Command = fmt.Sprintf("make soak DURATION=%s SEED=%d SOAK_ARGS='-rate %d -fault-interval %s'", cfg.Duration, cfg.Seed, cfg.Rate, cfg.FaultInterval)
+	cfg.Command = fmt.Sprintf("make soak DURATION=%s SEED=%d SOAK_ARGS='-rate %d -fault-interval %s -outage-scale %g -snapshot-hold %s'",
+		cfg.Duration, cfg.Seed, cfg.Rate, cfg.FaultInterval, cfg.OutageScale, cfg.SnapshotHold)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := soak.Run(ctx, cfg)

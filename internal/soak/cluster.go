@@ -21,14 +21,21 @@ import (
 )
 
 // broker is one node of the soak's cluster. Clients of the binaries reach
-// it through proxy (its advertised EXTERNAL listener); the brokers among
-// themselves and the soak's own clients use the INTERNAL listener, which no
-// proxy fault touches.
+// it through proxy (its advertised EXTERNAL listener); the other brokers
+// reach it through repl (its REPLICATION listener, the inter-broker one)
+// and ctrl (its CONTROLLER listener, the address the quorum voters name),
+// so that a partition cuts what reaches it from its peers; the soak's own
+// clients use the INTERNAL listener, which no fault touches.
 type broker struct {
 	id       int32
 	node     *kafkanode.Node
 	internal string // 127.0.0.1:port of the INTERNAL listener
 	proxy    *tcpproxy.Proxy
+	repl     *tcpproxy.Proxy
+	ctrl     *tcpproxy.Proxy
+	// disk is the mount point of the node's data directory when it is a
+	// tmpfs of its own (the broker whose disk fills), else "".
+	disk string
 }
 
 // cluster is a three-node KRaft cluster (each node broker and controller)
@@ -41,62 +48,124 @@ type cluster struct {
 
 const clusterSize = 3
 
-func startCluster(ctx context.Context, script, dir string) (*cluster, error) {
+// startCluster starts the three nodes in dir. When a node does not come
+// up, the cluster is returned with the error, to be stopped by the caller. With diskSize > 0 the last
+// node's data directory is a tmpfs of that size (for the disk-full fault);
+// when it cannot be mounted (not root, no tmpfs), diskErr says why and the
+// node uses dir like the others.
+//
+// With peers, the brokers reach each other's REPLICATION and CONTROLLER
+// listeners through proxies (for the partition fault); without, directly:
+// the proxies cost CPU in the soak's process on every replica fetch and
+// every quorum request, which a race-instrumented test pays dearly for.
+func startCluster(ctx context.Context, script, dir string, diskSize int64, peers bool) (c *cluster, diskErr error, err error) {
 	cp, err := kafkanode.Classpath(ctx, script)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ports, err := kafkanode.FreePorts(3 * clusterSize)
+	const perNode = 4 // external, internal, controller, replication
+	ports, err := kafkanode.FreePorts(perNode * clusterSize)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	c = &cluster{}
+	// Every node has its proxies first: the voters name the controller
+	// proxies.
+	for i := range clusterSize {
+		b := &broker{id: int32(i + 1), internal: fmt.Sprintf("127.0.0.1:%d", ports[perNode*i+1])}
+		c.brokers = append(c.brokers, b)
+		for _, x := range []struct {
+			px   **tcpproxy.Proxy
+			port int
+			want bool
+		}{{&b.proxy, ports[perNode*i], true}, {&b.ctrl, ports[perNode*i+2], peers}, {&b.repl, ports[perNode*i+3], peers}} {
+			if !x.want {
+				continue
+			}
+			if *x.px, err = tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", x.port)); err != nil {
+				c.stop()
+				return nil, nil, err
+			}
+		}
 	}
 	var voters []string
-	for i := range clusterSize {
-		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, ports[3*i+2]))
+	for i, b := range c.brokers {
+		port := ports[perNode*i+2]
+		if b.ctrl != nil {
+			port = b.ctrl.Port()
+		}
+		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", b.id, port))
 	}
-	c := &cluster{}
 	clusterID := kafkanode.NewClusterID()
-	for i := range clusterSize {
-		external, internal, controller := ports[3*i], ports[3*i+1], ports[3*i+2]
-		px, err := tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", external))
-		if err != nil {
-			c.stop()
-			return nil, err
+	cfgs := make([]kafkanode.Config, clusterSize)
+	for i, b := range c.brokers {
+		external, internal, controller, replication := ports[perNode*i], ports[perNode*i+1], ports[perNode*i+2], ports[perNode*i+3]
+		advertisedRepl := replication
+		if b.repl != nil {
+			advertisedRepl = b.repl.Port()
 		}
-		b := &broker{id: int32(i + 1), internal: fmt.Sprintf("127.0.0.1:%d", internal), proxy: px}
-		c.brokers = append(c.brokers, b)
 		bdir := filepath.Join(dir, fmt.Sprintf("broker-%d", i+1))
-		if err := os.MkdirAll(bdir, 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(bdir, "data"), 0o755); err != nil {
 			c.stop()
-			return nil, err
+			return nil, nil, err
 		}
-		listeners := fmt.Sprintf(`listeners=EXTERNAL://127.0.0.1:%d,INTERNAL://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d
-advertised.listeners=EXTERNAL://127.0.0.1:%d,INTERNAL://127.0.0.1:%d
-inter.broker.listener.name=INTERNAL
-listener.security.protocol.map=EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
-`, external, internal, controller, px.Port(), internal)
-		b.node, err = kafkanode.Prepare(ctx, kafkanode.Config{
+		if diskSize > 0 && i == clusterSize-1 {
+			if diskErr = mountTmpfs(ctx, filepath.Join(bdir, "data"), diskSize); diskErr == nil {
+				b.disk = filepath.Join(bdir, "data")
+			}
+		}
+		listeners := fmt.Sprintf(`listeners=EXTERNAL://127.0.0.1:%d,INTERNAL://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d,REPLICATION://127.0.0.1:%d
+advertised.listeners=EXTERNAL://127.0.0.1:%d,INTERNAL://127.0.0.1:%d,REPLICATION://127.0.0.1:%d
+inter.broker.listener.name=REPLICATION
+listener.security.protocol.map=EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT,REPLICATION:PLAINTEXT
+`, external, internal, controller, replication, b.proxy.Port(), internal, advertisedRepl)
+		cfgs[i] = kafkanode.Config{
 			Classpath: cp, ClusterID: clusterID, Dir: bdir, Listeners: listeners, MaxHeap: "384m",
 			NodeID: i + 1, QuorumVoters: strings.Join(voters, ","), ReplicationFactor: clusterSize,
-		})
-		if err != nil {
-			c.stop()
-			return nil, fmt.Errorf("broker %d: %w", i+1, err)
 		}
+	}
+	// Formatting a node's storage starts a JVM: the three at once.
+	errs := make([]error, clusterSize)
+	var wg sync.WaitGroup
+	for i, b := range c.brokers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if b.node, errs[i] = kafkanode.Prepare(ctx, cfgs[i]); errs[i] != nil {
+				errs[i] = fmt.Errorf("broker %d: %w", i+1, errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		c.stop()
+		return nil, nil, err
 	}
 	for _, b := range c.brokers {
 		if err := b.node.Start(); err != nil {
 			c.stop()
-			return nil, fmt.Errorf("broker %d: %w", b.id, err)
+			return nil, nil, fmt.Errorf("broker %d: %w", b.id, err)
 		}
 	}
 	for _, b := range c.brokers {
 		if err := c.waitBroker(ctx, b); err != nil {
-			c.stop()
-			return nil, err
+			// Returned with the error: the caller keeps the brokers' logs,
+			// then stops them.
+			return c, nil, err
 		}
 	}
-	return c, nil
+	return c, diskErr, nil
+}
+
+// diskBroker is the broker whose data directory is a tmpfs of its own, or
+// nil.
+func (c *cluster) diskBroker() *broker {
+	for _, b := range c.brokers {
+		if b.disk != "" {
+			return b
+		}
+	}
+	return nil
 }
 
 // externalSeeds are the proxy addresses the binaries are given.
@@ -299,15 +368,28 @@ func roleHolder(ctx context.Context, adm *kadm.Client, role string, pick int, ev
 	return -1, "", fmt.Errorf("unknown broker role %q", role)
 }
 
-// stop kills every broker and closes the proxies.
+// stop kills every broker, closes the proxies and unmounts a tmpfs.
 func (c *cluster) stop() {
 	for _, b := range c.brokers {
 		if b.node != nil {
 			b.node.Kill()
 		}
-		if b.proxy != nil {
-			_ = b.proxy.Close()
+		for _, px := range []*tcpproxy.Proxy{b.proxy, b.repl, b.ctrl} {
+			if px != nil {
+				_ = px.Close()
+			}
 		}
+		if b.disk != "" {
+			_ = unmount(b.disk)
+		}
+	}
+}
+
+// healPeers ends a partition of b.
+func (b *broker) healPeers() {
+	if b.repl != nil {
+		b.repl.Heal()
+		b.ctrl.Heal()
 	}
 }
 

@@ -29,24 +29,35 @@ const (
 	// checkpoint partition's leader while the relay recovers: the one
 	// moment the checkpoint matters, read from a slow broker.
 	KindRelayCrashSlowCkpt = "relay-crash-slow-checkpoint"
+	// KindBrokerPartition cuts one broker off from its peers: nothing
+	// reaches its replication (inter-broker) and controller listeners, so
+	// its followers cannot fetch from it, its controller loses the quorum
+	// and its own broker loses the controller, while clients still reach
+	// it. The cut is one-way: its own connections to the others stay.
+	KindBrokerPartition = "broker-partition"
+	// KindBrokerDiskFull fills the data disk of one broker (a tmpfs shrunk
+	// to its usage): its writes fail with "no space left on device" and it
+	// stops; the disk gets its size back and the broker is started again.
+	KindBrokerDiskFull = "broker-disk-full"
 )
 
 // AllKinds are the fault kinds in report order.
 var AllKinds = []string{KindRelayKill, KindRelayPause, KindConsumerKill, KindConsumerPause, KindBrokerKill,
-	KindPGRestart, KindProxyCutKafka, KindProxyCutPG, KindProxyStallKafka, KindProxyStallPG, KindProxySlowKafka, KindRelayCrashSlowCkpt}
+	KindPGRestart, KindProxyCutKafka, KindProxyCutPG, KindProxyStallKafka, KindProxyStallPG, KindProxySlowKafka, KindRelayCrashSlowCkpt,
+	KindBrokerPartition, KindBrokerDiskFull}
 
-// weights per kind (out of 100): broker kills and PostgreSQL restarts are
-// about a quarter of all faults.
+// weights per kind (out of 100): broker kills, disks filled and PostgreSQL
+// restarts are about a quarter of all faults.
 var weights = map[string]int{
-	KindRelayKill: 11, KindRelayPause: 7, KindConsumerKill: 11, KindConsumerPause: 7, KindBrokerKill: 18,
-	KindPGRestart: 8, KindProxyCutKafka: 8, KindProxyCutPG: 8, KindProxyStallKafka: 6, KindProxyStallPG: 6,
-	KindProxySlowKafka: 5, KindRelayCrashSlowCkpt: 5,
+	KindRelayKill: 10, KindRelayPause: 6, KindConsumerKill: 10, KindConsumerPause: 6, KindBrokerKill: 15,
+	KindPGRestart: 8, KindProxyCutKafka: 7, KindProxyCutPG: 7, KindProxyStallKafka: 5, KindProxyStallPG: 5,
+	KindProxySlowKafka: 4, KindRelayCrashSlowCkpt: 5, KindBrokerPartition: 8, KindBrokerDiskFull: 4,
 }
 
 // essential kinds open the schedule, so that even a short run has at
 // least one of each: a process kill, a broker kill, a database restart, a
-// proxy cut.
-var essential = []string{KindRelayKill, KindBrokerKill, KindPGRestart, KindProxyCutPG}
+// proxy cut, a partition between brokers, a full disk.
+var essential = []string{KindRelayKill, KindBrokerKill, KindPGRestart, KindProxyCutPG, KindBrokerPartition, KindBrokerDiskFull}
 
 func validKind(k string) bool { return slices.Contains(AllKinds, k) }
 
@@ -70,6 +81,8 @@ type scheduler struct {
 	kinds    []string
 	interval time.Duration
 	opening  []string
+	// outageScale multiplies every outage (0: 1).
+	outageScale float64
 }
 
 func newScheduler(seed uint64, kinds []string, interval time.Duration) *scheduler {
@@ -111,8 +124,11 @@ func (s *scheduler) next() plan {
 	switch kind {
 	case KindRelayKill, KindRelayPause:
 		p.role = "leader"
-		if s.rng.IntN(10) < 3 {
+		switch n := s.rng.IntN(10); {
+		case n < 2:
 			p.role = "standby"
+		case n < 4:
+			p.role = "database-b" // the relay of the second producing database
 		}
 		if kind == KindRelayKill {
 			p.outage = ms(0, 3000)
@@ -135,6 +151,11 @@ func (s *scheduler) next() plan {
 	case KindBrokerKill:
 		p.role = brokerRoles[s.rng.IntN(len(brokerRoles))]
 		p.outage = ms(1000, 10000)
+	case KindBrokerPartition:
+		p.role = brokerRoles[s.rng.IntN(len(brokerRoles))]
+		p.outage = ms(2000, 15000)
+	case KindBrokerDiskFull:
+		p.outage = ms(2000, 8000)
 	case KindPGRestart:
 		p.outage = ms(500, 5000)
 	case KindProxyCutKafka, KindProxyStallKafka:
@@ -163,6 +184,9 @@ func (s *scheduler) next() plan {
 		p.outage = ms(1000, 8000)
 	}
 	p.gap = time.Duration(float64(s.interval) * (0.5 + s.rng.Float64()))
+	if s.outageScale > 0 {
+		p.outage = time.Duration(float64(p.outage) * s.outageScale)
+	}
 	return p
 }
 
@@ -182,10 +206,41 @@ type Fault struct {
 	Error     string  `json:"error,omitempty"`
 }
 
-// injectFaults runs the schedule until ctx ends. A fault in progress is
-// always healed, even when ctx ends meanwhile.
-func (r *run) injectFaults(ctx context.Context) {
-	s := newScheduler(r.cfg.Seed, r.cfg.Kinds, r.cfg.FaultInterval)
+// injectFaults runs the schedule until ctx ends, and closes essentialsDone
+// once every enabled essential kind has been injected. A fault in progress
+// is always healed, even when ctx ends meanwhile.
+func (r *run) injectFaults(ctx context.Context, essentialsDone chan<- struct{}) {
+	pending := map[string]bool{}
+	for _, k := range r.cfg.Kinds {
+		if _, no := r.unavailable[k]; !no && slices.Contains(essential, k) {
+			pending[k] = true
+		}
+	}
+	closed := false
+	markDone := func(kind string) {
+		delete(pending, kind)
+		if len(pending) == 0 && !closed {
+			close(essentialsDone)
+			closed = true
+		}
+	}
+	defer func() {
+		if !closed {
+			close(essentialsDone)
+		}
+	}()
+	markDone("")
+	var kinds []string
+	for _, k := range r.cfg.Kinds {
+		if _, no := r.unavailable[k]; !no {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) == 0 {
+		return
+	}
+	s := newScheduler(r.cfg.Seed, kinds, r.cfg.FaultInterval)
+	s.outageScale = r.cfg.OutageScale
 	// Let the pipeline warm up: the first probe applied.
 	if _, ok := r.probes.progressAfter(ctx, r.start); !ok {
 		return
@@ -193,6 +248,7 @@ func (r *run) injectFaults(ctx context.Context) {
 	for n := 1; ctx.Err() == nil; n++ {
 		p := s.next()
 		f := r.inject(ctx, n, p)
+		markDone(p.kind)
 		r.current.Store(nil)
 		// Measure the recovery even past the end of the producing phase,
 		// but not past the drain's own patience.
@@ -228,7 +284,8 @@ func (r *run) injectFaults(ctx context.Context) {
 func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 	f := Fault{N: n, Kind: p.kind}
 	hard := context.WithoutCancel(ctx) // a begun fault is always healed
-	if p.kind == KindBrokerKill || p.kind == KindProxyCutKafka || p.kind == KindProxyStallKafka {
+	switch p.kind {
+	case KindBrokerKill, KindProxyCutKafka, KindProxyStallKafka, KindBrokerPartition, KindBrokerDiskFull:
 		// One failure at a time: the cluster fully replicated first.
 		if why, err := waitHealthy(ctx, r.adm, 90*time.Second); why != "" || err != nil {
 			f.Error = fmt.Sprintf("cluster not fully in sync before the fault: %s %v", why, err)
@@ -277,6 +334,54 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 		sleep(p.outage)
 		if err := r.kc.restart(hard, id); err != nil {
 			f.Error = err.Error()
+		}
+		r.held.Delete(held)
+	case KindBrokerPartition:
+		id, what, err := roleHolder(ctx, r.adm, p.role, p.pick, eventTopic, ckptTopic, group)
+		if err != nil {
+			id = int32(1 + p.pick%clusterSize)
+			what = "random broker (" + err.Error() + ")"
+		}
+		b := r.kc.broker(id)
+		if b.repl == nil {
+			f.Error = "the brokers reach each other without proxies"
+			break
+		}
+		began(fmt.Sprintf("broker %d (%s) cut off from its peers", id, what))
+		b.repl.Cut(p.outage)
+		b.ctrl.Cut(p.outage)
+		sleep(p.outage)
+		b.healPeers()
+	case KindBrokerDiskFull:
+		b := r.kc.diskBroker()
+		if b == nil {
+			f.Error = "no broker has a disk of its own"
+			break
+		}
+		held := fmt.Sprintf("broker-%d", b.id)
+		r.held.Store(held, struct{}{})
+		began(fmt.Sprintf("broker %d: data disk full", b.id))
+		if used, err := fillTmpfs(hard, b.disk, 0); err != nil {
+			f.Error = err.Error()
+		} else {
+			f.Target += fmt.Sprintf(" at %d KiB", used>>10)
+		}
+		// The disk stays full until the broker's writes fail and it stops
+		// (within a second or two under load), then for the outage.
+		for deadline := time.Now().Add(diskFullLimit); b.node.Running() && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond) // polling the process table
+		}
+		sleep(p.outage)
+		if err := resizeTmpfs(hard, b.disk, brokerDiskSize); err != nil {
+			f.Error = err.Error()
+		}
+		if !b.node.Running() {
+			f.Target += ", it stopped and was started again"
+			if err := r.kc.restart(hard, b.id); err != nil {
+				f.Error = err.Error()
+			}
+		} else {
+			f.Target += ", it kept running"
 		}
 		r.held.Delete(held)
 	case KindRelayCrashSlowCkpt:
@@ -373,21 +478,31 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 	return f
 }
 
-// relayByRole names the relay holding the lease ("leader") or the other
-// one ("standby").
+// diskFullLimit bounds the wait for a broker whose disk is full to stop.
+const diskFullLimit = 20 * time.Second
+
+// relayByRole names the relay of database a holding the lease ("leader")
+// or the other one ("standby"), or database b's relay ("database-b").
 func (r *run) relayByRole(ctx context.Context, role string) string {
+	if role == "database-b" {
+		for _, n := range relays {
+			if relayDB[n] == dbB {
+				return n
+			}
+		}
+	}
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var holder string
 	err := r.pool.QueryRow(qctx, `SELECT holder FROM onceflow.relay_lease WHERE expires_at > now() ORDER BY expires_at DESC LIMIT 1`).Scan(&holder)
-	if err != nil || !slices.Contains(relays, holder) {
+	if err != nil || relayDB[holder] != dbA {
 		return relays[0]
 	}
 	if role == "leader" {
 		return holder
 	}
 	for _, n := range relays {
-		if n != holder {
+		if n != holder && relayDB[n] == dbA {
 			return n
 		}
 	}

@@ -10,33 +10,128 @@ import (
 	"strings"
 )
 
-// plotLag draws the relay lag (unpublished outbox rows) and the consumer
-// lag (records on the topic not yet applied) over time, with a tick per
-// fault, as a PNG. Standard library only: axes, two lines, a 5x7 font.
-func plotLag(w io.Writer, samples []sample, faults []Fault) error {
+// plotRun draws the run as a PNG: on top the throughput (events committed
+// and applied per second, each a moving average over throughputWindow), below
+// it the relay lag (unpublished outbox rows) and the consumer lag (records
+// on the topics not yet applied), both over time, with every fault marked:
+// a tick above each panel and a dotted line through it. Standard library
+// only: axes, lines, a 5x7 font.
+func plotRun(w io.Writer, samples []sample, faults []Fault) error {
 	const (
-		width, height            = 1400, 600
-		left, right, top, bottom = 90, 30, 80, 60
+		width, height = 1400, 980
+		left, right   = 90, 30
+		// Two panels, each with a title row and a legend row above it.
+		top1, h1 = 120, 330
+		top2, h2 = top1 + h1 + 130, 330
 	)
 	img := image.NewRGBA(image.Rect(0, 0, width, height))
 	fill(img, img.Bounds(), color.White)
-	pw, ph := width-left-right, height-top-bottom
-
+	pw := width - left - right
 	maxT := 1.0
-	maxY := 10.0
 	for _, s := range samples {
 		maxT = math.Max(maxT, s.T)
-		maxY = math.Max(maxY, float64(max(s.RelayLag, s.ConsumerLag)))
 	}
 	for _, f := range faults {
 		maxT = math.Max(maxT, f.AtS)
 	}
+	px := func(t float64) int { return left + int(t/maxT*float64(pw)) }
+	axis := color.RGBA{60, 60, 60, 255}
+
+	committedRate, appliedRate := rates(samples, func(s sample) int64 { return s.Committed }), rates(samples, func(s sample) int64 { return s.Applied })
+	green := color.RGBA{30, 150, 70, 255}
+	purple := color.RGBA{130, 60, 170, 255}
+	relay := color.RGBA{30, 90, 200, 255}
+	consumer := color.RGBA{210, 50, 40, 255}
+	panel(img, px, maxT, top1, h1, faults, "THROUGHPUT IN EVENTS PER SECOND", []series1{
+		{"COMMITTED", green, committedRate}, {"APPLIED (CONSUMER SOAK)", purple, appliedRate},
+	})
+	panel(img, px, maxT, top2, h2, faults, "LAG IN EVENTS", []series1{
+		{"RELAY: UNPUBLISHED ROWS", relay, column(samples, func(s sample) int64 { return s.RelayLag })},
+		{"CONSUMER: ON TOPIC, NOT APPLIED", consumer, column(samples, func(s sample) int64 { return s.ConsumerLag })},
+	})
+	text(img, left+pw/2-textWidth("SECONDS", 2)/2, top2+h2+32, "SECONDS", axis, 2)
+	text(img, left, 14, "FAULTS", axis, 2)
+	legend(img, left+textWidth("FAULTS", 2)+40, 14, []legendItem{
+		{"PROCESS", faultColor(KindRelayKill)}, {"BROKER KILLED, CUT OFF OR DISK FULL", faultColor(KindBrokerKill)},
+		{"POSTGRES", faultColor(KindPGRestart)}, {"PROXY", faultColor(KindProxyCutPG)},
+	})
+	return png.Encode(w, img)
+}
+
+// point is one value of a line at time t; a negative value is a hole.
+type point struct {
+	t, v float64
+}
+
+type series1 struct {
+	name   string
+	c      color.RGBA
+	points []point
+}
+
+type legendItem struct {
+	name string
+	c    color.RGBA
+}
+
+func legend(img *image.RGBA, x, y int, items []legendItem) {
+	axis := color.RGBA{60, 60, 60, 255}
+	for _, l := range items {
+		fill(img, image.Rect(x, y+4, x+14, y+14), l.c)
+		text(img, x+20, y, l.name, axis, 2)
+		x += 20 + textWidth(l.name, 2) + 28
+	}
+}
+
+func column(samples []sample, get func(sample) int64) []point {
+	out := make([]point, len(samples))
+	for i, s := range samples {
+		out[i] = point{s.T, float64(get(s))}
+	}
+	return out
+}
+
+// throughputWindow smooths the per-second rates.
+const throughputWindow = 5.0
+
+// rates turns a counter into events per second over the last
+// throughputWindow seconds (a hole where the counter could not be read).
+func rates(samples []sample, get func(sample) int64) []point {
+	var out []point
+	j := 0 // the oldest sample inside the window, with a value
+	for i, s := range samples {
+		v := get(s)
+		if v < 0 {
+			out = append(out, point{s.T, -1})
+			continue
+		}
+		for j < i && (get(samples[j]) < 0 || s.T-samples[j].T > throughputWindow) {
+			j++
+		}
+		if j == i || s.T <= samples[j].T {
+			out = append(out, point{s.T, -1})
+			continue
+		}
+		out = append(out, point{s.T, math.Max(0, float64(v-get(samples[j]))/(s.T-samples[j].T))})
+	}
+	return out
+}
+
+// panel draws one chart: grid, axes, fault marks and lines, its title and
+// legend on the two rows above it.
+func panel(img *image.RGBA, px func(float64) int, maxT float64, top, ph int, faults []Fault, title string, lines []series1) {
+	const left = 90
+	pw := img.Bounds().Dx() - left - 30
+	maxY := 10.0
+	for _, l := range lines {
+		for _, p := range l.points {
+			maxY = math.Max(maxY, p.v)
+		}
+	}
 	yStep := niceStep(maxY / 5)
 	maxY = math.Ceil(maxY/yStep) * yStep
 	xStep := niceStep(maxT / 10)
-	px := func(t float64) int { return left + int(t/maxT*float64(pw)) }
 	py := func(v float64) int { return top + ph - int(v/maxY*float64(ph)) }
-
 	grid := color.RGBA{225, 225, 225, 255}
 	axis := color.RGBA{60, 60, 60, 255}
 	for v := 0.0; v <= maxY+yStep/2; v += yStep {
@@ -51,76 +146,42 @@ func plotLag(w io.Writer, samples []sample, faults []Fault) error {
 	}
 	hline(img, left, left+pw, top+ph, axis)
 	vline(img, left, top, top+ph, axis)
-	text(img, left+pw/2-textWidth("SECONDS", 2)/2, top+ph+32, "SECONDS", axis, 2)
-
-	// Faults: a tick above the plot area, a faint line through it for
-	// broker and database restarts.
 	for _, f := range faults {
 		c := faultColor(f.Kind)
 		x := px(f.AtS)
 		vline(img, x, top-12, top-2, c)
 		vline(img, x+1, top-12, top-2, c)
-		if f.Kind == KindBrokerKill || f.Kind == KindPGRestart {
-			faint := color.RGBA{c.R, c.G, c.B, 255}
-			for y := top; y < top+ph; y += 4 {
-				img.Set(x, y, faint)
-			}
+		for y := top; y < top+ph; y += 4 {
+			img.Set(x, y, c)
 		}
 	}
-
-	relay := color.RGBA{30, 90, 200, 255}
-	consumer := color.RGBA{210, 50, 40, 255}
-	line := func(get func(sample) int64, c color.RGBA) {
+	for _, l := range lines {
 		prevOK := false
 		var x0, y0 int
-		for _, s := range samples {
-			v := get(s)
-			if v < 0 {
+		for _, p := range l.points {
+			if p.v < 0 {
 				prevOK = false
 				continue
 			}
-			x1, y1 := px(s.T), py(float64(v))
+			x1, y1 := px(p.t), py(p.v)
 			if prevOK {
-				drawLine(img, x0, y0, x1, y1, c)
-				drawLine(img, x0, y0+1, x1, y1+1, c)
+				drawLine(img, x0, y0, x1, y1, l.c)
+				drawLine(img, x0, y0+1, x1, y1+1, l.c)
 			}
 			x0, y0, prevOK = x1, y1, true
 		}
 	}
-	line(func(s sample) int64 { return s.ConsumerLag }, consumer)
-	line(func(s sample) int64 { return s.RelayLag }, relay)
-
-	// Title and legend: the lines on the first row, the fault ticks on
-	// the second.
-	text(img, left, 10, "LAG IN EVENTS", axis, 2)
-	legend := func(x, y int, items []struct {
-		name string
-		c    color.RGBA
-	}) {
-		for _, l := range items {
-			fill(img, image.Rect(x, y+4, x+14, y+14), l.c)
-			text(img, x+20, y, l.name, axis, 2)
-			x += 20 + textWidth(l.name, 2) + 28
-		}
+	text(img, left, top-62, title, axis, 2)
+	items := make([]legendItem, len(lines))
+	for i, l := range lines {
+		items[i] = legendItem{l.name, l.c}
 	}
-	type item = struct {
-		name string
-		c    color.RGBA
-	}
-	legend(left+textWidth("LAG IN EVENTS", 2)+40, 10, []item{
-		{"RELAY: UNPUBLISHED ROWS", relay}, {"CONSUMER: ON TOPIC, NOT APPLIED", consumer},
-	})
-	text(img, left, 36, "FAULTS", axis, 2)
-	legend(left+textWidth("FAULTS", 2)+40, 36, []item{
-		{"PROCESS", faultColor(KindRelayKill)}, {"BROKER", faultColor(KindBrokerKill)},
-		{"POSTGRES", faultColor(KindPGRestart)}, {"PROXY", faultColor(KindProxyCutPG)},
-	})
-	return png.Encode(w, img)
+	legend(img, left, top-38, items)
 }
 
 func faultColor(kind string) color.RGBA {
 	switch {
-	case kind == KindBrokerKill:
+	case kind == KindBrokerKill || kind == KindBrokerPartition || kind == KindBrokerDiskFull:
 		return color.RGBA{130, 60, 170, 255}
 	case kind == KindPGRestart:
 		return color.RGBA{30, 150, 70, 255}

@@ -20,6 +20,7 @@ import (
 // to progress again" is the time from a fault until the first batch begun
 // after it is applied on every partition.
 type probes struct {
+	topic      string
 	sources    []string
 	partitions []int32
 
@@ -44,7 +45,7 @@ const probeInterval = 250 * time.Millisecond
 // newProbes picks one source name per partition with the relay's
 // partitioner (Kafka's murmur2 of the key, the source).
 func newProbes(topic string, partitions int) *probes {
-	p := &probes{applied: map[string]int64{}, cond: make(chan struct{})}
+	p := &probes{topic: topic, applied: map[string]int64{}, cond: make(chan struct{})}
 	tp := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
 	taken := map[int]bool{}
 	for i := 0; len(p.sources) < partitions && i < 10000; i++ {
@@ -74,7 +75,7 @@ func (p *probes) run(ctx context.Context, prod *producer, topic string) {
 		spec := txSpec{path: "go-batch"}
 		for _, src := range p.sources {
 			spec.msgs = append(spec.msgs, outbox.Message{Topic: topic, Source: src, EventType: "soak.probe",
-				Payload: fmt.Appendf(nil, `{"probe":%d}`, n)})
+				Payload: fmt.Appendf(nil, `{"db":%q,"probe":%d}`, prod.db, n)})
 		}
 		evs, began, ok := prod.do(ctx, rng, spec)
 		if !ok || len(evs) == 0 {
@@ -102,7 +103,8 @@ func (p *probes) watch(ctx context.Context, pool *pgxpool.Pool) {
 		case <-t.C:
 		}
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		rows, err := pool.Query(qctx, `SELECT source, max(seq) FROM soak.effects WHERE source = ANY($1) GROUP BY source`, p.sources)
+		rows, err := pool.Query(qctx, `SELECT source, max(seq) FROM soak.effects
+			WHERE consumer = $2 AND producer = $3 AND topic = $4 AND source = ANY($1) GROUP BY source`, p.sources, consumerID, dbA, p.topic)
 		got := map[string]int64{}
 		if err == nil {
 			for rows.Next() {

@@ -32,13 +32,20 @@ type ledger struct {
 	viaSQL   atomic.Int64 // committed events enqueued through onceflow.enqueue
 	longTxns atomic.Int64 // committed long transactions
 	retries  atomic.Int64 // transactions retried (deadlock, connection lost)
+	// snapshots held to their end, and for how long in all
+	snapshots, snapshotMs atomic.Int64
 }
 
 type evRef struct {
-	source string
-	seq    int64
-	at     time.Time // when it committed (as the producer saw it)
+	db, topic, source string
+	seq               int64
+	at                time.Time // when it committed (as the producer saw it)
 }
+
+// streamKey names one stream (I5): what one producing database wrote for
+// one topic and source. Seqs are per stream, so order and gaps are judged
+// per stream.
+func streamKey(db, topic, source string) string { return db + "/" + topic + "/" + source }
 
 func newLedger() *ledger {
 	return &ledger{committed: map[string]evRef{}, rolledBack: map[string]bool{}, seqs: map[string][]int64{}}
@@ -48,8 +55,9 @@ func (l *ledger) commit(evs []enqueued, viaSQL int) {
 	now := time.Now()
 	l.mu.Lock()
 	for _, e := range evs {
-		l.committed[e.id] = evRef{e.source, e.seq, now}
-		l.seqs[e.source] = append(l.seqs[e.source], e.seq)
+		l.committed[e.id] = evRef{e.db, e.topic, e.source, e.seq, now}
+		k := streamKey(e.db, e.topic, e.source)
+		l.seqs[k] = append(l.seqs[k], e.seq)
 	}
 	l.mu.Unlock()
 	l.n.Add(int64(len(evs)))
@@ -66,10 +74,12 @@ func (l *ledger) rollback(evs []enqueued) {
 	l.rb.Add(int64(len(evs)))
 }
 
-// enqueued is one event a transaction enqueued.
+// enqueued is one event a transaction enqueued: in producing database db,
+// for topic.
 type enqueued struct {
 	id, source string
 	seq        int64
+	db, topic  string
 }
 
 // txSpec is one producer transaction.
@@ -83,10 +93,16 @@ type txSpec struct {
 // producer writes the load: transactions through both enqueue paths, some
 // rolled back, some held open, paced to a target rate; and a probe stream.
 type producer struct {
-	pool  *pgxpool.Pool
-	led   *ledger
-	topic string
-	seed  uint64
+	pool *pgxpool.Pool
+	led  *ledger
+	// db names the producing database ("a", "b"); every payload carries it
+	// so that the consumers' handlers can record which stream an event is
+	// of.
+	db string
+	// topics are the event topics a writer spreads a transaction's events
+	// over: one source writes to several topics.
+	topics []string
+	seed   uint64
 	// hard ends even the finishing of begun transactions (the run was
 	// interrupted).
 	hard    context.Context
@@ -135,13 +151,15 @@ func (p *producer) nextTx(rng *rand.Rand, w, n int) txSpec {
 	}
 	for j := range k {
 		m := outbox.Message{
-			Topic:     p.topic,
+			// Every database writes the same source names, each source to
+			// every topic.
+			Topic:     p.topics[rng.IntN(len(p.topics))],
 			Source:    fmt.Sprintf("src-%03d", rng.IntN(sourcesPerRun)),
 			EventType: "soak.event",
-			Payload:   fmt.Appendf(nil, `{"w":%d,"n":%d,"j":%d}`, w, n, j),
+			Payload:   fmt.Appendf(nil, `{"db":%q,"w":%d,"n":%d,"j":%d}`, p.db, w, n, j),
 		}
 		if rng.IntN(2) == 0 { // half carry a natural key, half get a generated UUID
-			m.EventID = fmt.Sprintf("soak-%x-w%d-%d-%d", p.seed&0xffff, w, n, j)
+			m.EventID = fmt.Sprintf("soak-%s-%x-w%d-%d-%d", p.db, p.seed&0xffff, w, n, j)
 		}
 		spec.msgs = append(spec.msgs, m)
 	}
@@ -152,7 +170,7 @@ func (p *producer) nextTx(rng *rand.Rand, w, n int) txSpec {
 // own and holds it 2–20 s before committing (or rolling back): its rows get
 // lower ids than rows committed meanwhile, the late-committer case.
 func (p *producer) runLong(ctx context.Context) {
-	rng := rand.New(rand.NewPCG(p.seed, 999))
+	rng := rand.New(rand.NewPCG(p.seed, 999+uint64(len(p.db))*uint64(p.db[0])))
 	for n := 0; ctx.Err() == nil; n++ {
 		select {
 		case <-ctx.Done():
@@ -165,8 +183,8 @@ func (p *producer) runLong(ctx context.Context) {
 		}
 		for j := range 1 + rng.IntN(3) {
 			spec.msgs = append(spec.msgs, outbox.Message{
-				Topic: p.topic, Source: fmt.Sprintf("long-%d", rng.IntN(4)), EventType: "soak.long",
-				Payload: fmt.Appendf(nil, `{"long":%d,"j":%d}`, n, j),
+				Topic: p.topics[rng.IntN(len(p.topics))], Source: fmt.Sprintf("long-%d", rng.IntN(4)), EventType: "soak.long",
+				Payload: fmt.Appendf(nil, `{"db":%q,"long":%d,"j":%d}`, p.db, n, j),
 			})
 		}
 		if _, _, ok := p.do(ctx, rng, spec); ok && !spec.rollback {
@@ -233,7 +251,7 @@ func (p *producer) attempt(ctx context.Context, spec txSpec) (evs []enqueued, be
 			if err != nil {
 				return evs, began, fmt.Errorf("enqueue: %w", err)
 			}
-			evs = append(evs, enqueued{r.EventID, m.Source, r.Seq})
+			evs = append(evs, enqueued{id: r.EventID, source: m.Source, seq: r.Seq, db: p.db, topic: m.Topic})
 		}
 	case "go-batch":
 		rs, err := outbox.EnqueueBatch(qctx, tx, spec.msgs)
@@ -241,7 +259,7 @@ func (p *producer) attempt(ctx context.Context, spec txSpec) (evs []enqueued, be
 			return evs, began, fmt.Errorf("enqueue batch: %w", err)
 		}
 		for i, r := range rs {
-			evs = append(evs, enqueued{r.EventID, spec.msgs[i].Source, r.Seq})
+			evs = append(evs, enqueued{id: r.EventID, source: spec.msgs[i].Source, seq: r.Seq, db: p.db, topic: spec.msgs[i].Topic})
 		}
 	case "sql":
 		for _, m := range spec.msgs {
@@ -254,7 +272,7 @@ func (p *producer) attempt(ctx context.Context, spec txSpec) (evs []enqueued, be
 				m.Topic, m.Source, m.EventType, string(m.Payload), id).Scan(&e.id, &e.seq); err != nil {
 				return evs, began, fmt.Errorf("onceflow.enqueue: %w", err)
 			}
-			e.source = m.Source
+			e.source, e.db, e.topic = m.Source, p.db, m.Topic
 			evs = append(evs, e)
 			viaSQL++
 		}
@@ -321,4 +339,48 @@ func (p *producer) resolve(ctx context.Context, pid uint32, began time.Time, evs
 		case <-time.After(200 * time.Millisecond): // the server is down or the backend still ends
 		}
 	}
+}
+
+// holdSnapshots keeps a REPEATABLE READ transaction open in the producing
+// database, hold at a time, until ctx ends: a snapshot that holds back the
+// xmin horizon (vacuum, and any design that waits for the oldest snapshot)
+// for minutes while the load goes on. A lost connection (a fault) ends the
+// snapshot early; the next opens a second later.
+func (p *producer) holdSnapshots(ctx context.Context, hold time.Duration) {
+	for ctx.Err() == nil {
+		if d, err := p.holdSnapshot(ctx, hold); err == nil {
+			p.led.snapshots.Add(1)
+			p.led.snapshotMs.Add(d.Milliseconds())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (p *producer) holdSnapshot(ctx context.Context, hold time.Duration) (time.Duration, error) {
+	t0 := time.Now()
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`); err != nil {
+		return 0, err
+	}
+	// The snapshot is taken by the first query; the count keeps it honest.
+	var n int64
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox`).Scan(&n)
+	if err == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(hold):
+		}
+	}
+	_, cerr := conn.Exec(context.WithoutCancel(ctx), `COMMIT`)
+	if err == nil {
+		err = cerr
+	}
+	return time.Since(t0), err
 }

@@ -40,14 +40,19 @@ type Report struct {
 	RecoveryBy   map[string]Stats `json:"recovery_by_kind"`
 	// ByFault is the per-fault-kind table: faults, the events near them
 	// lost, duplicated or reordered, and recovery.
-	ByFault   []FaultKindRow `json:"by_fault_kind"`
-	Stalls    int            `json:"stalls"`
-	Latency   Stats          `json:"probe_latency"`
-	Anomalies []Anomaly      `json:"anomalies"`
-	// Reconcile is what the reconcile check read and found (nil when it
-	// could not run: then it is an anomaly).
-	Reconcile *ReconcileSummary `json:"reconcile,omitempty"`
-	ByKind    map[string]int    `json:"anomalies_by_kind"`
+	ByFault []FaultKindRow `json:"by_fault_kind"`
+	Stalls  int            `json:"stalls"`
+	// Unavailable are the fault kinds this machine could not inject, and
+	// why (e.g. broker-disk-full needs root to mount a tmpfs).
+	Unavailable map[string]string `json:"unavailable_fault_kinds,omitempty"`
+	Latency     Stats             `json:"probe_latency"`
+	Anomalies   []Anomaly         `json:"anomalies"`
+	// Reconcile sums what the reconcile check read and found for consumer
+	// soak over both producing databases (nil when it could not run: then
+	// it is an anomaly); Reconciles has each (database, consumer) run.
+	Reconcile  *ReconcileSummary `json:"reconcile,omitempty"`
+	Reconciles []ReconcileRun    `json:"reconciles,omitempty"`
+	ByKind     map[string]int    `json:"anomalies_by_kind"`
 
 	UnexpectedExits   []string `json:"unexpected_exits"`
 	ProducerErrors    int64    `json:"producer_errors"`
@@ -57,11 +62,42 @@ type Report struct {
 	Series            []sample `json:"series"`
 }
 
-// ReconcileSummary is the reconcile check's part of the report.
+// ReconcileSummary is the reconcile check's part of the report: consumer
+// soak's runs against both producing databases, folded by add.
 type ReconcileSummary struct {
 	Counts    reconcile.Counts `json:"counts"`
 	Anomalies int              `json:"anomalies"`
 	Seconds   float64          `json:"seconds"`
+}
+
+// ReconcileRun is one run of the reconcile check: one producing database
+// against one consumer name.
+type ReconcileRun struct {
+	Database  string           `json:"database"`
+	Consumer  string           `json:"consumer"`
+	Counts    reconcile.Counts `json:"counts"`
+	Anomalies int              `json:"anomalies"`
+	Seconds   float64          `json:"seconds"`
+}
+
+// add folds in one database's run for the same consumer: the outbox rows
+// are that database's own and add up; the records, the inbox rows and the
+// streams are read whole by every run (the consumer applies every
+// database's events), so the summary keeps the largest.
+func (s *ReconcileSummary) add(r ReconcileRun) {
+	c := &s.Counts
+	c.Committed += r.Counts.Committed
+	c.Queued += r.Counts.Queued
+	c.Streams = max(c.Streams, r.Counts.Streams)
+	c.Records = max(c.Records, r.Counts.Records)
+	c.Malformed = max(c.Malformed, r.Counts.Malformed)
+	c.Unconsumed = max(c.Unconsumed, r.Counts.Unconsumed)
+	c.Applied = max(c.Applied, r.Counts.Applied)
+	c.Parked = max(c.Parked, r.Counts.Parked)
+	c.Dead = max(c.Dead, r.Counts.Dead)
+	c.Ranges = max(c.Ranges, r.Counts.Ranges)
+	s.Anomalies += r.Anomalies
+	s.Seconds += r.Seconds
 }
 
 // EventCounts are the totals of the run.
@@ -74,11 +110,22 @@ type EventCounts struct {
 	UnknownCommitOutcomes int64 `json:"unknown_commit_outcomes"`
 	Retries               int64 `json:"transaction_retries"`
 	Sources               int   `json:"sources"`
-	OnTopic               int64 `json:"on_topic"`
-	OnTopicDistinct       int64 `json:"on_topic_distinct"`
-	Applied               int64 `json:"applied"`
-	AppliedDistinct       int64 `json:"applied_distinct"`
-	Late                  int64 `json:"late"`
+	// Streams are the (database, topic, source) triples written.
+	Streams int `json:"streams"`
+	// ByDatabase is the committed events per producing database.
+	ByDatabase map[string]int64 `json:"committed_by_database"`
+	// AppliedBy is the applied events per consumer name (Applied is
+	// consumer soak's).
+	AppliedBy map[string]int64 `json:"applied_by_consumer"`
+	// Snapshots are the REPEATABLE READ snapshots held to their end, for
+	// SnapshotSeconds in all.
+	Snapshots       int64   `json:"snapshots_held"`
+	SnapshotSeconds float64 `json:"snapshot_seconds"`
+	OnTopic         int64   `json:"on_topic"`
+	OnTopicDistinct int64   `json:"on_topic_distinct"`
+	Applied         int64   `json:"applied"`
+	AppliedDistinct int64   `json:"applied_distinct"`
+	Late            int64   `json:"late"`
 }
 
 // Stats summarise durations in seconds.
@@ -167,8 +214,14 @@ func (rep *Report) Text() string {
 	p("  long transactions  %d committed (held open 2–20 s)\n", e.LongTransactions)
 	p("  commit outcome looked up %d times; transactions retried %d times\n", e.UnknownCommitOutcomes, e.Retries)
 	p("  published          %d records read with read_committed (%d distinct events)\n", e.OnTopic, e.OnTopicDistinct)
-	p("  applied            %d side effects (%d distinct events, %d late)\n", e.Applied, e.AppliedDistinct, e.Late)
-	p("  sources            %d\n", e.Sources)
+	p("  applied            %d side effects by consumer soak (%d distinct events, %d late)", e.Applied, e.AppliedDistinct, e.Late)
+	for _, name := range consumerNames[1:] {
+		p("; %d by %s", e.AppliedBy[name], name)
+	}
+	p("\n")
+	p("  workload           databases a %d and b %d events, same source names; %d sources on %d streams (database, topic, source) over %d topics\n",
+		e.ByDatabase[dbA], e.ByDatabase[dbB], e.Sources, e.Streams, len(eventTopics))
+	p("  snapshots held     %d REPEATABLE READ snapshots held to their end, %s in all\n", e.Snapshots, secs(e.SnapshotSeconds))
 
 	p("\nfaults       %d in all, %d broker or database restarts\n", len(rep.Faults), rep.Restarts)
 	if len(rep.ByFault) > 0 {
@@ -190,16 +243,21 @@ func (rep *Report) Text() string {
 			}
 		}
 	}
+	for _, k := range AllKinds {
+		if why, ok := rep.Unavailable[k]; ok {
+			p("  %-28s not injected: %s\n", k, why)
+		}
+	}
 	p("recovery     %s (fault to progress again on every partition)\n", rep.Recovery)
 	if rep.Stalls > 0 {
 		p("stalls       %d faults without progress within the recovery timeout\n", rep.Stalls)
 	}
 	p("latency      %s (probe commit to applied, whole run)\n", rep.Latency)
 
-	if rc := rep.Reconcile; rc != nil {
+	for _, rc := range rep.Reconciles {
 		c := rc.Counts
-		p("reconcile    %d outbox rows, %d records, %d applied on %d streams; %d anomalies (%s, at most %d seq ranges held)\n",
-			c.Committed, c.Records, c.Applied, c.Streams, rc.Anomalies, secs(rc.Seconds), c.Ranges)
+		p("reconcile    database %s, consumer %-10s %d outbox rows, %d records, %d applied on %d streams; %d anomalies (%s, at most %d seq ranges held)\n",
+			rc.Database, rc.Consumer+":", c.Committed, c.Records, c.Applied, c.Streams, rc.Anomalies, secs(rc.Seconds), c.Ranges)
 	}
 	p("\nanomalies    ")
 	if len(rep.Anomalies) == 0 {
@@ -249,7 +307,8 @@ func secs(s float64) string {
 	return (time.Duration(s * float64(time.Second))).Round(time.Second).String()
 }
 
-// writeReport writes report.txt, report.json and lag.png into OutDir.
+// writeReport writes report.txt, report.json and lag.png (throughput and
+// lag, plotRun) into OutDir.
 func (r *run) writeReport(rep *Report) error {
 	if err := os.WriteFile(filepath.Join(r.cfg.OutDir, "report.txt"), []byte(rep.Text()), 0o644); err != nil {
 		return err
@@ -265,7 +324,7 @@ func (r *run) writeReport(rep *Report) error {
 	if err != nil {
 		return err
 	}
-	if err := plotLag(f, rep.Series, rep.Faults); err != nil {
+	if err := plotRun(f, rep.Series, rep.Faults); err != nil {
 		f.Close()
 		return err
 	}

@@ -56,8 +56,7 @@ func (r *run) sample(ctx context.Context) {
 		}
 		x := sample{T: r.elapsed().Seconds(), Committed: r.led.n.Load(), OnTopic: r.topic.seen.Load(), Applied: -1, RelayLag: -1, ConsumerLag: -1}
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		var unpublished int64
-		if err := r.pool.QueryRow(qctx, `SELECT count(*) FROM onceflow.outbox_pending`).Scan(&unpublished); err == nil {
+		if unpublished, err := r.unpublished(qctx); err == nil {
 			if applied, err := ac.count(qctx, r.pool); err == nil {
 				x.Applied, x.RelayLag = applied, unpublished
 				x.ConsumerLag = max(x.OnTopic-applied, 0)
@@ -96,13 +95,13 @@ func (c *appliedCounter) count(ctx context.Context, pool *pgxpool.Pool) (int64, 
 			continue
 		}
 		var n int64
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM soak.effects WHERE n > $1 AND n <= $2`, c.frozenN, next).Scan(&n); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM soak.effects WHERE n > $1 AND n <= $2 AND consumer = $3`, c.frozenN, next, consumerID).Scan(&n); err != nil {
 			return 0, err
 		}
 		c.frozenN, c.frozenCount = next, c.frozenCount+n
 	}
 	var n, maxN int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(max(n), 0) FROM soak.effects WHERE n > $1`, c.frozenN).Scan(&n, &maxN); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE consumer = $2), coalesce(max(n), 0) FROM soak.effects WHERE n > $1`, c.frozenN, consumerID).Scan(&n, &maxN); err != nil {
 		return 0, err
 	}
 	c.marks = append(c.marks, appliedMark{now, maxN})

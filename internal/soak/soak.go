@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,9 @@ type Config struct {
 	DrainTimeout time.Duration
 	// Duration of the producing phase, faults included (default 10m).
 	Duration time.Duration
+	// EssentialGrace is how long the producing phase may outlast Duration
+	// for every essential fault kind to be injected (default 3m).
+	EssentialGrace time.Duration
 	// FaultInterval is the mean pause between one fault's recovery and
 	// the next fault (default 4s).
 	FaultInterval time.Duration
@@ -58,6 +62,9 @@ type Config struct {
 	OutDir string
 	// Out receives the progress lines (default os.Stdout).
 	Out io.Writer
+	// OutageScale multiplies every fault's outage (default 1): a short run
+	// (the test) uses short outages to fit every essential fault in.
+	OutageScale float64
 	// Rate is the offered load in events per second, probes included
 	// (default 320: above 1M events an hour after the outages).
 	Rate int
@@ -70,6 +77,9 @@ type Config struct {
 	// ServicesScript is scripts/services.sh, asked for the Kafka jars
 	// (default "scripts/services.sh").
 	ServicesScript string
+	// SnapshotHold is how long each producing database's REPEATABLE READ
+	// snapshot is held before the next one replaces it (default 3m).
+	SnapshotHold time.Duration
 	// Writers is the number of producer goroutines (default 6).
 	Writers int
 }
@@ -81,6 +91,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Duration == 0 {
 		c.Duration = 10 * time.Minute
+	}
+	if c.EssentialGrace == 0 {
+		c.EssentialGrace = 3 * time.Minute
 	}
 	if c.FaultInterval == 0 {
 		c.FaultInterval = 4 * time.Second
@@ -94,6 +107,9 @@ func (c Config) WithDefaults() Config {
 	if c.Rate == 0 {
 		c.Rate = 320
 	}
+	if c.OutageScale == 0 {
+		c.OutageScale = 1
+	}
 	if c.RecoveryTimeout == 0 {
 		c.RecoveryTimeout = 2 * time.Minute
 	}
@@ -106,6 +122,9 @@ func (c Config) WithDefaults() Config {
 	if c.Writers == 0 {
 		c.Writers = 6
 	}
+	if c.SnapshotHold == 0 {
+		c.SnapshotHold = 3 * time.Minute
+	}
 	return c
 }
 
@@ -116,8 +135,8 @@ func (c Config) validate() error {
 	if c.OutDir == "" {
 		return errors.New("soak: OutDir is required")
 	}
-	if c.Duration < 0 || c.Rate < 0 || c.FaultInterval < 0 || c.Writers < 0 {
-		return errors.New("soak: Duration, Rate, FaultInterval and Writers must not be negative")
+	if c.Duration < 0 || c.Rate < 0 || c.FaultInterval < 0 || c.Writers < 0 || c.OutageScale < 0 {
+		return errors.New("soak: Duration, Rate, FaultInterval, Writers and OutageScale must not be negative")
 	}
 	for _, k := range c.Kinds {
 		if !validKind(k) {
@@ -127,17 +146,40 @@ func (c Config) validate() error {
 	return nil
 }
 
+// The topology: two producing databases, a (the database the consumers
+// apply to as well) and b, writing the same source names to both event
+// topics; a has two relay replicas, b one; two consumer names with
+// different handlers read both topics: soak (two replicas) records each
+// applied event, soak-tally (one) also keeps a per-stream counter.
 const (
-	eventTopic = "onceflow.events"
-	ckptTopic  = "onceflow.relay.checkpoints"
-	group      = "onceflow-soak"
-	consumerID = "soak"
+	eventTopic  = "onceflow.events"
+	eventTopic2 = "onceflow.events.orders"
+	ckptTopic   = "onceflow.relay.checkpoints"
+	group       = "onceflow-soak"
+	consumerID  = "soak"
+	tallyGroup  = "onceflow-soak-tally"
+	tallyID     = "soak-tally"
+	dbA, dbB    = "a", "b"
+	dbBName     = "soak_b"
 )
 
 var (
-	relays    = []string{"relay-a", "relay-b"}
-	consumers = []string{"consumer-a", "consumer-b"}
+	eventTopics = []string{eventTopic, eventTopic2}
+	relays      = []string{"relay-a", "relay-b", "relay-2a"}
+	consumers   = []string{"consumer-a", "consumer-b", "tally-a"}
+	// relayDB is the producing database each relay publishes.
+	relayDB = map[string]string{"relay-a": dbA, "relay-b": dbA, "relay-2a": dbB}
+	// consumerNames are the logical consumers, each with its own group.
+	consumerNames = []string{consumerID, tallyID}
 )
+
+// prodDB is one producing database.
+type prodDB struct {
+	name string // dbA or dbB
+	url  string // direct, past the proxy
+	pool *pgxpool.Pool
+	prod *producer
+}
 
 type run struct {
 	cfg   Config
@@ -147,11 +189,15 @@ type run struct {
 
 	pg      *pgtemp.Cluster
 	pgProxy *tcpproxy.Proxy
-	pool    *pgxpool.Pool // direct, past the proxy
-	kc      *cluster
-	adm     *kadm.Client // past the proxies
-	admCl   *kgo.Client
-	procs   *procs.Set
+	pool    *pgxpool.Pool // database a, direct, past the proxy
+	dbs     []*prodDB     // a and b
+	// identities maps each producing database's identity (the producer
+	// of its streams) to its name.
+	identities map[string]string
+	kc         *cluster
+	adm        *kadm.Client // past the proxies
+	admCl      *kgo.Client
+	procs      *procs.Set
 
 	led    *ledger
 	prod   *producer
@@ -166,7 +212,14 @@ type run struct {
 	series    *series
 	current   atomic.Pointer[string] // the fault in progress, for the progress line
 	loadStart string
+	// unavailable are the fault kinds this machine cannot inject, and why.
+	unavailable map[string]string
 }
+
+// brokerDiskSize is the size of the tmpfs that holds one broker's data (the
+// disk-full fault): room for an hour's run; only what is written takes
+// memory.
+const brokerDiskSize = 8 << 30
 
 // Run executes the soak. The error is about the soak itself (a binary
 // missing, a broker that does not start); what the run found is in the
@@ -181,7 +234,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("binary %s: %w (run `make build` first)", b, err)
 		}
 	}
-	r := &run{cfg: cfg, logs: filepath.Join(cfg.OutDir, "logs"), led: newLedger(), series: &series{}}
+	r := &run{cfg: cfg, logs: filepath.Join(cfg.OutDir, "logs"), led: newLedger(), series: &series{}, unavailable: map[string]string{}}
 	if err := os.MkdirAll(r.logs, 0o755); err != nil {
 		return nil, err
 	}
@@ -206,6 +259,33 @@ func (r *run) elapsed() time.Duration { return time.Since(r.start) }
 func (r *run) setup(ctx context.Context) error {
 	t0 := time.Now()
 	var err error
+	// Kafka (three JVMs) starts while PostgreSQL starts and is migrated.
+	type started struct {
+		kc           *cluster
+		diskErr, err error
+	}
+	kafkaCh := make(chan started, 1)
+	var diskSize int64
+	if slices.Contains(r.cfg.Kinds, KindBrokerDiskFull) {
+		diskSize = brokerDiskSize
+	}
+	go func() {
+		kc, diskErr, err := startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize,
+			slices.Contains(r.cfg.Kinds, KindBrokerPartition))
+		kafkaCh <- started{kc, diskErr, err}
+	}()
+	kafkaJoined := false
+	joinKafka := func() started {
+		kafkaJoined = true
+		k := <-kafkaCh
+		r.kc = k.kc // stopped by teardown
+		return k
+	}
+	defer func() {
+		if !kafkaJoined {
+			joinKafka()
+		}
+	}()
 	// PostgreSQL, and the proxy the binaries reach it through.
 	if r.pg, err = pgtemp.StartWithOptions(ctx, pgtemp.Options{Settings: map[string]string{
 		"max_connections": "300", "log_min_messages": "warning",
@@ -226,26 +306,74 @@ func (r *run) setup(ctx context.Context) error {
 	if r.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return err
 	}
-	r.printf("  postgres   %s (binaries through proxy %s)\n", redact(r.pg.URL), r.pgProxy.Addr())
+	// Database b: a second producing database in the same server.
+	if _, err := r.pool.Exec(ctx, "CREATE DATABASE "+dbBName); err != nil {
+		return fmt.Errorf("create database %s: %w", dbBName, err)
+	}
+	urlB, err := withDatabase(r.pg.URL, dbBName)
+	if err != nil {
+		return err
+	}
+	pcB, err := pgxpool.ParseConfig(urlB)
+	if err != nil {
+		return err
+	}
+	pcB.MaxConns = pc.MaxConns
+	pcB.ConnConfig.RuntimeParams["deadlock_timeout"] = "50ms"
+	poolB, err := pgxpool.NewWithConfig(ctx, pcB)
+	if err != nil {
+		return err
+	}
+	r.dbs = []*prodDB{{name: dbA, url: r.pg.URL, pool: r.pool}, {name: dbB, url: urlB, pool: poolB}}
+	r.printf("  postgres   %s and database %s (binaries through proxy %s), up at %s\n", redact(r.pg.URL), dbBName, r.pgProxy.Addr(), time.Since(t0).Round(100*time.Millisecond))
+
+	// Schema and the side-effect tables.
+	for _, d := range r.dbs {
+		out, err := r.binCmd(ctx, "relay", "migrate", "-database-url", d.url)
+		if err != nil {
+			return fmt.Errorf("relay migrate (database %s): %w: %s", d.name, err, out)
+		}
+	}
+	r.identities = map[string]string{}
+	for _, d := range r.dbs {
+		var id string
+		if err := d.pool.QueryRow(ctx, `SELECT id::text FROM onceflow.database_identity`).Scan(&id); err != nil {
+			return fmt.Errorf("identity of database %s: %w", d.name, err)
+		}
+		r.identities[id] = d.name
+	}
+	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
+		return fmt.Errorf("create soak.effects: %w", err)
+	}
+	r.printf("  schema     both databases migrated at %s\n", time.Since(t0).Round(100*time.Millisecond))
 
 	// Kafka: three brokers, each behind a proxy.
-	if r.kc, err = startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka")); err != nil {
-		return fmt.Errorf("start Kafka cluster: %w", err)
+	k := joinKafka()
+	if k.err != nil {
+		return fmt.Errorf("start Kafka cluster: %w", k.err)
+	}
+	if k.diskErr != nil {
+		r.unavailable[KindBrokerDiskFull] = k.diskErr.Error()
+		r.printf("  fault %s left out: %v\n", KindBrokerDiskFull, k.diskErr)
 	}
 	if r.admCl, err = kgo.NewClient(r.kc.internalOpts()...); err != nil {
 		return err
 	}
 	r.adm = kadm.NewClient(r.admCl)
-	r.printf("  kafka      3 brokers (KRaft), binaries through proxies %v\n", r.kc.externalSeeds())
+	r.printf("  kafka      3 brokers (KRaft), binaries through proxies %v, up at %s\n", r.kc.externalSeeds(), time.Since(t0).Round(100*time.Millisecond))
 
-	// Schema, topics as the contract ships them, the side-effect table.
-	out, err := r.binCmd(ctx, "relay", "migrate", "-database-url", r.pg.URL)
-	if err != nil {
-		return fmt.Errorf("relay migrate: %w: %s", err, out)
-	}
+	// Topics as the contract ships them.
 	spec, err := topics.Default()
 	if err != nil {
 		return err
+	}
+	// The second event topic, with the first one's contract.
+	for _, t := range spec.Topics {
+		if t.Name == eventTopic {
+			t.Name = eventTopic2
+			spec.Topics = append(spec.Topics, t)
+			break
+		}
 	}
 	// Freshly created topics reach every broker's metadata a moment later:
 	// apply again until the verification after it passes.
@@ -259,13 +387,13 @@ func (r *run) setup(ctx context.Context) error {
 		}
 		time.Sleep(time.Second)
 	}
-	if err := r.kc.waitTopics(ctx, eventTopic, ckptTopic); err != nil {
+	if err := r.kc.waitTopics(ctx, eventTopic, eventTopic2, ckptTopic); err != nil {
 		return err
 	}
-	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
-		return fmt.Errorf("create soak.effects: %w", err)
-	}
 	if err := os.WriteFile(filepath.Join(r.work, "handlers.json"), []byte(handlersJSON), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(r.work, "tally.json"), []byte(tallyJSON), 0o644); err != nil {
 		return err
 	}
 	parts, err := r.partitions(ctx)
@@ -273,24 +401,33 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.probes = newProbes(eventTopic, parts)
-	r.prod = &producer{pool: r.pool, led: r.led, topic: eventTopic, seed: r.cfg.Seed, hard: ctx}
-	if r.topic, err = newTopicWatch(eventTopic, r.kc.internalOpts()); err != nil {
+	for i, d := range r.dbs {
+		d.prod = &producer{pool: d.pool, led: r.led, db: d.name, topics: eventTopics, seed: r.cfg.Seed + uint64(i)*7919, hard: ctx}
+	}
+	r.prod = r.dbs[0].prod
+	if r.topic, err = newTopicWatch(eventTopics, r.kc.internalOpts()); err != nil {
 		return err
 	}
+	r.topic.producers = r.identities
 	if r.procs, err = procs.NewSet(r.logs); err != nil {
 		return err
 	}
-	r.printf("  topics     %s (%d partitions, RF 3, min ISR 2), %s; set up in %s\n",
-		eventTopic, parts, ckptTopic, time.Since(t0).Round(time.Second))
+	r.printf("  topics     %s and %s (%d partitions, RF 3, min ISR 2), %s; set up in %s\n",
+		eventTopic, eventTopic2, parts, ckptTopic, time.Since(t0).Round(time.Second))
 	return nil
 }
 
 // effectsDDL is the side effect the consumers apply: one row per applied
-// event, no unique constraint, so a double apply shows as two rows.
+// event and consumer name, no unique constraint, so a double apply shows as
+// two rows; and soak-tally's per-stream counter, which a double apply
+// moves past the ledger's count.
 const effectsDDL = `
 CREATE SCHEMA soak;
 CREATE TABLE soak.effects (
     n               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer        text        NOT NULL,
+    producer        text        NOT NULL,
+    topic           text        NOT NULL,
     event_id        text        NOT NULL,
     source          text        NOT NULL,
     seq             bigint      NOT NULL,
@@ -299,10 +436,24 @@ CREATE TABLE soak.effects (
     kafka_offset    bigint      NOT NULL,
     applied_at      timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE INDEX effects_source_seq ON soak.effects (source, seq);`
+CREATE INDEX effects_source_seq ON soak.effects (source, seq);
+CREATE TABLE soak.tally (
+    producer text   NOT NULL,
+    topic    text   NOT NULL,
+    source   text   NOT NULL,
+    n        bigint NOT NULL,
+    max_seq  bigint NOT NULL,
+    PRIMARY KEY (producer, topic, source)
+);`
 
-const handlersJSON = `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
-  "INSERT INTO soak.effects (event_id, source, seq, late, kafka_partition, kafka_offset) VALUES (:event_id, :source, :seq, :late, :partition, :offset)"}]}`
+// The two consumer names' handlers. :payload.db is the producing database
+// the producers write into every payload.
+const (
+	handlersJSON = `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+  "INSERT INTO soak.effects (consumer, producer, topic, event_id, source, seq, late, kafka_partition, kafka_offset) VALUES ('soak', :payload.db, :topic, :event_id, :source, :seq, :late, :partition, :offset)"}]}`
+	tallyJSON = `{"handlers": [{"event_type": "*", "kind": "sql", "sql":
+  "WITH t AS (INSERT INTO soak.tally AS t (producer, topic, source, n, max_seq) VALUES (:payload.db, :topic, :source, 1, :seq) ON CONFLICT (producer, topic, source) DO UPDATE SET n = t.n + 1, max_seq = greatest(t.max_seq, excluded.max_seq)) INSERT INTO soak.effects (consumer, producer, topic, event_id, source, seq, late, kafka_partition, kafka_offset) VALUES ('soak-tally', :payload.db, :topic, :event_id, :source, :seq, :late, :partition, :offset)"}]}`
+)
 
 func (r *run) partitions(ctx context.Context) (int, error) {
 	m, err := r.adm.Metadata(ctx, eventTopic)
@@ -326,14 +477,21 @@ func (r *run) childSpec(name string) procs.Spec {
 	dbURL := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", r.pgProxy.Addr())
 	brokers := joinComma(r.kc.externalSeeds())
 	if strings.HasPrefix(name, "relay") {
+		if relayDB[name] == dbB {
+			dbURL = fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", r.pgProxy.Addr(), dbBName)
+		}
 		return procs.Spec{Bin: filepath.Join(r.cfg.BinDir, "relay"), Args: []string{"run",
 			"-database-url", dbURL, "-kafka-brokers", brokers, "-http-addr", "127.0.0.1:0",
 			"-holder-id", name, "-topics-verify"}}
 	}
+	grp, cname, handlers := group, consumerID, "handlers.json"
+	if strings.HasPrefix(name, "tally") {
+		grp, cname, handlers = tallyGroup, tallyID, "tally.json"
+	}
 	return procs.Spec{Bin: filepath.Join(r.cfg.BinDir, "consumer"), Args: []string{"run",
 		"-database-url", dbURL, "-kafka-brokers", brokers, "-http-addr", "127.0.0.1:0",
-		"-group", group, "-topics", eventTopic, "-consumer-name", consumerID,
-		"-instance-id", name, "-handlers-file", filepath.Join(r.work, "handlers.json")}}
+		"-group", grp, "-topics", joinComma(eventTopics), "-consumer-name", cname,
+		"-instance-id", name, "-handlers-file", filepath.Join(r.work, handlers)}}
 }
 
 // execute runs the producing phase with faults, drains, and judges.
@@ -359,18 +517,41 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 
 	// The producing phase: writers, the long-transaction writer, probes,
 	// and the faults.
-	prodCtx, stopProducing := context.WithTimeout(ctx, r.cfg.Duration)
+	// It lasts Duration, and longer if the essential faults have not all
+	// been injected by then (a short run on a slow machine), up to
+	// EssentialGrace more.
+	prodCtx, stopProducing := context.WithCancel(ctx)
 	defer stopProducing()
+	essentialsDone := make(chan struct{})
+	go func() {
+		defer stopProducing()
+		select {
+		case <-time.After(r.cfg.Duration):
+		case <-prodCtx.Done():
+			return
+		}
+		select {
+		case <-essentialsDone:
+		case <-time.After(r.cfg.EssentialGrace):
+		case <-prodCtx.Done():
+		}
+	}()
 	var wg sync.WaitGroup
 	perWriter := max(float64(r.cfg.Rate)-float64(len(r.probes.sources))/probeInterval.Seconds(), 1) / float64(r.cfg.Writers)
 	for w := range r.cfg.Writers {
+		// The writers alternate between the producing databases.
+		p := r.dbs[w%len(r.dbs)].prod
 		wg.Add(1)
-		go func() { defer wg.Done(); r.prod.runWriter(prodCtx, w, perWriter) }()
+		go func() { defer wg.Done(); p.runWriter(prodCtx, w, perWriter) }()
 	}
-	wg.Add(3)
-	go func() { defer wg.Done(); r.prod.runLong(prodCtx) }()
+	for _, d := range r.dbs {
+		wg.Add(2)
+		go func() { defer wg.Done(); d.prod.runLong(prodCtx) }()
+		go func() { defer wg.Done(); d.prod.holdSnapshots(prodCtx, r.cfg.SnapshotHold) }()
+	}
+	wg.Add(2)
 	go func() { defer wg.Done(); r.probes.run(prodCtx, r.prod, eventTopic) }()
-	go func() { defer wg.Done(); r.injectFaults(prodCtx) }()
+	go func() { defer wg.Done(); r.injectFaults(prodCtx, essentialsDone) }()
 	<-prodCtx.Done()
 	wg.Wait()
 	if ctx.Err() != nil {
@@ -416,6 +597,12 @@ func (r *run) healAll(ctx context.Context) {
 	r.pgProxy.Heal()
 	for _, b := range r.kc.brokers {
 		b.proxy.Heal()
+		b.healPeers()
+		if b.disk != "" {
+			if err := resizeTmpfs(ctx, b.disk, brokerDiskSize); err != nil {
+				r.printf("  %v\n", err)
+			}
+		}
 	}
 	if started, err := r.kc.ensureRunning(ctx); err != nil || len(started) > 0 {
 		r.printf("  brokers started at the end: %v (%v)\n", started, err)
@@ -428,18 +615,37 @@ func (r *run) drain(ctx context.Context) (bool, time.Duration) {
 	deadline := t0.Add(r.cfg.DrainTimeout)
 	committed := int(r.led.n.Load())
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		var unpublished, applied int
-		err := r.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM onceflow.outbox_pending),
-			(SELECT count(DISTINCT event_id) FROM soak.effects)`).Scan(&unpublished, &applied)
-		if err == nil && unpublished == 0 && applied >= committed && r.topic.distinct() >= committed {
+		var applied, tallied int
+		unpublished, err := r.unpublished(ctx)
+		if err == nil {
+			err = r.pool.QueryRow(ctx, `SELECT count(DISTINCT event_id) FILTER (WHERE consumer = $1),
+				count(DISTINCT event_id) FILTER (WHERE consumer = $2) FROM soak.effects`, consumerID, tallyID).Scan(&applied, &tallied)
+		}
+		if err == nil && unpublished == 0 && applied >= committed && tallied >= committed && r.topic.distinct() >= committed {
 			return true, time.Since(t0)
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(3 * time.Second):
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 	return false, time.Since(t0)
+}
+
+// unpublished counts the rows the relays still queue, in both databases.
+func (r *run) unpublished(ctx context.Context) (int64, error) {
+	var total int64
+	for _, d := range r.dbs {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var n int64
+		err := d.pool.QueryRow(qctx, `SELECT count(*) FROM onceflow.outbox_pending`).Scan(&n)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // teardown stops everything the soak started, keeping the logs.
@@ -448,7 +654,7 @@ func (r *run) teardown() {
 		r.procs.StopAll(5 * time.Second)
 	}
 	if r.topic != nil {
-		r.topic.r.Close()
+		r.topic.close()
 	}
 	if r.admCl != nil {
 		r.admCl.Close()
@@ -458,6 +664,11 @@ func (r *run) teardown() {
 			copyFile(filepath.Join(b.node.Dir, "server.log"), filepath.Join(r.logs, fmt.Sprintf("broker-%d.log", b.id)))
 		}
 		r.kc.stop()
+	}
+	for _, d := range r.dbs {
+		if d.pool != r.pool {
+			d.pool.Close()
+		}
 	}
 	if r.pool != nil {
 		r.pool.Close()

@@ -2,6 +2,7 @@ package soak
 
 import (
 	"bytes"
+	"fmt"
 	"image/png"
 	"reflect"
 	"slices"
@@ -89,12 +90,12 @@ func (w *world) commit(evs ...enqueued) { w.l.commit(evs, 0) }
 
 func (w *world) publish(e enqueued) {
 	w.off[0]++
-	w.tw.add(audit.Record{Partition: 0, Offset: w.off[0], Env: envelope.Envelope{EventID: e.id, Source: e.source, Seq: e.seq}})
+	w.tw.addFrom(e.topic, audit.Record{Partition: 0, Offset: w.off[0], Env: envelope.Envelope{EventID: e.id, Source: e.source, Seq: e.seq, Producer: e.db}})
 }
 
 func (w *world) apply(e enqueued, late bool) {
 	w.n++
-	w.aw.add(appliedRow{n: w.n, id: e.id, source: e.source, seq: e.seq, late: late})
+	w.aw.add(appliedRow{n: w.n, id: e.id, source: e.source, seq: e.seq, late: late, producer: e.db, topic: e.topic})
 }
 
 func (w *world) kinds() []string {
@@ -108,8 +109,8 @@ func (w *world) kinds() []string {
 // Each way a run can break is found, and a clean run is clean.
 func TestFindAnomalies(t *testing.T) {
 	t.Parallel()
-	a1, a2, a3 := enqueued{"a1", "a", 1}, enqueued{"a2", "a", 2}, enqueued{"a3", "a", 3}
-	b1 := enqueued{"b1", "b", 1}
+	a1, a2, a3 := enqueued{id: "a1", source: "a", seq: 1}, enqueued{id: "a2", source: "a", seq: 2}, enqueued{id: "a3", source: "a", seq: 3}
+	b1 := enqueued{id: "b1", source: "b", seq: 1}
 	clean := func() *world {
 		w := newWorld()
 		w.commit(a1, a2)
@@ -129,13 +130,13 @@ func TestFindAnomalies(t *testing.T) {
 		{"clean", clean, nil},
 		{"lost by the relay", func() *world {
 			w := clean()
-			c1 := enqueued{"c1", "c", 1}
+			c1 := enqueued{id: "c1", source: "c", seq: 1}
 			w.commit(c1)
 			return w
 		}, []string{"lost@topic", "lost@applied"}},
 		{"lost by the consumer", func() *world {
 			w := clean()
-			c1 := enqueued{"c1", "c", 1}
+			c1 := enqueued{id: "c1", source: "c", seq: 1}
 			w.commit(c1)
 			w.publish(c1)
 			return w
@@ -161,7 +162,7 @@ func TestFindAnomalies(t *testing.T) {
 		}, []string{"reordered@topic", "reordered@applied"}},
 		{"rolled back, published anyway", func() *world {
 			w := clean()
-			x := enqueued{"x1", "x", 1}
+			x := enqueued{id: "x1", source: "x", seq: 1}
 			w.l.rollback([]enqueued{x})
 			w.publish(x)
 			w.apply(x, false)
@@ -191,9 +192,9 @@ func TestFindAnomalies(t *testing.T) {
 		}, []string{"dead-lettered@inbox", "stuck@inbox"}},
 		{"a hole in a source's seqs", func() *world {
 			w := newWorld()
-			e := enqueued{"h3", "h", 3}
-			w.commit(enqueued{"h1", "h", 1}, e)
-			for _, x := range []enqueued{{"h1", "h", 1}, e} {
+			e := enqueued{id: "h3", source: "h", seq: 3}
+			w.commit(enqueued{id: "h1", source: "h", seq: 1}, e)
+			for _, x := range []enqueued{{id: "h1", source: "h", seq: 1}, e} {
 				w.publish(x)
 				w.apply(x, false)
 			}
@@ -236,12 +237,14 @@ func TestReportRenders(t *testing.T) {
 	t.Parallel()
 	var samples []sample
 	for i := range 300 {
-		samples = append(samples, sample{T: float64(i), RelayLag: int64(i % 50), ConsumerLag: int64((i * 7) % 90)})
+		samples = append(samples, sample{T: float64(i), RelayLag: int64(i % 50), ConsumerLag: int64((i * 7) % 90),
+			Committed: int64(100 * i), Applied: int64(90 * i)})
 	}
 	samples[100].RelayLag, samples[100].ConsumerLag = -1, -1 // the database was away
 	faults := []Fault{{N: 1, Kind: KindBrokerKill, AtS: 20, RecoveryS: 9}, {N: 2, Kind: KindPGRestart, AtS: 90, RecoveryS: -1}}
 	var buf bytes.Buffer
-	if err := plotLag(&buf, samples, faults); err != nil {
+	samples[100].Applied = -1
+	if err := plotRun(&buf, samples, faults); err != nil {
 		t.Fatal(err)
 	}
 	img, err := png.Decode(&buf)
@@ -280,10 +283,10 @@ func TestByFault(t *testing.T) {
 		w.l.committed[e.id] = ref
 		w.l.mu.Unlock()
 	}
-	lostNearKill := enqueued{"l1", "a", 1}  // committed at 95 s, the relay killed at 100 s
-	dupNearBroker := enqueued{"d1", "b", 1} // committed at 310 s, a broker killed at 300 s
-	reordNowhere := enqueued{"r2", "c", 2}  // committed at 1000 s, far from both
-	reordNowhereFirst := enqueued{"r1", "c", 1}
+	lostNearKill := enqueued{id: "l1", source: "a", seq: 1}  // committed at 95 s, the relay killed at 100 s
+	dupNearBroker := enqueued{id: "d1", source: "b", seq: 1} // committed at 310 s, a broker killed at 300 s
+	reordNowhere := enqueued{id: "r2", source: "c", seq: 2}  // committed at 1000 s, far from both
+	reordNowhereFirst := enqueued{id: "r1", source: "c", seq: 1}
 	at(lostNearKill, 95)
 	at(dupNearBroker, 310)
 	at(reordNowhereFirst, 999)
@@ -314,6 +317,115 @@ func TestByFault(t *testing.T) {
 	for k, wr := range want {
 		if got[k] != wr {
 			t.Errorf("%s: %+v, want %+v", k, got[k], wr)
+		}
+	}
+}
+
+// Streams are judged apart (I5): two databases writing one source name to
+// one topic, and one source writing to two topics, each with its own seqs
+// from 1, interleaved on the topics and in application, are clean; disorder
+// inside one stream is still found.
+func TestFindAnomaliesStreams(t *testing.T) {
+	t.Parallel()
+	ev := func(db, topic string, seq int64) enqueued {
+		return enqueued{id: fmt.Sprintf("%s-%s-%d", db, topic, seq), source: "s", seq: seq, db: db, topic: topic}
+	}
+	a1, a2, b1, b2, c1 := ev(dbA, eventTopic, 1), ev(dbA, eventTopic, 2), ev(dbB, eventTopic, 1), ev(dbB, eventTopic, 2), ev(dbA, eventTopic2, 1)
+	w := newWorld()
+	w.commit(a1, b1)
+	w.commit(c1, a2)
+	w.commit(b2)
+	order := []enqueued{a1, b1, c1, a2, b2}
+	for _, e := range order {
+		w.publish(e)
+		w.apply(e, false)
+	}
+	if k := w.kinds(); len(k) != 0 {
+		t.Fatalf("a clean run of three streams sharing a source name: %v", k)
+	}
+	gaps := []gapRow{{stream: streamKey(dbB, eventTopic, "s"), source: "s", from: 2, to: 2, state: "given_up", reason: "timeout"}}
+	w.gaps = gaps
+	if k := w.kinds(); !slices.Equal(k, []string{AnomalyGapGivenUp + "@" + whereSeqGaps}) {
+		t.Fatalf("a gap given up on a committed seq of database b's stream: %v", k)
+	}
+
+	w = newWorld()
+	w.commit(a1, b1)
+	w.commit(a2, b2)
+	for _, e := range []enqueued{a2, b1, a1, b2} {
+		w.publish(e)
+		w.apply(e, false)
+	}
+	if k := w.kinds(); !slices.Equal(k, []string{AnomalyReordered + "@" + whereTopic, AnomalyReordered + "@" + whereApplied}) {
+		t.Fatalf("database a's seq 2 before its seq 1: %v", k)
+	}
+}
+
+// soak-tally's counters must match the ledger per stream.
+func TestTallyAnomalies(t *testing.T) {
+	t.Parallel()
+	l := newLedger()
+	l.commit([]enqueued{
+		{id: "1", source: "s", seq: 1, db: dbA, topic: eventTopic},
+		{id: "2", source: "s", seq: 1, db: dbB, topic: eventTopic},
+		{id: "3", source: "s", seq: 2, db: dbA, topic: eventTopic},
+	}, 0)
+	a, b := streamKey(dbA, eventTopic, "s"), streamKey(dbB, eventTopic, "s")
+	if got := tallyAnomalies(l, []tallyRow{{a, 2, 2}, {b, 1, 1}}); got != nil {
+		t.Fatalf("matching counters: %v", got)
+	}
+	for name, rows := range map[string][]tallyRow{
+		"counted twice":  {{a, 3, 2}, {b, 1, 1}},
+		"stream missing": {{a, 2, 2}},
+		"seq short":      {{a, 2, 1}, {b, 1, 1}},
+	} {
+		got := tallyAnomalies(l, rows)
+		if len(got) != 1 || got[0].Kind != AnomalyTally || got[0].Count != 1 {
+			t.Errorf("%s: %+v, want one %s", name, got, AnomalyTally)
+		}
+	}
+}
+
+// rates: events per second over the last throughputWindow seconds, a hole
+// where the counter could not be read.
+func TestRates(t *testing.T) {
+	t.Parallel()
+	var samples []sample
+	for i := range 20 {
+		samples = append(samples, sample{T: float64(i), Committed: int64(50 * i)})
+	}
+	samples[10].Committed = -1
+	got := rates(samples, func(s sample) int64 { return s.Committed })
+	if len(got) != len(samples) || got[0].v != -1 || got[10].v != -1 {
+		t.Fatalf("rates %v: want a hole at the first sample and at the unread one", got)
+	}
+	for i, p := range got {
+		if i != 0 && i != 10 && p.v != 50 {
+			t.Errorf("rate at %v s = %v, want 50", p.t, p.v)
+		}
+	}
+}
+
+// OutageScale shortens every outage (the test's short run) and the new
+// broker kinds draw their targets like a broker kill.
+func TestSchedulerOutageScale(t *testing.T) {
+	t.Parallel()
+	full, short := newScheduler(7, AllKinds, time.Second), newScheduler(7, AllKinds, time.Second)
+	short.outageScale = 0.2
+	for range 300 {
+		a, b := full.next(), short.next()
+		if a.kind != b.kind || b.outage != time.Duration(float64(a.outage)*0.2) {
+			t.Fatalf("plan %+v scaled to %+v", a, b)
+		}
+		switch a.kind {
+		case KindBrokerPartition:
+			if !slices.Contains(brokerRoles, a.role) || a.outage < 2*time.Second || a.outage > 15*time.Second {
+				t.Errorf("partition %+v", a)
+			}
+		case KindBrokerDiskFull:
+			if a.outage < 2*time.Second || a.outage > 8*time.Second {
+				t.Errorf("disk full %+v", a)
+			}
 		}
 	}
 }
