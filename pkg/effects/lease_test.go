@@ -150,3 +150,66 @@ func TestDoLeasedHoldsNoConnection(t *testing.T) {
 		t.Fatal("second caller never got the result")
 	}
 }
+
+// TestDoWaitsForALease: Do (the session-lock protocol) on a key another
+// caller claimed with a lease and is calling does not call: it waits,
+// holding no connection, and returns that caller's result once recorded.
+// A lease that runs out lets Do take the intent and call, with the same
+// key. Before migration 027, Do found no lock and called at once.
+func TestDoWaitsForALease(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDBUnlessShort(t)
+	ctx := context.Background()
+	const key = "event:leased"
+	if c, err := effects.ClaimLease(ctx, db.Pool, "", key, "", "other", time.Minute); err != nil || c.Status != effects.StatusClaimed {
+		t.Fatalf("lease claim: %+v, %v", c, err)
+	}
+	calls := 0
+	type res struct {
+		r   effects.Result
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		r, err := effects.Do(ctx, db.Pool, key, func(context.Context, string) (effects.Result, error) {
+			calls++
+			return effects.Result{Code: 500}, nil
+		})
+		done <- res{r, err}
+	}()
+	// Do claims again and again while the lease runs (each claim acquires
+	// a connection; between claims it holds none).
+	deadline := time.Now().Add(10 * time.Second)
+	for db.Pool.Stat().AcquireCount() < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Do made %d claims in 10 s", db.Pool.Stat().AcquireCount())
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition
+	}
+	select {
+	case d := <-done:
+		t.Fatalf("Do returned while another caller's lease ran: %+v, %v (calls %d)", d.r, d.err, calls)
+	default:
+	}
+	if ok, err := effects.RecordLease(ctx, db.Pool, "", key, effects.Result{Code: 201}); err != nil || !ok {
+		t.Fatalf("record the lease: %v, %v", ok, err)
+	}
+	d := <-done
+	if d.err != nil || !d.r.Replayed || d.r.Code != 201 || calls != 0 {
+		t.Fatalf("Do after the lease holder recorded: %+v, %v, %d calls; want its result replayed, no call", d.r, d.err, calls)
+	}
+	// An expired lease: Do takes the intent over and calls with the key.
+	const key2 = "event:expired-lease"
+	if _, err := effects.ClaimLease(ctx, db.Pool, "", key2, "", "gone", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	r, err := effects.Do(ctx, db.Pool, key2, func(_ context.Context, k string) (effects.Result, error) {
+		if k != key2 {
+			t.Errorf("called with %q", k)
+		}
+		return effects.Result{Code: 202}, nil
+	})
+	if err != nil || r.Replayed || r.Code != 202 {
+		t.Fatalf("Do on an expired lease: %+v, %v; want it called", r, err)
+	}
+}

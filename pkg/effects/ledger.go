@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -77,6 +78,11 @@ func Do(ctx context.Context, db *pgxpool.Pool, key string, call CallFunc) (Resul
 //     the intent (status intent, attempts+1), so the intent survives a crash
 //     during the call. A row that is already done is returned as is, with
 //     Replayed set, and call is not made.
+//     A key another caller claimed with the lease protocol (DoLeased, the
+//     http handler, the Python fence), whose lease still runs, is busy: the
+//     claim changes nothing, and DoScoped waits, holding no connection, and
+//     claims again until that caller has recorded (replayed here) or its
+//     lease has run out (called here, with the same key).
 //  2. It calls call(ctx, key). An error leaves the intent in place
 //     (onceflow.effect_release): the next attempt calls again with the same
 //     key and the downstream dedups.
@@ -99,12 +105,18 @@ func doScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, opts Opt
 	if err := ValidateKey(key); err != nil {
 		return Result{}, err
 	}
-	conn, err := db.Acquire(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("effects: acquire connection: %w", err)
-	}
-	locked := false
+	var (
+		conn     *pgxpool.Conn
+		status   string
+		attempts int
+		code     *int
+		sum      []byte
+		locked   bool
+	)
 	defer func() {
+		if conn == nil {
+			return
+		}
 		if locked {
 			if _, err := conn.Exec(context.WithoutCancel(ctx), qRelease, key, scope); err != nil {
 				// Never hand a connection holding the key back to the pool.
@@ -113,22 +125,37 @@ func doScoped(ctx context.Context, db *pgxpool.Pool, scope, key string, opts Opt
 		}
 		conn.Release()
 	}()
-
-	var (
-		status   string
-		attempts int
-		code     *int
-		sum      []byte
-	)
-	err = conn.QueryRow(ctx, qClaim, key, scope, eventIDFrom(ctx)).Scan(&status, &attempts, &code, &sum)
-	if herr, ok := heldErr(err, scope, key); ok {
-		return Result{}, herr // effect_claim released the key before refusing it
-	}
-	if err != nil {
-		// A cancelled wait or a failed claim may leave the session's lock
-		// state unknown: close it rather than reuse it.
-		_ = conn.Conn().Close(context.WithoutCancel(ctx))
-		return Result{}, fmt.Errorf("effects: claim %q: %w", key, err)
+	// A claimant of the lease protocol (DoLeased, the http handler, the
+	// Python fence) in its call holds no lock: effect_claim answers busy
+	// while its lease runs (migration 027). Wait, holding no connection,
+	// and claim again: its result, once recorded, is replayed.
+	wait := busyWaitMin
+	for {
+		var err error
+		if conn, err = db.Acquire(ctx); err != nil {
+			return Result{}, fmt.Errorf("effects: acquire connection: %w", err)
+		}
+		err = conn.QueryRow(ctx, qClaim, key, scope, eventIDFrom(ctx)).Scan(&status, &attempts, &code, &sum)
+		if herr, ok := heldErr(err, scope, key); ok {
+			return Result{}, herr // effect_claim released the key before refusing it
+		}
+		if err != nil {
+			// A cancelled wait or a failed claim may leave the session's lock
+			// state unknown: close it rather than reuse it.
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+			return Result{}, fmt.Errorf("effects: claim %q: %w", key, err)
+		}
+		if status != StatusBusy {
+			break
+		}
+		conn.Release()
+		conn = nil
+		select {
+		case <-ctx.Done():
+			return Result{}, fmt.Errorf("effects: claim %q: another claimant's lease runs: %w", key, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, busyWaitMax)
 	}
 	if status == StatusDone {
 		r := Result{Summary: sum, Replayed: true}
@@ -192,6 +219,13 @@ func recordReconciled(ctx context.Context, conn *pgxpool.Conn, scope, key string
 	found.Replayed, found.Reconciled = true, true
 	return found, nil
 }
+
+// How long DoScoped waits between two claims of a key another claimant's
+// lease holds: doubling from busyWaitMin up to busyWaitMax.
+const (
+	busyWaitMin = 20 * time.Millisecond
+	busyWaitMax = time.Second
+)
 
 // The protocol's SQL functions (migrations/007_effects_protocol.up.sql).
 const (
