@@ -2,7 +2,6 @@ package effects
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -83,33 +82,16 @@ func ClaimMany(ctx context.Context, db RowsQuerier, reqs []ClaimRequest) ([]Clai
 	seen := 0
 	for rows.Next() {
 		var (
-			i     int
-			c     Claim
-			code  *int
-			sum   *string
-			by    *string
-			until *time.Time
+			i int
+			a claimAnswer
 		)
-		if err := rows.Scan(&i, &c.Status, &c.Attempts, &code, &sum, &by, &until); err != nil {
+		if err := rows.Scan(append([]any{&i}, a.dest()...)...); err != nil {
 			return nil, fmt.Errorf("effects: claim %d keys: %w", len(reqs), err)
 		}
 		if i < 1 || i > len(reqs) {
 			return nil, fmt.Errorf("effects: claim %d keys: answer for claim %d", len(reqs), i)
 		}
-		if code != nil {
-			c.Result.Code = *code
-		}
-		if sum != nil {
-			c.Result.Summary = json.RawMessage(*sum)
-		}
-		if by != nil {
-			c.Owner = *by
-		}
-		if until != nil {
-			c.LeaseUntil = *until
-		}
-		c.Result.Replayed = c.Status == StatusDone
-		out[i-1] = c
+		out[i-1] = a.claim()
 		seen++
 	}
 	if err := rows.Err(); err != nil {

@@ -90,37 +90,56 @@ func ClaimLease(ctx context.Context, db Querier, scope, key, eventID, owner stri
 		return Claim{}, fmt.Errorf("effects: claim: lease must be positive, got %s", lease)
 	}
 	var (
-		c     Claim
-		code  *int
-		sum   *string
-		by    *string
-		until *time.Time
-		evID  any
+		a    claimAnswer
+		evID any
 	)
 	if eventID != "" {
 		evID = eventID
 	}
-	err := db.QueryRow(ctx, qLeaseClaim, key, scope, evID, owner, lease.Seconds()).Scan(&c.Status, &c.Attempts, &code, &sum, &by, &until)
+	err := db.QueryRow(ctx, qLeaseClaim, key, scope, evID, owner, lease.Seconds()).Scan(a.dest()...)
 	if herr, ok := heldErr(err, scope, key); ok {
 		return Claim{}, herr
 	}
 	if err != nil {
 		return Claim{}, fmt.Errorf("effects: claim %q: %w", key, err)
 	}
-	if code != nil {
-		c.Result.Code = *code
+	return a.claim(), nil
+}
+
+// claimAnswer is a lease claim's answer as scanned (effect_lease_claim,
+// effect_lease_claim_many): its status and attempts, and the nullable
+// columns.
+type claimAnswer struct {
+	status   string
+	attempts int
+	code     *int
+	sum      *string
+	by       *string
+	until    *time.Time
+}
+
+// dest are the scan destinations of status, attempts, result_code, result,
+// claimed_by and lease_until.
+func (a *claimAnswer) dest() []any {
+	return []any{&a.status, &a.attempts, &a.code, &a.sum, &a.by, &a.until}
+}
+
+func (a *claimAnswer) claim() Claim {
+	c := Claim{Status: a.status, Attempts: a.attempts}
+	if a.code != nil {
+		c.Result.Code = *a.code
 	}
-	if sum != nil {
-		c.Result.Summary = json.RawMessage(*sum)
+	if a.sum != nil {
+		c.Result.Summary = json.RawMessage(*a.sum)
 	}
-	if by != nil {
-		c.Owner = *by
+	if a.by != nil {
+		c.Owner = *a.by
 	}
-	if until != nil {
-		c.LeaseUntil = *until
+	if a.until != nil {
+		c.LeaseUntil = *a.until
 	}
 	c.Result.Replayed = c.Status == StatusDone
-	return c, nil
+	return c
 }
 
 // RecordLease records the result of a call made under a lease claim
