@@ -247,6 +247,22 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return migrate.Command(ctx, "consumer", args, stdout, log)
 }
 
+// adminService opens a pool of its own on db (application name app) and the
+// console's service over it for the consumer name: how the operator
+// commands reach the ledger. The caller closes the pool.
+func adminService(ctx context.Context, db pgconn.Config, consumer, app string) (*admin.Service, *pgxpool.Pool, error) {
+	pool, err := db.Pool(ctx, app)
+	if err != nil {
+		return nil, nil, fmt.Errorf("database pool: %w", err)
+	}
+	svc, err := admin.NewService(admin.Config{Consumer: consumer, Pool: pool})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return svc, pool, nil
+}
+
 func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("consumer dlq list", flag.ContinueOnError)
 	var cfg dlqConfig
@@ -269,15 +285,11 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if _, err := cfg.Filter.Filter(time.Now()); err != nil {
 		return cli.Usagef("consumer dlq list: %v", err)
 	}
-	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-dlq")
-	if err != nil {
-		return fmt.Errorf("database pool: %w", err)
-	}
-	defer pool.Close()
-	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool})
+	svc, pool, err := adminService(ctx, cfg.DB, cfg.ConsumerName, "onceflow-consumer-dlq")
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	if cfg.GroupBy == "error" {
 		groups, err := svc.Groups(ctx, cfg.Filter, cfg.Limit)

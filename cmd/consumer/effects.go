@@ -74,15 +74,11 @@ func runEffectsHeld(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := cfg.DB.Validate(); err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-effects")
-	if err != nil {
-		return fmt.Errorf("database pool: %w", err)
-	}
-	defer pool.Close()
-	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool})
+	svc, pool, err := adminService(ctx, cfg.DB, cfg.ConsumerName, "onceflow-consumer-effects")
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	held, err := svc.HeldEffects(ctx, cfg.ScopePrefix, cfg.Limit)
 	if err != nil {
 		return err
@@ -132,15 +128,11 @@ func runEffectChange(ctx context.Context, verb string, args []string, stdout, st
 	if err := cfg.DB.Validate(); err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-effects")
-	if err != nil {
-		return fmt.Errorf("database pool: %w", err)
-	}
-	defer pool.Close()
-	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool})
+	svc, pool, err := adminService(ctx, cfg.DB, cfg.ConsumerName, "onceflow-consumer-effects")
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	if cfg.RequestID == "" {
 		cfg.RequestID = newRequestID()
 	}

@@ -214,15 +214,11 @@ func runGapChange(ctx context.Context, verb string, args []string, stderr io.Wri
 	if err := cfg.DB.Validate(); err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	pool, err := cfg.DB.Pool(ctx, "onceflow-consumer-gaps")
-	if err != nil {
-		return fmt.Errorf("database pool: %w", err)
-	}
-	defer pool.Close()
-	svc, err := admin.NewService(admin.Config{Consumer: cfg.ConsumerName, Pool: pool})
+	svc, pool, err := adminService(ctx, cfg.DB, cfg.ConsumerName, "onceflow-consumer-gaps")
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	if cfg.RequestID == "" {
 		cfg.RequestID = newRequestID()
 	}
