@@ -185,9 +185,9 @@ type Report struct {
 	Group    string   `json:"group"`
 	Topics   []string `json:"topics"`
 	// ProducerOnly: the run read no consumer (relay reconcile).
-	ProducerOnly bool `json:"producer_only,omitempty"`
-	Window   Window   `json:"window"`
-	Counts   Counts   `json:"counts"`
+	ProducerOnly bool   `json:"producer_only,omitempty"`
+	Window       Window `json:"window"`
+	Counts       Counts `json:"counts"`
 	// Findings, by stream, then kind. Anomalies counts those that are
 	// anomalies (all but resolved gaps).
 	Findings  []Finding `json:"findings"`
