@@ -120,6 +120,10 @@ func (r *recoverer) settleLegacyShard(ctx context.Context, log *slog.Logger, nam
 	}
 	desc := fmt.Sprintf("legacy checkpoint %s[%d]@%d %q", rec.Topic, rec.Partition, rec.Offset, truncate(string(rec.Value), 60))
 	switch {
+	case unpublished == 0 && decision == "adopt":
+		// Another shard's relay, settling the same name at once, may have
+		// marked them a moment ago: the adoption is what happened either way.
+		return settle(desc + ": adopted; every row it names was already marked published (by another shard's relay settling it at the same time, or earlier)")
 	case unpublished == 0:
 		return settle(desc + ": names no row unpublished here, nothing to do")
 	case decision == "discard":
