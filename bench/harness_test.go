@@ -36,54 +36,56 @@ import (
 // sizes are the workload sizes of one run. benchSizes reads them for `make
 // bench` (each has an ONCEFLOW_BENCH_* override); smokeSizes are tiny.
 type sizes struct {
-	RelayEvents        int           `json:"relay_events"`         // relay drain backlog
-	ConsumerEvents     int           `json:"consumer_events"`      // consumer drain topic size
-	ConsumerFull       bool          `json:"consumer_full"`        // also the replays and the set-based handler
-	EnqueueFor         time.Duration `json:"enqueue_for_ns"`       // each enqueue / single-row commit measurement
-	PipelineEvents     int           `json:"pipeline_events"`      // relay+consumer binaries drain (CPU per event)
-	LatencyFor         time.Duration `json:"latency_for_ns"`       // each open-loop latency phase
-	GrowthEvents       int           `json:"growth_events"`        // consumer drain with an empty and a filled inbox
-	InboxRows          int           `json:"inbox_rows"`           // pre-filled inbox rows
-	RelayPending       int           `json:"relay_pending"`        // large relay backlog
-	RelayWindow        int           `json:"relay_window"`         // events timed out of the large backlog
-	RelayBase          int           `json:"relay_base"`           // small relay backlog, drained RelayBaseRounds times
-	RelayRounds        int           `json:"relay_base_rounds"`    // rounds of the small backlog
-	WriteTxns          int           `json:"write_txns"`           // write-path transactions per variant
-	WriteTxnEvents     int           `json:"write_txn_events"`     // events per write-path transaction
-	MemorySmall        int           `json:"memory_small"`         // small backlog of the peak-RSS figures
-	MemoryEvents       int           `json:"memory_events"`        // large backlog of the peak-RSS figures
-	PeerEvents         int           `json:"peer_events"`          // backlog drained by onceflow and Debezium
-	WatermillEvents    int           `json:"watermill_events"`     // backlog drained by Watermill's forwarder
-	RelayDesignBatches int           `json:"relay_design_batches"` // batches of 1000 per relay design
-	TracingEvents      int           `json:"tracing_events"`       // consumer drain with tracing off and on
-	SnapshotEvents     int           `json:"snapshot_events"`      // consumer drain with and without a held snapshot
-	SnapshotRelayRows  int           `json:"snapshot_relay_rows"`  // relay drain with and without a held snapshot
+	RelayEvents            int           `json:"relay_events"`             // relay drain backlog
+	ConsumerEvents         int           `json:"consumer_events"`          // consumer drain topic size
+	ConsumerFull           bool          `json:"consumer_full"`            // also the replays and the set-based handler
+	EnqueueFor             time.Duration `json:"enqueue_for_ns"`           // each enqueue / single-row commit measurement
+	PipelineEvents         int           `json:"pipeline_events"`          // relay+consumer binaries drain (CPU per event)
+	LatencyFor             time.Duration `json:"latency_for_ns"`           // each open-loop latency phase
+	GrowthEvents           int           `json:"growth_events"`            // consumer drain with an empty and a filled inbox
+	InboxRows              int           `json:"inbox_rows"`               // pre-filled inbox rows
+	RelayPending           int           `json:"relay_pending"`            // large relay backlog
+	RelayWindow            int           `json:"relay_window"`             // events timed out of the large backlog
+	RelayBase              int           `json:"relay_base"`               // small relay backlog, drained RelayBaseRounds times
+	RelayRounds            int           `json:"relay_base_rounds"`        // rounds of the small backlog
+	WriteTxns              int           `json:"write_txns"`               // write-path transactions per variant
+	WriteTxnEvents         int           `json:"write_txn_events"`         // events per write-path transaction
+	MemorySmall            int           `json:"memory_small"`             // small backlog of the peak-RSS figures
+	MemoryEvents           int           `json:"memory_events"`            // large backlog of the peak-RSS figures
+	PeerEvents             int           `json:"peer_events"`              // backlog drained by onceflow and Debezium
+	WatermillEvents        int           `json:"watermill_events"`         // backlog drained by Watermill's forwarder
+	RelayDesignBatches     int           `json:"relay_design_batches"`     // batches of 1000 per relay design
+	TracingEvents          int           `json:"tracing_events"`           // consumer drain with tracing off and on
+	SnapshotEvents         int           `json:"snapshot_events"`          // consumer drain with and without a held snapshot
+	SnapshotRelayRows      int           `json:"snapshot_relay_rows"`      // relay drain with and without a held snapshot
+	SnapshotProducerEvents int           `json:"snapshot_producer_events"` // producer enqueue with and without a held snapshot
 }
 
 func benchSizes(tb testing.TB) sizes {
 	return sizes{
-		RelayEvents:        envInt(tb, "ONCEFLOW_BENCH_RELAY_EVENTS", 200_000),
-		ConsumerEvents:     envInt(tb, "ONCEFLOW_BENCH_CONSUMER_EVENTS", 500_000),
-		ConsumerFull:       true,
-		EnqueueFor:         3 * time.Second,
-		PipelineEvents:     envInt(tb, "ONCEFLOW_BENCH_PIPELINE_EVENTS", 200_000),
-		LatencyFor:         time.Duration(envInt(tb, "ONCEFLOW_BENCH_LATENCY_SECONDS", 10)) * time.Second,
-		GrowthEvents:       envInt(tb, "ONCEFLOW_BENCH_GROWTH_EVENTS", 200_000),
-		InboxRows:          envInt(tb, "ONCEFLOW_BENCH_INBOX_ROWS", 10_000_000),
-		RelayPending:       envInt(tb, "ONCEFLOW_BENCH_RELAY_PENDING", 1_000_000),
-		RelayWindow:        envInt(tb, "ONCEFLOW_BENCH_RELAY_WINDOW", 200_000),
-		RelayBase:          10_000,
-		RelayRounds:        5,
-		WriteTxns:          envInt(tb, "ONCEFLOW_BENCH_WRITE_TXNS", 200),
-		WriteTxnEvents:     1000,
-		MemorySmall:        envInt(tb, "ONCEFLOW_BENCH_MEMORY_SMALL", 10_000),
-		MemoryEvents:       envInt(tb, "ONCEFLOW_BENCH_MEMORY_EVENTS", 1_000_000),
-		PeerEvents:         envInt(tb, "ONCEFLOW_BENCH_PEER_EVENTS", 200_000),
-		WatermillEvents:    envInt(tb, "ONCEFLOW_BENCH_WATERMILL_EVENTS", 50_000),
-		RelayDesignBatches: envInt(tb, "ONCEFLOW_BENCH_RELAY_DESIGN_BATCHES", 200),
-		TracingEvents:      envInt(tb, "ONCEFLOW_BENCH_TRACING_EVENTS", 50_000),
-		SnapshotEvents:     envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_EVENTS", 1_000_000),
-		SnapshotRelayRows:  envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_RELAY_ROWS", 1_000_000),
+		RelayEvents:            envInt(tb, "ONCEFLOW_BENCH_RELAY_EVENTS", 200_000),
+		ConsumerEvents:         envInt(tb, "ONCEFLOW_BENCH_CONSUMER_EVENTS", 500_000),
+		ConsumerFull:           true,
+		EnqueueFor:             3 * time.Second,
+		PipelineEvents:         envInt(tb, "ONCEFLOW_BENCH_PIPELINE_EVENTS", 200_000),
+		LatencyFor:             time.Duration(envInt(tb, "ONCEFLOW_BENCH_LATENCY_SECONDS", 10)) * time.Second,
+		GrowthEvents:           envInt(tb, "ONCEFLOW_BENCH_GROWTH_EVENTS", 200_000),
+		InboxRows:              envInt(tb, "ONCEFLOW_BENCH_INBOX_ROWS", 10_000_000),
+		RelayPending:           envInt(tb, "ONCEFLOW_BENCH_RELAY_PENDING", 1_000_000),
+		RelayWindow:            envInt(tb, "ONCEFLOW_BENCH_RELAY_WINDOW", 200_000),
+		RelayBase:              10_000,
+		RelayRounds:            5,
+		WriteTxns:              envInt(tb, "ONCEFLOW_BENCH_WRITE_TXNS", 200),
+		WriteTxnEvents:         1000,
+		MemorySmall:            envInt(tb, "ONCEFLOW_BENCH_MEMORY_SMALL", 10_000),
+		MemoryEvents:           envInt(tb, "ONCEFLOW_BENCH_MEMORY_EVENTS", 1_000_000),
+		PeerEvents:             envInt(tb, "ONCEFLOW_BENCH_PEER_EVENTS", 200_000),
+		WatermillEvents:        envInt(tb, "ONCEFLOW_BENCH_WATERMILL_EVENTS", 50_000),
+		RelayDesignBatches:     envInt(tb, "ONCEFLOW_BENCH_RELAY_DESIGN_BATCHES", 200),
+		TracingEvents:          envInt(tb, "ONCEFLOW_BENCH_TRACING_EVENTS", 50_000),
+		SnapshotEvents:         envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_EVENTS", 1_000_000),
+		SnapshotRelayRows:      envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_RELAY_ROWS", 1_000_000),
+		SnapshotProducerEvents: envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_PRODUCER_EVENTS", 200_000),
 	}
 }
 
@@ -94,7 +96,7 @@ func smokeSizes() sizes {
 		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
 		WriteTxns: 4, WriteTxnEvents: 100, MemorySmall: 200, MemoryEvents: 2_000,
 		PeerEvents: 2_000, WatermillEvents: 500, RelayDesignBatches: 3,
-		TracingEvents: 1_000, SnapshotEvents: 1_000, SnapshotRelayRows: 2_000,
+		TracingEvents: 1_000, SnapshotEvents: 1_000, SnapshotRelayRows: 2_000, SnapshotProducerEvents: 2_000,
 	}
 }
 

@@ -70,6 +70,8 @@ func TestBenchSmoke(t *testing.T) {
 			[]string{"consumer drain, no snapshot held", "held snapshot: consumer drain"}},
 		{"snapshot-relay", func(t *testing.T) { relayHeldSnapshot(t, rep, sz.SnapshotRelayRows) },
 			[]string{"relay drain, no snapshot held", "held snapshot: relay drain"}},
+		{"snapshot-producer", func(t *testing.T) { producerHeldSnapshot(t, rep, sz.SnapshotProducerEvents) },
+			[]string{"producer enqueue, no snapshot held", "held snapshot: producer enqueue"}},
 		{"tracing", func(t *testing.T) { tracingOverhead(t, rep, sz) },
 			[]string{"tracing off: enqueue", "tracing default (global provider, no SDK): enqueue", "tracing on, 1 trace in 10 sampled: enqueue",
 				"tracing on, every span exported: enqueue", "tracing off: consumer drain", "tracing on, every span exported: consumer drain",

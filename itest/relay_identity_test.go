@@ -148,7 +148,8 @@ func TestRelayRestoredDatabaseRefuses(t *testing.T) {
 	if _, err := e.db.Pool.Exec(ctx, `
 		DELETE FROM onceflow.outbox WHERE id > 5;
 		SELECT setval(pg_get_serial_sequence('onceflow.outbox', 'id'), 5);
-		UPDATE onceflow.source_seq SET last_seq = 5 WHERE source = 's'`); err != nil {
+		UPDATE onceflow.source_seq SET last_seq = 5 WHERE source = 's';
+		DELETE FROM onceflow.source_seq_moves WHERE source = 's' AND last_seq > 5`); err != nil {
 		t.Fatal(err)
 	}
 	out := waitExit(t, ctx, e.start("relay-restored", nil, "-holder-id", "r"))

@@ -48,6 +48,7 @@ func TestRelayPointInTimeRestoreRefuses(t *testing.T) {
 				DELETE FROM onceflow.outbox_published WHERE last_id > %[1]d;
 				DELETE FROM onceflow.outbox WHERE id > %[1]d;
 				UPDATE onceflow.source_seq SET last_seq = %[1]d WHERE source = 's';
+				DELETE FROM onceflow.source_seq_moves WHERE source = 's' AND last_seq > %[1]d;
 				SELECT setval(pg_get_serial_sequence('onceflow.outbox', 'id'), %[1]d + 32);`, point)); err != nil {
 				t.Fatal(err)
 			}

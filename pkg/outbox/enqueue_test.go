@@ -162,7 +162,7 @@ func TestEnqueueDuplicateEventID(t *testing.T) {
 		t.Fatalf("second: %v, want a DuplicateEventError naming %s", err, m.EventID)
 	}
 	var n, last int
-	if err := b.db.Pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM onceflow.outbox), (SELECT last_seq FROM onceflow.source_seq WHERE source = 'order-88')`).Scan(&n, &last); err != nil {
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM onceflow.outbox), (SELECT max(last_seq) FROM onceflow.source_seq_moves WHERE source = 'order-88')`).Scan(&n, &last); err != nil {
 		t.Fatal(err)
 	}
 	if n != 1 || last != 1 {
@@ -316,7 +316,7 @@ func TestEnqueueBatchRowsAndResults(t *testing.T) {
 		}
 	}
 	var last int64
-	if err := b.db.Pool.QueryRow(b.ctx, `SELECT last_seq FROM onceflow.source_seq WHERE source = 'a'`).Scan(&last); err != nil || last != 10 {
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT max(last_seq) FROM onceflow.source_seq_moves WHERE source = 'a'`).Scan(&last); err != nil || last != 10 {
 		t.Fatalf("counter of a after refused batches: %d (%v), want 10", last, err)
 	}
 }

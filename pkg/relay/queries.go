@@ -261,15 +261,18 @@ SELECT o.id, o.event_id, o.source, EXISTS (SELECT 1 FROM onceflow.outbox_pending
 // qCheckpointStreams reads, for each stream a checkpoint names ($1 topics,
 // $2 sources, $3 seqs; ord is the position, from 1), the row holding that
 // seq (NULL: pruned, deleted, or never written here) and the stream's
-// counter (NULL: none): its (source, topic) counter, or, for a stream that
+// counter (NULL: none): its (source, topic) counter (the greater of the
+// locked row and its newest move, migration 029), or, for a stream that
 // has not written since migration 015, its source's counter from before
 // (source_seq_legacy, from which its counter would start). It is the one
 // statement that knows how streams are keyed.
 const qCheckpointStreams = `
-SELECT h.ord, o.id, o.event_id, coalesce(c.last_seq, l.last_seq)
+SELECT h.ord, o.id, o.event_id, coalesce(greatest(c.last_seq, m.last_seq), l.last_seq)
   FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS h(topic, source, seq, ord)
   LEFT JOIN onceflow.outbox o ON o.source = h.source AND o.topic = h.topic AND o.seq = h.seq
   LEFT JOIN onceflow.source_seq c ON c.source = h.source AND c.topic = h.topic
+  LEFT JOIN LATERAL (SELECT m.last_seq FROM onceflow.source_seq_moves m WHERE m.source = h.source AND m.topic = h.topic
+                      ORDER BY m.last_seq DESC LIMIT 1) m ON true
   LEFT JOIN onceflow.source_seq_legacy l ON l.source = h.source`
 
 // Set-aside rows (setaside.go, the publisher).

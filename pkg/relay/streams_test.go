@@ -182,7 +182,7 @@ func TestStreamSeqPerTopic(t *testing.T) {
 	var bad int
 	if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM onceflow.source_seq s
 		  JOIN (SELECT source, topic, max(seq) m FROM onceflow.outbox GROUP BY source, topic) o USING (source, topic)
-		 WHERE s.last_seq <> o.m`).Scan(&bad); err != nil || bad != 0 {
+		 WHERE greatest(s.last_seq, (SELECT max(m.last_seq) FROM onceflow.source_seq_moves m WHERE m.source = s.source AND m.topic = s.topic)) <> o.m`).Scan(&bad); err != nil || bad != 0 {
 		t.Fatalf("%d streams whose counter is not their last seq (%v)", bad, err)
 	}
 }
