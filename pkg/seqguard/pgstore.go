@@ -139,6 +139,7 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, streams []Stream, now tim
 	b.Queue(qEnsureState, c, srcs, prods, topics, now)
 	b.Queue(qCustomPlans)
 	b.Queue(qLockState, c, srcs, prods, topics)
+	b.Queue(qWalkPlans)
 	b.Queue(qReadState, c, srcs, prods, topics).Query(func(rows pgx.Rows) error {
 		return l.scanLockedStates(rows, func(k Stream, st State) { states[k] = st })
 	})
@@ -287,6 +288,7 @@ func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error 
 		b := &pgx.Batch{}
 		b.Queue(qCustomPlans)
 		b.Queue(qLockState, c, srcs, prods, topics)
+		b.Queue(qWalkPlans)
 		b.Queue(qReadState, c, srcs, prods, topics).Query(scan)
 		b.Queue(qRestorePlans)
 		err = l.tx.SendBatch(ctx, b).Close()
@@ -300,9 +302,12 @@ func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error 
 		}
 		if err == nil && len(got) == 1 {
 			srcs, prods, topics := streamArrays(keys[:1])
-			if rows, err = l.tx.Query(ctx, qReadState, c, srcs, prods, topics); err == nil {
-				err = scan(rows)
-			}
+			b := &pgx.Batch{}
+			b.Queue(qCustomPlans)
+			b.Queue(qWalkPlans)
+			b.Queue(qReadState, c, srcs, prods, topics).Query(scan)
+			b.Queue(qRestorePlans)
+			err = l.tx.SendBatch(ctx, b).Close()
 		}
 	}
 	if err != nil {
