@@ -181,12 +181,16 @@ $fn$;
 -- one) when missing, and returns the end of p_at's bucket ('infinity' for
 -- the permanent lane, for 'legacy' nothing is made). A bucket whose range
 -- the default partition already has rows of is not made (its rows stay
--- in the default partition); the caller may try again later.
+-- in the default partition); the caller may try again later. Attaching a
+-- partition takes SHARE UPDATE EXCLUSIVE on onceflow.inbox and ACCESS
+-- EXCLUSIVE on the default partition (which every dedup probe reads), each
+-- waited for at most 100 ms: the caller tries again a minute later (the
+-- next bucket is made a whole bucket ahead).
 CREATE OR REPLACE FUNCTION onceflow.inbox_ensure_buckets(p_consumer text, p_lane text, p_at timestamptz DEFAULT now())
 RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '2s'
+SET lock_timeout = '100ms'
 AS $fn$
 DECLARE
     v_w    bigint;

@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -29,11 +30,15 @@ const (
 	// dedup probe covers is read again (a replica may have recorded a lane
 	// this process has not met).
 	laneSetRefresh = time.Minute
+	// bucketRetry is when to try again to make a lane's buckets after a
+	// failure (their lock was busy): the next bucket is made a whole
+	// bucket ahead, so there are many tries before it is needed.
+	bucketRetry = time.Minute
 )
 
 const (
 	qLane          = `SELECT onceflow.inbox_lane($1, $2)`
-	qEnsureBuckets = `SELECT onceflow.inbox_ensure_buckets($1, $2)`
+	qEnsureBuckets = `SELECT extract(epoch FROM onceflow.inbox_ensure_buckets($1, $2))::float8`
 	qLaneSet       = `SELECT DISTINCT lane FROM onceflow.inbox_lanes WHERE consumer = $1`
 )
 
@@ -96,13 +101,17 @@ func (b *laneBook) resolve(ctx context.Context, db dbtx.DB, consumer string, typ
 		if end, ok := b.bucketEnd[l]; ok && now.Before(end) {
 			continue
 		}
-		var end time.Time
-		if err := db.QueryRow(ctx, qEnsureBuckets, consumer, l).Scan(&end); err != nil {
+		var epoch float64
+		end := now.Add(bucketRetry)
+		if err := db.QueryRow(ctx, qEnsureBuckets, consumer, l).Scan(&epoch); err != nil {
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
 			}
 			warn(fmt.Errorf("inbox buckets of lane %s: %w", l, err))
-			end = now.Add(time.Minute) // try again in a minute
+		} else if math.IsInf(epoch, 1) {
+			end = time.Unix(1<<40, 0) // the permanent lane: one partition
+		} else {
+			end = time.Unix(0, int64(epoch*1e9))
 		}
 		b.bucketEnd[l] = end
 	}
