@@ -58,6 +58,7 @@ type sizes struct {
 	TracingEvents      int           `json:"tracing_events"`       // consumer drain with tracing off and on
 	SnapshotEvents     int           `json:"snapshot_events"`      // consumer drain with and without a held snapshot
 	SnapshotRelayRows  int           `json:"snapshot_relay_rows"`  // relay drain with and without a held snapshot
+	RetentionRows      int           `json:"retention_rows"`       // inbox rows one retention pass expires
 }
 
 func benchSizes(tb testing.TB) sizes {
@@ -84,6 +85,7 @@ func benchSizes(tb testing.TB) sizes {
 		TracingEvents:      envInt(tb, "ONCEFLOW_BENCH_TRACING_EVENTS", 50_000),
 		SnapshotEvents:     envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_EVENTS", 1_000_000),
 		SnapshotRelayRows:  envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_RELAY_ROWS", 1_000_000),
+		RetentionRows:      envInt(tb, "ONCEFLOW_BENCH_RETENTION_ROWS", 10_000_000),
 	}
 }
 
@@ -94,7 +96,7 @@ func smokeSizes() sizes {
 		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
 		WriteTxns: 4, WriteTxnEvents: 100, MemorySmall: 200, MemoryEvents: 2_000,
 		PeerEvents: 2_000, WatermillEvents: 500, RelayDesignBatches: 3,
-		TracingEvents: 1_000, SnapshotEvents: 1_000, SnapshotRelayRows: 2_000,
+		TracingEvents: 1_000, SnapshotEvents: 1_000, SnapshotRelayRows: 2_000, RetentionRows: 20_000,
 	}
 }
 

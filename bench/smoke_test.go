@@ -70,6 +70,8 @@ func TestBenchSmoke(t *testing.T) {
 			[]string{"consumer drain, no snapshot held", "held snapshot: consumer drain"}},
 		{"snapshot-relay", func(t *testing.T) { relayHeldSnapshot(t, rep, sz.SnapshotRelayRows) },
 			[]string{"relay drain, no snapshot held", "held snapshot: relay drain"}},
+		{"retention", func(t *testing.T) { retentionPass(t, rep, sz.RetentionRows, 500_000_000) },
+			[]string{"retention: a pass expiring", "retention: consumer apply rate during the pass"}},
 		{"tracing", func(t *testing.T) { tracingOverhead(t, rep, sz) },
 			[]string{"tracing off: enqueue", "tracing default (global provider, no SDK): enqueue", "tracing on, 1 trace in 10 sampled: enqueue",
 				"tracing on, every span exported: enqueue", "tracing off: consumer drain", "tracing on, every span exported: consumer drain",
