@@ -292,8 +292,12 @@ func (a *applier) allKnown(ctx context.Context, items []item) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	q, err := withLanes(qKnown, probe)
+	if err != nil {
+		return false, err
+	}
 	var n int
-	if err := a.cfg.Pool.QueryRow(ctx, qKnown, a.cfg.ConsumerName, keys, probe).Scan(&n); err != nil {
+	if err := a.cfg.Pool.QueryRow(ctx, q, a.cfg.ConsumerName, keys).Scan(&n); err != nil {
 		return false, fmt.Errorf("probe inbox: %w", err)
 	}
 	return n == len(seen), nil
@@ -378,8 +382,12 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 		return nil, fmt.Errorf("lock inbox keys: %w", err)
 	}
 	first := items[0].rec
-	rows, err := tx.Query(ctx, qInsertBatch, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, lanes.probe, rowLanes)
+	q, err := withLanes(qInsertBatch, lanes.probe)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, q, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
@@ -435,9 +443,13 @@ func (a *applier) insertDead(ctx context.Context, tx pgx.Tx, it *item, probe []s
 	if _, err := tx.Exec(ctx, qLockKeys, a.cfg.ConsumerName, []string{it.key}); err != nil {
 		return false, fmt.Errorf("lock inbox key: %w", err)
 	}
+	q, err := withLanes(qInsertDead, probe)
+	if err != nil {
+		return false, err
+	}
 	var id string
-	err := tx.QueryRow(ctx, qInsertDead, a.cfg.ConsumerName, it.key, source, seq, eventType,
-		r.Topic, r.Partition, r.Offset, attempts, safeText(reason), recordHeaders(r), r.Value, oldKey, it.ev.Producer, probe).Scan(&id)
+	err = tx.QueryRow(ctx, q, a.cfg.ConsumerName, it.key, source, seq, eventType,
+		r.Topic, r.Partition, r.Offset, attempts, safeText(reason), recordHeaders(r), r.Value, oldKey, it.ev.Producer).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
