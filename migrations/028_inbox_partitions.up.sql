@@ -23,8 +23,9 @@
 --      EXCLUSIVE on onceflow.inbox for a catalog update (no rewrite);
 --   2. VALIDATE the check: SHARE UPDATE EXCLUSIVE (a scan; reads and writes
 --      go on);
---   3. CREATE UNIQUE INDEX CONCURRENTLY of the new key: SHARE UPDATE
---      EXCLUSIVE (writes go on);
+--   3. CREATE UNIQUE INDEX CONCURRENTLY of the new key, and CREATE INDEX
+--      CONCURRENTLY of the rows retention keeps (not processed, or late):
+--      SHARE UPDATE EXCLUSIVE (writes go on);
 --   4. one transaction renames the table to onceflow.inbox_legacy, creates
 --      the partitioned onceflow.inbox with the same columns, grants and
 --      indexes, and attaches the old table as the partition of lane
@@ -59,6 +60,9 @@ BEGIN
 END $$;
 
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS inbox_legacy_key ON onceflow.inbox (consumer, event_id, lane, event_at);
+-- The rows retention keeps out of an expired bucket (few): found without
+-- scanning the bucket while it is locked.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS inbox_legacy_kept ON onceflow.inbox (consumer) WHERE status <> 'processed' OR late;
 
 DO $$
 DECLARE
@@ -67,6 +71,9 @@ BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.inbox'::regclass) <> 'r' THEN
         RETURN;
     END IF;
+    -- The concurrently built index becomes a constraint, which the parent's
+    -- unique constraint takes as the partition's (else ATTACH builds one).
+    ALTER TABLE onceflow.inbox ADD CONSTRAINT inbox_legacy_key UNIQUE USING INDEX inbox_legacy_key;
     ALTER TABLE onceflow.inbox RENAME TO inbox_legacy;
     ALTER TABLE onceflow.inbox_legacy RENAME CONSTRAINT inbox_pkey TO inbox_legacy_pkey;
     ALTER INDEX onceflow.inbox_attention RENAME TO inbox_legacy_attention;
@@ -103,6 +110,7 @@ BEGIN
     CREATE INDEX inbox_attention ON onceflow.inbox (consumer, status, received_at) WHERE status IN ('dead', 'held');
     CREATE INDEX inbox_received_at ON onceflow.inbox (received_at);
     CREATE INDEX inbox_parked ON onceflow.inbox (consumer, source, seq) WHERE status = 'parked';
+    CREATE INDEX inbox_kept ON onceflow.inbox (consumer) WHERE status <> 'processed' OR late;
 
     -- The old table's grants, table and column level, carry over.
     FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
@@ -299,7 +307,7 @@ BEGIN
             status, late, attempts, last_error, headers, payload, received_at, processed_at, producer, lane, event_at)
         SELECT consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset,
             status, late, attempts, last_error, headers, payload, received_at, processed_at, producer, 'legacy', event_at
-        FROM onceflow.%I WHERE status <> 'processed' OR late$q$, v_name);
+        FROM onceflow.%I WHERE consumer = %L AND (status <> 'processed' OR late)$q$, v_name, p_consumer);
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     EXECUTE format('TRUNCATE onceflow.%I', v_name);
     UPDATE onceflow.inbox_buckets SET truncated_at = now()
