@@ -242,7 +242,7 @@ BEGIN
     -- run with the owner's rights.
     IF to_regclass('onceflow.inbox_classes') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT, DELETE ON onceflow.inbox_legacy, onceflow.inbox_default TO %I', v_consumer);
-        EXECUTE format('GRANT SELECT, INSERT, DELETE ON onceflow.inbox_classes TO %I', v_consumer);
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON onceflow.inbox_classes TO %I', v_consumer);
         EXECUTE format('GRANT SELECT ON onceflow.inbox_lanes, onceflow.inbox_buckets TO %I', v_consumer);
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.inbox_lane(text, text), '
                        'onceflow.inbox_ensure_buckets(text, text, timestamptz), '
