@@ -70,7 +70,7 @@ func pruneBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer str
 			continue
 		}
 		if !b.Truncated {
-			n, err := inbox.CountBucket(ctx, conn, consumer, b)
+			n, err := inbox.BucketRows(ctx, conn, consumer, b)
 			if err != nil {
 				return err
 			}
@@ -92,7 +92,7 @@ func pruneBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer str
 				st.BucketsBusy++
 				continue
 			}
-			st.Inbox += n - moved
+			st.Inbox += max(0, n-moved)
 			st.InboxBuckets++
 		}
 		ok, err := withLockRetry(ctx, func() error { return inbox.DropBucket(ctx, conn, consumer, b) })

@@ -276,8 +276,9 @@ type Stats struct {
 	// onceflow.outbox_set_aside.
 	AdminAudit, SetAside int64
 	// InboxBuckets counts the inbox's time-bucket partitions removed whole
-	// (their rows are counted in Inbox); BucketsBusy the expired ones left
-	// for the next pass because their lock was not had in time.
+	// (their rows are counted in Inbox: the planner's estimate of an
+	// analyzed bucket, see inbox.BucketRows); BucketsBusy the expired ones
+	// left for the next pass because their lock was not had in time.
 	InboxBuckets, BucketsBusy int
 	// Skipped is true when another replica held the pruning lock.
 	Skipped bool
