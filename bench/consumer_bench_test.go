@@ -236,7 +236,7 @@ func rawInsertCeiling(b testing.TB, pool *pgxpool.Pool, per [][]benchRow, size i
 	const q = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
 		SELECT 'ceiling', e.id, e.source, e.seq, 'bench.event', 'bench', $1, e.off, 'processed', now()
 		FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS e(id, source, seq, off)
-		ON CONFLICT (consumer, event_id) DO NOTHING`
+		ON CONFLICT DO NOTHING`
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(per))
@@ -280,7 +280,7 @@ func sameWorkCeiling(b testing.TB, pool *pgxpool.Pool, per [][]benchRow, size in
 	const q = `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
 		SELECT 'ceiling', e.id, e.source, e.seq, 'bench.event', 'bench', $1, e.off, 'processed', now()
 		FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS e(id, source, seq, off)
-		ON CONFLICT (consumer, event_id) DO NOTHING`
+		ON CONFLICT DO NOTHING`
 	ctx := context.Background()
 	start := time.Now()
 	var wg sync.WaitGroup

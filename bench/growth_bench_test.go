@@ -12,13 +12,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/retention"
 )
 
 // BenchmarkGrowth measures how throughput holds up as tables grow:
 //
 //   - consumer: the drain of the same topic with an empty inbox and with the
 //     inbox pre-filled (ONCEFLOW_BENCH_INBOX_ROWS, default 10M rows, one
-//     INSERT … SELECT generate_series, then VACUUM ANALYZE and a CHECKPOINT);
+//     INSERT … SELECT generate_series spread over the nine time buckets of
+//     the events' 720h lane, then VACUUM ANALYZE and a CHECKPOINT);
 //   - relay: the rate with a 1M-row backlog (ONCEFLOW_BENCH_RELAY_PENDING;
 //     the first ONCEFLOW_BENCH_RELAY_WINDOW events timed) against backlogs of
 //     10k (five rounds), each timed from the backlog's commit.
@@ -45,6 +47,20 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 			}
 		}
 	}
+	// The inbox's layout with a retention policy (migration 028): the
+	// events' type gets a 720h lane (buckets of 90 hours), which the
+	// pre-fill below spreads over nine buckets, as a month of history.
+	policy, err := retention.Parse([]byte(`{"classes": [{"match": "*", "keep": "720h"}]}`))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := retention.Prune(ctx, db.Pool, policy, retention.Options{}); err != nil {
+		tb.Fatal(err)
+	}
+	var lane string
+	if err := db.Pool.QueryRow(ctx, `SELECT onceflow.inbox_lane('default', 'bench.event')`).Scan(&lane); err != nil {
+		tb.Fatal(err)
+	}
 	exec(`VACUUM ANALYZE onceflow.inbox`)
 	record := rep.measure()
 	cpu := startCPU(tb, db.Pool)
@@ -60,9 +76,13 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 
 	exec(`TRUNCATE onceflow.inbox, onceflow.consumer_offsets, onceflow.seq_state, onceflow.seq_applied, onceflow.seq_gaps, public.bench_state`)
 	t0 := time.Now()
-	exec(fmt.Sprintf(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
-		SELECT 'default', 'old-' || g, 'old-' || (g %% 100000), g / 100000 + 1, 'bench.event', 'old', g %% 4, g, 'processed', now()
-		  FROM generate_series(1, %d) g`, inboxRows))
+	for i := range 9 {
+		exec(fmt.Sprintf(`SELECT onceflow.inbox_ensure_buckets('default', '%s', now() - %d * interval '90 hours')`, lane, i))
+	}
+	exec(fmt.Sprintf(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane, event_at)
+		SELECT 'default', 'old-' || g, 'old-' || (g %% 100000), g / 100000 + 1, 'bench.event', 'old', g %% 4, g, 'processed', now(), '%s',
+		       now() - (g %% 9) * interval '90 hours'
+		  FROM generate_series(1, %d) g`, lane, inboxRows))
 	fill := time.Since(t0)
 	t1 := time.Now()
 	exec(`VACUUM ANALYZE onceflow.inbox`)

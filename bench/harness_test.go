@@ -59,6 +59,7 @@ type sizes struct {
 	SnapshotEvents         int           `json:"snapshot_events"`          // consumer drain with and without a held snapshot
 	SnapshotRelayRows      int           `json:"snapshot_relay_rows"`      // relay drain with and without a held snapshot
 	SnapshotProducerEvents int           `json:"snapshot_producer_events"` // producer enqueue with and without a held snapshot
+	RetentionRows          int           `json:"retention_rows"`           // inbox rows one retention pass expires
 }
 
 func benchSizes(tb testing.TB) sizes {
@@ -86,6 +87,7 @@ func benchSizes(tb testing.TB) sizes {
 		SnapshotEvents:         envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_EVENTS", 1_000_000),
 		SnapshotRelayRows:      envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_RELAY_ROWS", 1_000_000),
 		SnapshotProducerEvents: envInt(tb, "ONCEFLOW_BENCH_SNAPSHOT_PRODUCER_EVENTS", 200_000),
+		RetentionRows:          envInt(tb, "ONCEFLOW_BENCH_RETENTION_ROWS", 10_000_000),
 	}
 }
 

@@ -236,6 +236,19 @@ BEGIN
     LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', r.rel, v_consumer);
     END LOOP;
+    -- The partitioned inbox (migration 028): retention deletes row by row
+    -- only in the legacy and default partitions, publishes its classes, and
+    -- makes, truncates and drops bucket partitions through functions that
+    -- run with the owner's rights.
+    IF to_regclass('onceflow.inbox_classes') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT, DELETE ON onceflow.inbox_legacy, onceflow.inbox_default TO %I', v_consumer);
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON onceflow.inbox_classes TO %I', v_consumer);
+        EXECUTE format('GRANT SELECT ON onceflow.inbox_lanes, onceflow.inbox_buckets TO %I', v_consumer);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.inbox_lane(text, text), '
+                       'onceflow.inbox_ensure_buckets(text, text, timestamptz), '
+                       'onceflow.inbox_expire_bucket(text, text, timestamptz), '
+                       'onceflow.inbox_drop_bucket(text, text, timestamptz) TO %I', v_consumer);
+    END IF;
     -- The effects ledger's protocol functions (effects.Do, and fences from
     -- other languages, run them with the caller's rights).
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p

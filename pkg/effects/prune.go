@@ -3,6 +3,7 @@ package effects
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/onceflow/onceflow/pkg/dbtx"
 )
@@ -19,6 +20,28 @@ DELETE FROM onceflow.effects
 // effect is kept exactly as long as the inbox row that fences its event.
 func DeleteDone(ctx context.Context, db dbtx.DB, scopePrefix string, eventIDs []string) (int64, error) {
 	tag, err := db.Exec(ctx, qDeleteDoneOfEvents, eventIDs, scopePrefix)
+	if err != nil {
+		return 0, fmt.Errorf("prune effects: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// qDeleteDoneOfInboxBucket deletes the done rows, in the scopes under $6,
+// of the events whose processed, not late, inbox rows are in consumer $1's
+// bucket ($2 lane, [$3, $4) event_at; partition-pruned to it).
+const qDeleteDoneOfInboxBucket = `
+DELETE FROM onceflow.effects e
+ WHERE e.status = 'done' AND starts_with(e.scope, $5) AND e.event_id IS NOT NULL
+   AND EXISTS (SELECT 1 FROM onceflow.inbox i
+                WHERE i.lane = $2 AND i.consumer = $1 AND i.event_at >= $3 AND i.event_at < $4
+                  AND i.event_id = e.event_id AND i.status = 'processed' AND NOT i.late)`
+
+// DeleteDoneOfInboxBucket deletes the done ledger rows (in the scopes under
+// scopePrefix) of the events whose inbox rows retention is about to remove
+// with their time bucket (inbox.ExpireBucket), and returns how many it
+// deleted.
+func DeleteDoneOfInboxBucket(ctx context.Context, db dbtx.DB, scopePrefix, consumer, lane string, from, to time.Time) (int64, error) {
+	tag, err := db.Exec(ctx, qDeleteDoneOfInboxBucket, consumer, lane, from, to, scopePrefix)
 	if err != nil {
 		return 0, fmt.Errorf("prune effects: %w", err)
 	}

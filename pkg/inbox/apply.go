@@ -128,6 +128,8 @@ type applier struct {
 	// its claims (prepare.go).
 	eff   Effecter
 	owner string
+	// lanes caches the consumer's inbox lanes (lanes.go).
+	lanes laneBook
 }
 
 // errStopped means the worker was told to stop while waiting to retry.
@@ -158,6 +160,12 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 		endReleased(released, txSpan, &out, err)
 		endTx(txSpan, items, &out, err)
 	}()
+	// The lanes of the batch's types (recorded once, before the
+	// transaction: making a bucket's partition is DDL of its own).
+	lanes, err := a.itemLanes(ctx, items)
+	if err != nil {
+		return out, err
+	}
 	tx, err := a.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return out, fmt.Errorf("begin: %w", err)
@@ -171,7 +179,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 	// 1. Inbox rows of the valid events and the partition's next offset:
 	// one statement for the batch.
 	last := items[len(items)-1].rec
-	isNew, err := a.insertValid(ctx, tx, items, last.Offset+1)
+	isNew, err := a.insertValid(ctx, tx, items, lanes, last.Offset+1)
 	if err != nil {
 		return out, err
 	}
@@ -181,7 +189,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 		if it.bad == nil {
 			continue
 		}
-		inserted, err := a.insertDead(ctx, tx, it, 0, it.bad.Error())
+		inserted, err := a.insertDead(ctx, tx, it, lanes.probe, 0, it.bad.Error())
 		if err != nil {
 			return out, err
 		}
@@ -280,17 +288,67 @@ func (a *applier) allKnown(ctx context.Context, items []item) (bool, error) {
 		keys[i] = items[i].key
 		seen[items[i].key] = true
 	}
+	probe, err := a.lanes.probeLanes(ctx, a.cfg.Pool, a.cfg.ConsumerName)
+	if err != nil {
+		return false, err
+	}
+	q, err := withLanes(qKnown, probe)
+	if err != nil {
+		return false, err
+	}
 	var n int
-	if err := a.cfg.Pool.QueryRow(ctx, qKnown, a.cfg.ConsumerName, keys).Scan(&n); err != nil {
+	if err := a.cfg.Pool.QueryRow(ctx, q, a.cfg.ConsumerName, keys).Scan(&n); err != nil {
 		return false, fmt.Errorf("probe inbox: %w", err)
 	}
 	return n == len(seen), nil
 }
 
+// batchLanes are the lanes of a batch's valid items (by item index; ""
+// for a malformed one) and the lanes the dedup probe covers.
+type batchLanes struct {
+	byItem []string
+	probe  []string
+}
+
+// itemLanes resolves the lanes of items' event types.
+func (a *applier) itemLanes(ctx context.Context, items []item) (batchLanes, error) {
+	var types []string
+	idx := make([]int, len(items))
+	seen := map[string]int{}
+	for i := range items {
+		if items[i].bad != nil {
+			idx[i] = -1
+			continue
+		}
+		t := items[i].ev.EventType
+		j, ok := seen[t]
+		if !ok {
+			j = len(types)
+			seen[t] = j
+			types = append(types, t)
+		}
+		idx[i] = j
+	}
+	lanes, probe, err := a.lanes.resolve(ctx, a.cfg.Pool, a.cfg.ConsumerName, types, func(err error) {
+		a.cfg.Logger.WarnContext(ctx, "inbox partitions: rows go to the default partition meanwhile", "error", err.Error())
+	})
+	if err != nil {
+		return batchLanes{}, err
+	}
+	out := batchLanes{byItem: make([]string, len(items)), probe: probe}
+	for i, j := range idx {
+		if j >= 0 {
+			out.byItem[i] = lanes[j]
+		}
+	}
+	return out, nil
+}
+
 // insertValid inserts the valid items' rows, stores nextOffset, and reports,
 // per item index, whether it was new. Of two copies of one key in the batch,
-// only the first is new.
-func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, nextOffset int64) ([]bool, error) {
+// only the first is new (the later ones are not even offered: copies of
+// different types would go to different lanes).
+func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lanes batchLanes, nextOffset int64) ([]bool, error) {
 	n := 0
 	for i := range items {
 		if items[i].bad == nil {
@@ -304,10 +362,13 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, next
 	types := make([]string, 0, n)
 	offsets := make([]int64, 0, n)
 	producers := make([]string, 0, n)
+	rowLanes := make([]string, 0, n)
+	offered := make(map[string]bool, n)
 	for i := range items {
-		if items[i].bad != nil {
+		if items[i].bad != nil || offered[items[i].key] {
 			continue
 		}
+		offered[items[i].key] = true
 		ev := &items[i].ev
 		ids = append(ids, ev.EventID)
 		sources = append(sources, ev.Source)
@@ -315,10 +376,18 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, next
 		types = append(types, ev.EventType)
 		offsets = append(offsets, ev.Offset)
 		producers = append(producers, ev.Producer)
+		rowLanes = append(rowLanes, lanes.byItem[i])
+	}
+	if _, err := tx.Exec(ctx, qLockKeys, a.cfg.ConsumerName, ids); err != nil {
+		return nil, fmt.Errorf("lock inbox keys: %w", err)
 	}
 	first := items[0].rec
-	rows, err := tx.Query(ctx, qInsertBatch, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers)
+	q, err := withLanes(qInsertBatch, lanes.probe)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, q, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
@@ -343,7 +412,7 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, next
 	return isNew, nil
 }
 
-func (a *applier) insertDead(ctx context.Context, tx pgx.Tx, it *item, attempts int, reason string) (bool, error) {
+func (a *applier) insertDead(ctx context.Context, tx pgx.Tx, it *item, probe []string, attempts int, reason string) (bool, error) {
 	r := it.rec
 	source, eventType := it.ev.Source, it.ev.EventType
 	var seq *int64
@@ -371,8 +440,15 @@ func (a *applier) insertDead(ctx context.Context, tx pgx.Tx, it *item, attempts 
 		k := legacyMalformedKey(r)
 		oldKey = &k
 	}
+	if _, err := tx.Exec(ctx, qLockKeys, a.cfg.ConsumerName, []string{it.key}); err != nil {
+		return false, fmt.Errorf("lock inbox key: %w", err)
+	}
+	q, err := withLanes(qInsertDead, probe)
+	if err != nil {
+		return false, err
+	}
 	var id string
-	err := tx.QueryRow(ctx, qInsertDead, a.cfg.ConsumerName, it.key, source, seq, eventType,
+	err = tx.QueryRow(ctx, q, a.cfg.ConsumerName, it.key, source, seq, eventType,
 		r.Topic, r.Partition, r.Offset, attempts, safeText(reason), recordHeaders(r), r.Value, oldKey, it.ev.Producer).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -502,6 +578,10 @@ func (a *applier) applyIsolated(ctx context.Context, items []item, stop <-chan s
 func (a *applier) deadLetterTx(ctx context.Context, it *item, attempts int, reason string) (out outcome, err error) {
 	ctx, txSpan := a.tr.startTx(ctx, "inbox transaction", []item{*it})
 	defer func() { endTx(txSpan, nil, &out, err) }()
+	probe, err := a.lanes.probeLanes(ctx, a.cfg.Pool, a.cfg.ConsumerName)
+	if err != nil {
+		return out, err
+	}
 	tx, err := a.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return out, fmt.Errorf("begin: %w", err)
@@ -511,7 +591,7 @@ func (a *applier) deadLetterTx(ctx context.Context, it *item, attempts int, reas
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	inserted, err := a.insertDead(ctx, tx, it, attempts, reason)
+	inserted, err := a.insertDead(ctx, tx, it, probe, attempts, reason)
 	if err != nil {
 		return out, err
 	}

@@ -1,52 +1,105 @@
 package inbox
 
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
 // Every statement the inbox runs, in one place. All tables are
 // schema-qualified.
 
-// qInsertBatch inserts the inbox rows of a batch's valid events in offset
-// order; RETURNING names the ones that were new. A key repeated inside the
-// batch conflicts with its own first copy and is not returned twice. The
+// qLockKeys takes the transaction advisory lock of each of a batch's keys
+// ($2) of consumer $1, in one order (no two batches deadlock on them). The
+// inbox's unique key holds the partition key (lane, event_at) as well, so
+// two copies of one event id inserted at once into different buckets would
+// both be new: the lock makes the second wait for the first's commit, and
+// its dedup probe (a statement that starts after the lock is granted) then
+// sees the first's row. The locks' class, x'0e1b', is the inbox's.
+const qLockKeys = `
+SELECT pg_advisory_xact_lock(x'0e1b'::integer, s.h)
+FROM (SELECT DISTINCT hashtext($1 || E'\n' || k) AS h FROM unnest($2::text[]) AS k ORDER BY 1 OFFSET 0) AS s`
+
+// withLanes writes the partitions a dedup probe covers into a statement:
+// "{probe x}" becomes "(x.lane = 'l1' AND x.consumer = $1 OR ...)" for each
+// lane, constants the planner prunes the other lanes' partitions with, and
+// each arm with both keys, which prunes the other consumers' partitions
+// when the statement starts (an array parameter prunes nothing in a
+// generic plan, which would then read every partition of every consumer).
+// $1 is the consumer in every statement that has a probe. The lanes come
+// from onceflow.inbox_lane, which makes only these forms.
+func withLanes(q string, lanes []string) (string, error) {
+	for _, l := range lanes {
+		if !laneName.MatchString(l) {
+			return "", fmt.Errorf("inbox: lane %q is not a lane name", l)
+		}
+	}
+	for _, alias := range []string{"i", "k", "o"} {
+		arms := make([]string, len(lanes))
+		for j, l := range lanes {
+			arms[j] = fmt.Sprintf("%s.lane = '%s' AND %s.consumer = $1", alias, l, alias)
+		}
+		q = strings.ReplaceAll(q, "{probe "+alias+"}", "("+strings.Join(arms, " OR ")+")")
+	}
+	return q, nil
+}
+
+var laneName = regexp.MustCompile(`^(legacy|permanent|ttl-[0-9]+s)$`)
+
+// qInsertBatch inserts the inbox rows of a batch's valid events (each key
+// once) in offset order; RETURNING names the ones that were new. A key the
+// inbox has in any partition of the consumer's lanes (see withLanes) is
+// not inserted: the partitions' unique key holds the lane and
+// the time bucket too, so it cannot tell alone. $13 is each event's lane; event_at takes the transaction's time (its bucket). The
 // same statement stores the partition's next offset and the topic ID it
 // belongs to (one round trip less per batch; it commits or rolls back with
-// everything else). A row of another topic ID is replaced.
+// everything else). A row of another topic ID is replaced. Run after
+// qLockKeys.
 const qInsertBatch = `
 WITH next_offset AS (
     INSERT INTO onceflow.consumer_offsets (group_id, topic, kafka_partition, next_offset, topic_id, updated_at)
     VALUES ($9, $2, $3, $10, $11, now())
     ON CONFLICT (group_id, topic, kafka_partition)
     DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()
+), known AS (
+    SELECT k.event_id FROM onceflow.inbox k
+    WHERE {probe k} AND k.event_id = ANY($4::text[])
 )
 INSERT INTO onceflow.inbox
-    (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer)
-SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now(), e.producer
-FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $12::text[])
-    AS e(event_id, source, seq, event_type, kafka_offset, producer)
-ON CONFLICT (consumer, event_id) DO NOTHING
+    (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer, lane)
+SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now(), e.producer, e.lane
+FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $12::text[], $13::text[])
+    AS e(event_id, source, seq, event_type, kafka_offset, producer, lane)
+WHERE NOT EXISTS (SELECT 1 FROM known WHERE known.event_id = e.event_id)
+ON CONFLICT DO NOTHING
 RETURNING event_id`
 
-// qKnown finds which of a batch's keys the inbox already has (committed
-// rows only): the read-only fast path for a batch of redeliveries. (A
-// malformed record dead-lettered under the older key form is not known
-// here; the transaction's qInsertDead finds it.)
+// qKnown counts which of a batch's keys the inbox already has (committed
+// rows only), in the consumer's lanes: the read-only fast path for a batch of
+// redeliveries. (A malformed record dead-lettered under the older key form
+// is not known here; the transaction's qInsertDead finds it.)
 const qKnown = `
-SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND event_id = ANY($2::text[])`
+SELECT count(*) FROM onceflow.inbox i WHERE {probe i} AND i.event_id = ANY($2::text[])`
 
 // qInsertDead records a dead letter (a malformed record, or an event whose
-// handler kept failing), keeping headers and payload for replay. $13, when
-// not NULL, is the older-form key of a malformed record: a row under it
-// with the same headers and payload is this record's, which is then a
-// duplicate (nothing inserted).
+// handler kept failing), keeping headers and payload for replay, in the
+// legacy lane (a dead row is kept until an operator replays or deletes
+// it). $13, when not NULL, is the older-form key of a malformed record: a
+// row under it with the same headers and payload is this record's, which
+// is then a duplicate (nothing inserted). A row of the key in any of the
+// consumer's lanes (withLanes) makes it a duplicate too. Run after qLockKeys of the key.
 const qInsertDead = `
 INSERT INTO onceflow.inbox
     (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset,
-     status, attempts, last_error, headers, payload, producer)
+     status, attempts, last_error, headers, payload, producer, lane)
 SELECT $1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text, $7::integer, $8::bigint,
-    'dead', $9::integer, $10::text, $11::jsonb, $12::bytea, $14::text
-WHERE $13::text IS NULL OR NOT EXISTS (
+    'dead', $9::integer, $10::text, $11::jsonb, $12::bytea, $14::text, 'legacy'
+WHERE NOT EXISTS (SELECT 1 FROM onceflow.inbox k WHERE {probe k} AND k.event_id = $2)
+  AND ($13::text IS NULL OR NOT EXISTS (
     SELECT 1 FROM onceflow.inbox o
-    WHERE o.consumer = $1 AND o.event_id = $13
-      AND o.headers IS NOT DISTINCT FROM $11::jsonb AND coalesce(o.payload, ''::bytea) = coalesce($12::bytea, ''::bytea))
-ON CONFLICT (consumer, event_id) DO NOTHING
+    WHERE {probe o} AND o.event_id = $13
+      AND o.headers IS NOT DISTINCT FROM $11::jsonb AND coalesce(o.payload, ''::bytea) = coalesce($12::bytea, ''::bytea)))
+ON CONFLICT DO NOTHING
 RETURNING event_id`
 
 // qMarkApplied marks a replayed row processed and drops

@@ -275,6 +275,11 @@ type Stats struct {
 	// AdminAudit and SetAside count rows of onceflow.admin_audit and
 	// onceflow.outbox_set_aside.
 	AdminAudit, SetAside int64
+	// InboxBuckets counts the inbox's time-bucket partitions removed whole
+	// (their rows are counted in Inbox: the planner's estimate of an
+	// analyzed bucket, see inbox.BucketRows); BucketsBusy the expired ones
+	// left for the next pass because their lock was not had in time.
+	InboxBuckets, BucketsBusy int
 	// Skipped is true when another replica held the pruning lock.
 	Skipped bool
 	// OutboxNotPermitted is true when the database role may not delete
@@ -342,14 +347,20 @@ func Prune(ctx context.Context, db *pgxpool.Pool, r *Policy, o Options) (Stats, 
 		o.Consumer = DefaultConsumer
 	}
 	minTTL := r.minTTL()
-	if minTTL == 0 && r.auditTTL == 0 && r.setAsideTTL == 0 {
-		return st, nil // everything permanent
-	}
 	conn, err := db.Acquire(ctx)
 	if err != nil {
 		return st, err
 	}
 	defer conn.Release()
+	// The classes choose the lane of a type met for the first time
+	// (docs/consumer.md, "Storage layout"): published even when every class
+	// is permanent.
+	if err := inbox.PublishClasses(ctx, conn, o.Consumer, r.inboxClasses()); err != nil {
+		return st, fmt.Errorf("retention: %w", err)
+	}
+	if minTTL == 0 && r.auditTTL == 0 && r.setAsideTTL == 0 {
+		return st, nil // everything permanent
+	}
 	var got bool
 	if err := conn.QueryRow(ctx, qPruneLock, lockClass, o.Consumer).Scan(&got); err != nil {
 		return st, fmt.Errorf("retention: lock: %w", err)
@@ -433,29 +444,35 @@ func batches(ctx context.Context, p *pass, n *int64, del func(ctx context.Contex
 // pruneEvents deletes the expired inbox, effects and published outbox rows
 // (the event classes' TTLs).
 func pruneEvents(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer string, st *Stats) error {
-	// The consumer's inbox rows, and the effects of the pruned events.
+	// The consumer's expired inbox buckets, whole; then, row by row, the
+	// partitions that are not buckets; and the effects of the pruned events.
 	scopePrefix := effects.ConsumerScopePrefix(consumer)
-	err := keyset(ctx, p,
-		func(ctx context.Context, before, afterAt time.Time, afterID string) ([]candidate[string], error) {
-			rows, err := inbox.ScanProcessed(ctx, conn, consumer, before, afterAt, afterID, p.batch)
-			out := make([]candidate[string], len(rows))
-			for i, r := range rows {
-				out[i] = candidate[string]{key: r.EventID, eventType: r.EventType, at: r.ReceivedAt}
-			}
-			return out, err
-		},
-		func(ctx context.Context, ids []string) error {
-			n, err := inbox.DeleteProcessed(ctx, conn, consumer, ids)
-			if err != nil {
-				return err
-			}
-			st.Inbox += n
-			n, err = effects.DeleteDone(ctx, conn, scopePrefix, ids)
-			st.Effects += n
-			return err
-		})
-	if err != nil {
+	if err := pruneBuckets(ctx, conn, p, consumer, st); err != nil {
 		return err
+	}
+	for _, part := range inbox.RowPartitions {
+		err := keyset(ctx, p,
+			func(ctx context.Context, before, afterAt time.Time, afterID string) ([]candidate[string], error) {
+				rows, err := inbox.ScanProcessed(ctx, conn, part, consumer, before, afterAt, afterID, p.batch)
+				out := make([]candidate[string], len(rows))
+				for i, r := range rows {
+					out[i] = candidate[string]{key: r.EventID, eventType: r.EventType, at: r.ReceivedAt}
+				}
+				return out, err
+			},
+			func(ctx context.Context, ids []string) error {
+				n, err := inbox.DeleteProcessed(ctx, conn, part, consumer, ids)
+				if err != nil {
+					return err
+				}
+				st.Inbox += n
+				n, err = effects.DeleteDone(ctx, conn, scopePrefix, ids)
+				st.Effects += n
+				return err
+			})
+		if err != nil {
+			return err
+		}
 	}
 
 	// Published outbox rows, when this role may delete them.
@@ -467,7 +484,7 @@ func pruneEvents(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer stri
 		st.OutboxNotPermitted = true
 		return nil
 	}
-	err = keyset(ctx, p,
+	err := keyset(ctx, p,
 		func(ctx context.Context, before, afterAt time.Time, afterID int64) ([]candidate[int64], error) {
 			rows, err := admin.ScanPublished(ctx, conn, before, afterAt, afterID, p.batch)
 			out := make([]candidate[int64], len(rows))

@@ -402,3 +402,128 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestPruneBuckets: an expired time bucket of the inbox is removed whole
+// (truncated, then dropped), after its parked, held, dead and late rows
+// moved to the legacy partition; a bucket still within its lane's TTL, the
+// permanent lane and a longer TTL lane keep every row. A type moved to a
+// permanent class after its lane was recorded keeps its lane's buckets.
+func TestPruneBuckets(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDBUnlessShort(t)
+	ctx := context.Background()
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	count := func(q string, args ...any) int {
+		t.Helper()
+		var n int
+		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return n
+	}
+	r, err := retention.Parse([]byte(retentionJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first pass publishes the classes; the lanes are then recorded as
+	// the consumer records them.
+	if _, err := retention.Prune(ctx, db.Pool, r, retention.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	lanes := map[string]string{}
+	for _, typ := range []string{"ping.a", "audit.login", "order.placed", "ping.moved"} {
+		var l string
+		if err := db.Pool.QueryRow(ctx, `SELECT onceflow.inbox_lane('default', $1)`, typ).Scan(&l); err != nil {
+			t.Fatal(err)
+		}
+		lanes[typ] = l
+	}
+	if lanes["ping.a"] != "ttl-3600s" || lanes["audit.login"] != "permanent" || lanes["order.placed"] != "ttl-2592000s" {
+		t.Fatalf("lanes %v", lanes)
+	}
+	for _, at := range []string{"now() - interval '5 hours'", "now()"} {
+		exec(`SELECT onceflow.inbox_ensure_buckets('default', 'ttl-3600s', ` + at + `)`)
+		exec(`SELECT onceflow.inbox_ensure_buckets('default', 'ttl-2592000s', ` + at + `)`)
+	}
+	exec(`SELECT onceflow.inbox_ensure_buckets('default', 'permanent')`)
+	ins := func(id, typ, status string, late bool, ago string) {
+		t.Helper()
+		exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, late, lane, event_at, received_at)
+		  VALUES ('default', $1, 'src', $2, 't', 0, 0, $3, $4, $5, now() - $6::interval, now() - $6::interval)`, id, typ, status, late, lanes[typ], ago)
+	}
+	exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, lane, event_at, received_at)
+	  SELECT 'default', 'old-' || g, 'src', 'ping.a', 't', 0, g, 'processed', 'ttl-3600s', now() - interval '5 hours', now() - interval '5 hours'
+	  FROM generate_series(1, 1000) g`)
+	for _, k := range []struct{ id, status string }{{"parked", "parked"}, {"held", "held"}, {"dead", "dead"}} {
+		ins(k.id, "ping.a", k.status, false, "5 hours")
+	}
+	ins("late", "ping.a", "processed", true, "5 hours")
+	ins("fresh", "ping.a", "processed", false, "1 minute")
+	ins("kept-permanent", "audit.login", "processed", false, "5 hours")
+	ins("kept-720h", "order.placed", "processed", false, "5 hours")
+	// Another consumer's bucket of the same time is its own pruner's.
+	exec(`SELECT onceflow.inbox_ensure_buckets('other', 'ttl-3600s', now() - interval '5 hours')`)
+	exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, lane, event_at, received_at)
+	  VALUES ('other', 'o1', 'src', 'ping.a', 't', 0, 0, 'processed', 'ttl-3600s', now() - interval '5 hours', now() - interval '5 hours')`)
+	buckets := count(`SELECT count(*) FROM onceflow.inbox_buckets WHERE consumer = 'default'`)
+
+	st, err := retention.Prune(ctx, db.Pool, r, retention.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bucket of 5 hours ago and the next one made with it expired.
+	// (Inbox counts the buckets' rows by the planner's estimate once a
+	// bucket is analyzed, which autovacuum may do meanwhile: not judged.)
+	if st.InboxBuckets != 2 || st.BucketsBusy != 0 {
+		t.Fatalf("pruned %+v, want the 1000 processed rows of two buckets", st)
+	}
+	if n := count(`SELECT count(*) FROM onceflow.inbox_buckets WHERE consumer = 'default'`); n != buckets-2 {
+		t.Fatalf("%d buckets left, want %d", n, buckets-2)
+	}
+	if n, want := count(`SELECT count(*) FROM pg_inherits WHERE inhparent = 'onceflow.inbox'::regclass`),
+		count(`SELECT count(*) + 2 FROM onceflow.inbox_buckets`); n != want {
+		t.Fatalf("%d partitions, want %d (the buckets, legacy, default): a dropped bucket's table is left", n, want)
+	}
+	for _, id := range []string{"parked", "held", "dead", "late"} {
+		if n := count(`SELECT count(*) FROM onceflow.inbox_legacy WHERE consumer = 'default' AND event_id = $1`, id); n != 1 {
+			t.Errorf("%s: %d rows in the legacy partition, want 1 (kept out of the expired bucket)", id, n)
+		}
+	}
+	for _, id := range []string{"fresh", "kept-permanent", "kept-720h"} {
+		if n := count(`SELECT count(*) FROM onceflow.inbox WHERE consumer = 'default' AND event_id = $1`, id); n != 1 {
+			t.Errorf("%s: %d rows, want 1", id, n)
+		}
+	}
+	if n := count(`SELECT count(*) FROM onceflow.inbox WHERE consumer = 'other'`); n != 1 {
+		t.Errorf("the other consumer's row: %d, want 1", n)
+	}
+	if n := count(`SELECT count(*) FROM onceflow.inbox WHERE consumer = 'default' AND event_id LIKE 'old-%'`); n != 0 {
+		t.Errorf("%d expired rows left", n)
+	}
+	// A later pass prunes the kept rows only once they are processed, row
+	// by row in the legacy partition (the late one never).
+	exec(`UPDATE onceflow.inbox SET status = 'processed' WHERE consumer = 'default' AND event_id = 'parked'`)
+	if st, err = retention.Prune(ctx, db.Pool, r, retention.Options{}); err != nil || st.Inbox != 1 {
+		t.Fatalf("second pass: %+v, %v; want the replayed parked row", st, err)
+	}
+
+	// ping.moved's lane was recorded under ping.*'s 1h; the policy now
+	// keeps it permanently: its lane's buckets are kept.
+	exec(`SELECT onceflow.inbox_ensure_buckets('default', 'ttl-3600s', now() - interval '10 hours')`)
+	ins("moved-1", "ping.moved", "processed", false, "10 hours")
+	moved, err := retention.Parse([]byte(`{"classes": [{"match": "ping.moved", "keep": "permanent"}, {"match": "ping.*", "keep": "1h"}, {"match": "*", "keep": "720h"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err = retention.Prune(ctx, db.Pool, moved, retention.Options{}); err != nil || st.InboxBuckets != 0 {
+		t.Fatalf("after the policy change: %+v, %v; want no bucket removed", st, err)
+	}
+	if n := count(`SELECT count(*) FROM onceflow.inbox WHERE event_id = 'moved-1'`); n != 1 {
+		t.Fatalf("moved-1: %d rows, want 1", n)
+	}
+}

@@ -1,0 +1,157 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/testkit"
+	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/retention"
+)
+
+// BenchmarkRetention measures one retention pass that expires a large
+// inbox (ONCEFLOW_BENCH_RETENTION_ROWS, default 10M rows in two expired
+// time buckets of a 1h class, plus 1,000 parked rows the pass must keep)
+// while a consumer applies batches of 500 new events through
+// inbox.Applier: the pass's time, the dead tuples left in the inbox's
+// partitions, and the consumer's rate during the pass against its rate in
+// the seconds before.
+func BenchmarkRetention(b *testing.B) {
+	sz := benchSizes(b)
+	benchReport.setSizes(sz)
+	retentionPass(b, benchReport, sz.RetentionRows, 5*time.Second)
+}
+
+const retentionPolicy = `{"classes": [{"match": "bench.old", "keep": "1h"}, {"match": "*", "keep": "720h"}]}`
+
+func retentionPass(tb testing.TB, rep *report, rows int, before time.Duration) {
+	ctx := context.Background()
+	db := testkit.NewDB(tb)
+	exec := func(q string, args ...any) {
+		tb.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			tb.Fatalf("%s: %v", q, err)
+		}
+	}
+	policy, err := retention.Parse([]byte(retentionPolicy))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := retention.Prune(ctx, db.Pool, policy, retention.Options{}); err != nil { // publishes the classes
+		tb.Fatal(err)
+	}
+	var lane string
+	if err := db.Pool.QueryRow(ctx, `SELECT onceflow.inbox_lane('default', 'bench.old')`).Scan(&lane); err != nil {
+		tb.Fatal(err)
+	}
+	// Two expired buckets (5 and 4 hours ago), filled half and half.
+	exec(`SELECT onceflow.inbox_ensure_buckets('default', $1, now() - interval '5 hours')`, lane)
+	t0 := time.Now()
+	exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane, event_at, received_at)
+		SELECT 'default', 'old-' || g, 'old-' || (g % 100000), g / 100000 + 1, 'bench.old', 'old', g % 4, g, 'processed', now(), $2,
+		       now() - interval '5 hours' + (g % 2) * interval '1 hour', now() - interval '5 hours'
+		  FROM generate_series(1, $1::bigint) g`, rows, lane)
+	exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, lane, event_at, received_at, headers, payload)
+		SELECT 'default', 'parked-' || g, 'parked', g + 1, 'bench.old', 'old', 0, g, 'parked', $1,
+		       now() - interval '5 hours', now() - interval '5 hours', '{}', '\x00'
+		  FROM generate_series(1, 1000) g`, lane)
+	fill := time.Since(t0)
+	exec(`VACUUM ANALYZE onceflow.inbox`)
+	exec(`CHECKPOINT`)
+
+	// The consumer: batches of 500 new events of a 720h type, in order.
+	app, err := inbox.NewApplier(inbox.Config{Pool: db.Pool, Group: "bench", ConsumerName: "default",
+		Handler: inbox.HandlerFunc(func(context.Context, pgx.Tx, inbox.Event) error { return nil })})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var applied atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var applyErr error
+	wg.Go(func() {
+		seq := int64(0)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			recs := make([]*kgo.Record, 500)
+			for i := range recs {
+				seq++
+				ev := envelope.Envelope{EventID: fmt.Sprintf("live-%d", seq), Source: "live", Seq: seq, EventType: "bench.live", Payload: []byte(`{}`)}
+				recs[i] = ev.Record("live")
+				recs[i].Offset = seq
+			}
+			res, err := app.Apply(ctx, recs...)
+			if err != nil {
+				applyErr = err
+				return
+			}
+			applied.Add(int64(res.Processed))
+		}
+	})
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+	// Warm up, then the rate before the pass.
+	for applied.Load() < 2000 && applyErr == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	n0, tb0 := applied.Load(), time.Now()
+	time.Sleep(before)
+	n1, tb1 := applied.Load(), time.Now()
+	beforeRate := float64(n1-n0) / tb1.Sub(tb0).Seconds()
+
+	record := rep.measure()
+	st, err := retention.Prune(ctx, db.Pool, policy, retention.Options{})
+	t2 := time.Now()
+	n2 := applied.Load()
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if applyErr != nil {
+		tb.Fatal(applyErr)
+	}
+	took := t2.Sub(tb1)
+	duringRate := float64(n2-n1) / took.Seconds()
+	var left int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.inbox WHERE event_id LIKE 'old-%'`).Scan(&left); err != nil || left != 0 || st.InboxBuckets != 2 {
+		tb.Fatalf("%d expired rows left (%v), %d buckets removed (%+v); want none left, 2 removed", left, err, st.InboxBuckets, st)
+	}
+	var kept int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.inbox WHERE event_id LIKE 'parked-%' AND status = 'parked'`).Scan(&kept); err != nil || kept != 1000 {
+		tb.Fatalf("%d parked rows kept (%v), want 1000", kept, err)
+	}
+	// The statistics of other sessions reach pg_stat after their next flush
+	// (at most a second after their transaction when idle).
+	time.Sleep(1500 * time.Millisecond)
+	var dead int64
+	if err := db.Pool.QueryRow(ctx, `SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
+		WHERE schemaname = 'onceflow' AND (relname LIKE 'inbox\_b\_%' OR relname IN ('inbox_legacy', 'inbox_default'))`).Scan(&dead); err != nil {
+		tb.Fatal(err)
+	}
+	record(figure{Name: fmt.Sprintf("retention: a pass expiring %d inbox rows (2 buckets)", rows), Value: took.Seconds(), Unit: "s",
+		Target: "<= 5 s, n_dead_tup 0", Met: met(took <= 5*time.Second && dead == 0),
+		Notes: []string{fmt.Sprintf("n_dead_tup after: %d; 1000 parked rows moved to the legacy partition; buckets removed %d; fill %s (not timed)",
+			dead, st.InboxBuckets, fill.Round(time.Second))}})
+	record(figure{Name: "retention: consumer apply rate during the pass", Value: duringRate, Unit: "events/s",
+		CeilingName: fmt.Sprintf("the %s before", before), Ceiling: beforeRate, Target: "ratio >= 0.9", Met: met(duringRate >= 0.9*beforeRate),
+		Notes: []string{fmt.Sprintf("inbox.Applier, batches of 500, no-op handler; %d events during the pass", n2-n1)}})
+}

@@ -1,0 +1,135 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/effects"
+	"github.com/onceflow/onceflow/pkg/inbox"
+)
+
+// inboxClasses is the policy's classes as the inbox records them
+// (inbox.PublishClasses).
+func (r *Policy) inboxClasses() []inbox.Class {
+	out := make([]inbox.Class, len(r.Classes))
+	for i, c := range r.Classes {
+		out[i] = inbox.Class{Glob: c.Match, Pattern: inbox.GlobRegexp(c.Match), Keep: c.ttl}
+	}
+	return out
+}
+
+// laneTTL is how long the rows of a lane are kept under the policy: the
+// longest TTL of the types recorded in it (a type recorded under one class
+// and moved to a longer or permanent one since keeps its rows that long),
+// 0 when one of them is now permanent or the lane has no type.
+func (r *Policy) laneTTL(types []string) time.Duration {
+	var ttl time.Duration
+	for _, t := range types {
+		d := r.ttlOf(t)
+		if d == 0 {
+			return 0
+		}
+		ttl = max(ttl, d)
+	}
+	return ttl
+}
+
+// Lock waits of a bucket's truncation and drop: each try waits at most
+// 100 ms for its lock (the functions' lock_timeout), then backs off.
+const (
+	bucketTries      = 8
+	bucketBackoffMin = 50 * time.Millisecond
+	bucketBackoffMax = 2 * time.Second
+)
+
+// pruneBuckets removes consumer's expired time buckets: for each, the done
+// effects of its processed events are deleted, its parked, held, dead and
+// late rows move to the legacy partition, it is truncated, then dropped.
+// A bucket whose lock was not had in bucketTries tries is left for the next
+// pass (a truncated one is only dropped then).
+func pruneBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer string, st *Stats) error {
+	buckets, err := inbox.Buckets(ctx, conn, consumer)
+	if err != nil {
+		return err
+	}
+	if len(buckets) == 0 {
+		return nil
+	}
+	types, err := inbox.LaneTypes(ctx, conn, consumer)
+	if err != nil {
+		return err
+	}
+	scopePrefix := effects.ConsumerScopePrefix(consumer)
+	for _, b := range buckets {
+		ttl := p.policy.laneTTL(types[b.Lane])
+		if ttl == 0 || b.To.After(p.now.Add(-ttl)) {
+			continue
+		}
+		if !b.Truncated {
+			n, err := inbox.BucketRows(ctx, conn, consumer, b)
+			if err != nil {
+				return err
+			}
+			e, err := effects.DeleteDoneOfInboxBucket(ctx, conn, scopePrefix, consumer, b.Lane, b.From, b.To)
+			st.Effects += e
+			if err != nil {
+				return err
+			}
+			var moved int64
+			ok, err := withLockRetry(ctx, func() error {
+				var err error
+				moved, err = inbox.ExpireBucket(ctx, conn, consumer, b)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if !ok {
+				st.BucketsBusy++
+				continue
+			}
+			st.Inbox += max(0, n-moved)
+			st.InboxBuckets++
+		}
+		ok, err := withLockRetry(ctx, func() error { return inbox.DropBucket(ctx, conn, consumer, b) })
+		if err != nil {
+			return err
+		}
+		if !ok {
+			st.BucketsBusy++
+		}
+	}
+	return nil
+}
+
+// withLockRetry runs f until it does not fail for a lock wait (SQLSTATE
+// 55P03), at most bucketTries times with a growing pause; false when every
+// try failed so.
+func withLockRetry(ctx context.Context, f func() error) (bool, error) {
+	wait := bucketBackoffMin
+	for try := 1; ; try++ {
+		err := f()
+		var pgErr *pgconn.PgError
+		if err == nil {
+			return true, nil
+		}
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+			return false, err
+		}
+		if try == bucketTries {
+			return false, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, bucketBackoffMax)
+	}
+}
