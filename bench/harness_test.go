@@ -98,7 +98,7 @@ func smokeSizes() sizes {
 		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
 		WriteTxns: 4, WriteTxnEvents: 100, MemorySmall: 200, MemoryEvents: 2_000,
 		PeerEvents: 2_000, WatermillEvents: 500, RelayDesignBatches: 3,
-		TracingEvents: 1_000, SnapshotEvents: 1_000, SnapshotRelayRows: 2_000, SnapshotProducerEvents: 2_000,
+		TracingEvents: 1_000, SnapshotEvents: 1_000, SnapshotRelayRows: 2_000, SnapshotProducerEvents: 2_000, RetentionRows: 20_000,
 	}
 }
 
