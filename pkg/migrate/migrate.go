@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	ternmigrate "github.com/jackc/tern/v2/migrate"
@@ -27,6 +28,33 @@ import (
 // a session, so holding both is harmless.
 const lockKey = int64(0x6f6e6365666c6f77) // "onceflow"
 
+// takeLock takes the migrators' advisory lock, polling for it rather than
+// waiting in pg_advisory_lock: a statement waiting for the lock keeps its
+// snapshot open, and a migration that builds an index CONCURRENTLY
+// (migration 028) waits for every older snapshot to end, so the migrator
+// holding the lock and one waiting in it would deadlock (PostgreSQL then
+// aborts one of them). Between tries this one holds no snapshot.
+func takeLock(ctx context.Context, conn *pgx.Conn) error {
+	wait := 50 * time.Millisecond
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&got); err != nil {
+			return err
+		}
+		if got {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
 // Up applies every pending migration. It is idempotent and safe to run from
 // several processes at once. It returns the version before and after.
 func Up(ctx context.Context, conn *pgx.Conn) (from, to int32, err error) {
@@ -39,7 +67,7 @@ func To(ctx context.Context, conn *pgx.Conn, target int32) (from, to int32, err 
 	if err != nil {
 		return 0, 0, err
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+	if err := takeLock(ctx, conn); err != nil {
 		return 0, 0, fmt.Errorf("take migration lock: %w", err)
 	}
 	defer func() {
