@@ -138,14 +138,14 @@ func (r *recoverer) txnIDOf(identity, shard string) string {
 
 // producerMetadataMinAge is the least time between two metadata loads of
 // the relay's producer, unless KafkaOpts set kgo.MetadataMinAge. A produce
-// that gets a retriable partition error (with Kafka 4's transactions, a
-// CONCURRENT_TRANSACTIONS when the previous commit's markers are still
+// that gets a retriable partition error (with Kafka 4's transactions
+// likely a CONCURRENT_TRANSACTIONS: the previous commit's markers still
 // being written) waits for a metadata load before it is sent again, and
 // franz-go's default keeps 5 s between loads: a producer that had just
 // loaded metadata (its first record to a topic: the first batch after
 // start-up) held its next transaction open for up to 5 s, under load once
-// in most benchmark drains (docs/performance.md, "Wire formats"). Kafka's
-// Java producer waits retry.backoff.ms, 100 ms by default.
+// in many benchmark drains (docs/performance.md, "Wire formats, round 2").
+// Kafka's Java producer waits retry.backoff.ms, 100 ms by default.
 const producerMetadataMinAge = 250 * time.Millisecond
 
 // initProducer creates a transactional producer and initialises its id.
