@@ -424,7 +424,12 @@ func sortedDurations(d []time.Duration) []time.Duration {
 // Helpers shared by the relay and consumer benchmarks.
 
 func relayKafkaOpts(tb testing.TB) []kgo.Opt {
-	return []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(tb), ",")...)}
+	opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(tb), ",")...)}
+	if os.Getenv("ONCEFLOW_BENCH_KGO_DEBUG") != "" {
+		// franz-go's info log names the metadata loads a retry waits for.
+		opts = append(opts, kgo.WithHooks(kgoRequests{}), kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelInfo, nil)))
+	}
+	return opts
 }
 
 // startBenchRelay runs an in-process relay until stop; reg (may be nil)
@@ -509,4 +514,15 @@ func resetTimer(tb testing.TB) {
 	if b, ok := tb.(*testing.B); ok {
 		b.ResetTimer()
 	}
+}
+
+// kgoRequests prints each Kafka request of a relay's producer (key, time
+// on the broker) when ONCEFLOW_BENCH_KGO_DEBUG is set: a transaction that
+// stalls shows whether the broker was slow or the client waited between
+// two requests.
+type kgoRequests struct{}
+
+func (kgoRequests) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e kgo.BrokerE2E) {
+	fmt.Fprintf(os.Stderr, "kafka request %s key=%d write=%s broker=%s read=%s err=%v\n", time.Now().UTC().Format("15:04:05.000"), key,
+		e.TimeToWrite, e.ReadWait, e.TimeToRead, e.Err())
 }

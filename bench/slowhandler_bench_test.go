@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -87,6 +88,12 @@ func slowHandler(tb testing.TB, rep *report, s slowSize) {
 	type poolUse struct {
 		acquires int64
 		wait     time.Duration
+		// The batch transactions' HandleBatch calls: for events whose
+		// call was made before the transaction, the records of the
+		// calls (effect_lease_record, one statement per event in the
+		// batch's pipeline), which is all this handler does there.
+		batches int64
+		handle  time.Duration
 	}
 	run := func(n, concurrency int) (rate float64, maxConns int64, pw poolUse) {
 		db := testkit.NewDB(tb)
@@ -101,10 +108,15 @@ func slowHandler(tb testing.TB, rep *report, s slowSize) {
 		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			tb.Fatal(err)
 		}
-		h, err := handlerfile.Load(file)
+		loaded, err := handlerfile.Load(file)
 		if err != nil {
 			tb.Fatal(err)
 		}
+		eff, ok := loaded.(effectingBatch)
+		if !ok {
+			tb.Fatalf("the http handler (%T) makes no effects before its transaction", loaded)
+		}
+		h := &timedBatch{effectingBatch: eff}
 		const app = "onceflow-bench-slow"
 		pc, err := pgxpool.ParseConfig(db.URL)
 		if err != nil {
@@ -155,7 +167,7 @@ func slowHandler(tb testing.TB, rep *report, s slowSize) {
 		wg.Wait()
 		took := end.Sub(time.Unix(0, firstCall.Load()))
 		st := pool.Stat()
-		pw = poolUse{acquires: st.AcquireCount(), wait: st.AcquireDuration()}
+		pw = poolUse{acquires: st.AcquireCount(), wait: st.AcquireDuration(), batches: h.batches.Load(), handle: time.Duration(h.took.Load())}
 		return float64(n) / took.Seconds(), peak.Load(), pw
 	}
 	perPartition := slowConcurrency / benchPartitions
@@ -171,10 +183,33 @@ func slowHandler(tb testing.TB, rep *report, s slowSize) {
 		Target: fmt.Sprintf(">= %.0f ev/s (0.8 of ceiling) with <= 10 PostgreSQL connections in use", 0.8*ideal), Met: met(rate >= 0.8*ideal && conns <= 10),
 		Notes: []string{fmt.Sprintf("%d events of %d sources, %d partitions, Concurrency %d per partition; %.1fx today's %.1f ev/s; from the first call to the last commit",
 			s.Events, s.Events, benchPartitions, perPartition, rate/today, today),
-			fmt.Sprintf("pool of 8: %.2f acquires per event, %s waiting for a connection in all", float64(pw.acquires)/float64(s.Events), pw.wait.Round(time.Millisecond))}})
+			fmt.Sprintf("pool of 8: %.2f acquires per event, %s waiting for a connection in all", float64(pw.acquires)/float64(s.Events), pw.wait.Round(time.Millisecond)),
+			fmt.Sprintf("records of the calls (HandleBatch in the batch transactions): %d batches, %s in all, %s per partition (the run took %s)",
+				pw.batches, pw.handle.Round(time.Millisecond), (pw.handle / benchPartitions).Round(time.Millisecond), time.Duration(float64(s.Events)/rate*float64(time.Second)).Round(time.Millisecond))}})
 	rep.measure()(figure{Name: fmt.Sprintf("slow handler %s: PostgreSQL connections in use (peak)", delay), Value: float64(max(conns, 1)), Unit: "connections",
 		Target: "<= 10", Met: met(conns <= 10),
 		Notes: []string{"the consumer pool's backends not idle, sampled every 10 ms from pg_stat_activity during the concurrent run"}})
-	fmt.Printf("slow handler, downstream %s: %.1f ev/s at %d calls in flight (target >= %.0f), peak %d PostgreSQL connections in use; today (concurrency 1) %.1f ev/s; pool: %.2f acquires per event, %s waiting\n",
-		delay, rate, slowConcurrency, 0.8*ideal, conns, today, float64(pw.acquires)/float64(s.Events), pw.wait.Round(time.Millisecond))
+	fmt.Printf("slow handler, downstream %s: %.1f ev/s at %d calls in flight (target >= %.0f), peak %d PostgreSQL connections in use; today (concurrency 1) %.1f ev/s; pool: %.2f acquires per event, %s waiting; records: %d batches, %s in all\n",
+		delay, rate, slowConcurrency, 0.8*ideal, conns, today, float64(pw.acquires)/float64(s.Events), pw.wait.Round(time.Millisecond), pw.batches, pw.handle.Round(time.Millisecond))
+}
+
+// effectingBatch is a batch handler that makes its events' effects before
+// the transaction (the http handler).
+type effectingBatch interface {
+	inbox.BatchHandler
+	inbox.Effecter
+}
+
+// timedBatch times the batch transactions' HandleBatch calls.
+type timedBatch struct {
+	effectingBatch
+	batches, took atomic.Int64
+}
+
+func (t *timedBatch) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Event) error {
+	start := time.Now()
+	err := t.effectingBatch.HandleBatch(ctx, tx, evs)
+	t.took.Add(int64(time.Since(start)))
+	t.batches.Add(1)
+	return err
 }

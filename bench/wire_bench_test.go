@@ -3,6 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +32,9 @@ const benchAvroSchema = `{"type":"record","name":"Bench","namespace":"onceflow.b
 // json; and the relay's record building per event (envelope.Record beside
 // wire.Encoder.Record, the call that takes its place in the relay), one
 // core. ONCEFLOW_BENCH_WIRE_EVENTS sets the drain size (default 100000),
-// ONCEFLOW_BENCH_WIRE_ROUNDS the relay drains of each format (default 2).
+// ONCEFLOW_BENCH_WIRE_ROUNDS the relay drains of each format (default 3),
+// ONCEFLOW_BENCH_WIRE_PROFILE a directory for a CPU profile of each relay
+// drain.
 func BenchmarkWireAvro(b *testing.B) {
 	ctx := context.Background()
 	n := envInt(b, "ONCEFLOW_BENCH_WIRE_EVENTS", 100_000)
@@ -84,6 +90,8 @@ func BenchmarkWireAvro(b *testing.B) {
 			b.Fatal(err)
 		}
 		reg := prometheus.NewRegistry()
+		stopProfile := profileDrain(b, topic)
+		defer stopProfile()
 		t0 := time.Now()
 		stop := startBenchRelayWith(b, rdb, relayBenchBatch, false, false, reg, enc)
 		defer stop()
@@ -92,12 +100,16 @@ func BenchmarkWireAvro(b *testing.B) {
 	}
 	// Interleaved rounds, the best of each format: one drain takes a few
 	// seconds, and on a shared machine a neighbour's burst moves one run
-	// by a third.
-	rounds := envInt(b, "ONCEFLOW_BENCH_WIRE_ROUNDS", 2)
+	// by a third. Each round is printed with the load average, and the
+	// figure's notes give every round's ratio.
+	rounds := envInt(b, "ONCEFLOW_BENCH_WIRE_ROUNDS", 3)
 	record = benchReport.measure()
 	var relayJSON, relayAvro float64
-	for range rounds {
-		relayJSON = max(relayJSON, relayRate(testkit.Topic(b, "bench-wire-relay-json", benchPartitions, nil), nil))
+	var ratios []float64
+	var perRound []string
+	for i := range rounds {
+		load := loadavg()
+		j := relayRate(testkit.Topic(b, "bench-wire-relay-json", benchPartitions, nil), nil)
 		relayAvroTopic := testkit.Topic(b, "bench-wire-relay-avro", benchPartitions, nil)
 		if _, err := wire.Register(ctx, reg, relayAvroTopic, tf, wire.CompatBackward); err != nil {
 			b.Fatal(err)
@@ -106,11 +118,17 @@ func BenchmarkWireAvro(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		relayAvro = max(relayAvro, relayRate(relayAvroTopic, relayEnc))
+		a := relayRate(relayAvroTopic, relayEnc)
+		relayJSON, relayAvro = max(relayJSON, j), max(relayAvro, a)
+		ratios = append(ratios, a/j)
+		perRound = append(perRound, fmt.Sprintf("%.2f", a/j))
+		fmt.Printf("  relay drain round %d: json %.0f ev/s, avro %.0f ev/s -> %.2f; load avg %s -> %s\n", i+1, j, a, a/j, load, loadavg())
 	}
+	slices.Sort(ratios)
 	record(figure{Name: "relay drain, avro (wire encoder)", Value: relayAvro, Unit: "events/s", CeilingName: "the same drain, json", Ceiling: relayJSON,
 		Target: ">= 0.80 of json", Met: met(relayAvro >= 0.8*relayJSON),
-		Notes: []string{fmt.Sprintf("%d rows of JSON payloads, batches of %d, from start-up to the last published; the best of %d interleaved runs of each format", n, relayBenchBatch, rounds)}})
+		Notes: []string{fmt.Sprintf("%d rows of JSON payloads, batches of %d, from start-up to the last published; the best of %d interleaved runs of each format", n, relayBenchBatch, rounds),
+			fmt.Sprintf("avro/json of each round (json first, then avro): %s; median %.2f", strings.Join(perRound, ", "), ratios[len(ratios)/2])}})
 
 	prefillWire(b, jsonTopic, n, nil)
 	prefillWire(b, avroTopic, n, enc)
@@ -170,5 +188,28 @@ func prefillWire(b testing.TB, topic string, n int, enc *wire.Encoder) {
 	wg.Wait()
 	if firstErr != nil {
 		b.Fatalf("prefill %s: %v", topic, firstErr)
+	}
+}
+
+// profileDrain writes a CPU profile of one drain to
+// $ONCEFLOW_BENCH_WIRE_PROFILE/<name>.cpu when that directory is set: a slow
+// run's profile beside a fast one's (go tool pprof). stop ends it.
+func profileDrain(tb testing.TB, name string) (stop func()) {
+	dir := os.Getenv("ONCEFLOW_BENCH_WIRE_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, name+".cpu"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		tb.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			tb.Error(err)
+		}
 	}
 }

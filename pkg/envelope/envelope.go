@@ -113,28 +113,46 @@ func (e *Envelope) RecordKey() []byte { return (*spec.Fields)(e).RecordKey() }
 // DefaultMaxPayloadBytes.
 func (e *Envelope) Validate(maxPayload int) error { return (*spec.Fields)(e).Validate(maxPayload) }
 
-// Record lays the envelope out on a Kafka record for topic.
+// Record lays the envelope out on a Kafka record for topic. The header
+// values share one allocation (each capped, so an append to one copies it
+// rather than overwriting the next), and the header slice has room for the
+// two headers a wire encoder adds (pkg/wire): the relay builds a record per
+// event.
 func (e *Envelope) Record(topic string) *kgo.Record {
 	ct := e.ContentType
 	if ct == "" {
 		ct = ContentTypeJSON
 	}
-	hs := make([]kgo.RecordHeader, 0, 7+len(e.Headers))
+	n := len(e.EventID) + len(e.Source) + 20 + len(e.EventType) + len(ct) + len(e.Traceparent) + len(e.Producer)
+	for _, v := range e.Headers {
+		n += len(v)
+	}
+	buf := make([]byte, 0, n)
+	val := func(s string) []byte {
+		from := len(buf)
+		buf = append(buf, s...)
+		return buf[from:len(buf):len(buf)]
+	}
+	hs := make([]kgo.RecordHeader, 0, 9+len(e.Headers))
 	hs = append(hs,
-		kgo.RecordHeader{Key: HeaderEventID, Value: []byte(e.EventID)},
-		kgo.RecordHeader{Key: HeaderSource, Value: []byte(e.Source)},
-		kgo.RecordHeader{Key: HeaderSeq, Value: strconv.AppendInt(nil, e.Seq, 10)},
-		kgo.RecordHeader{Key: HeaderEventType, Value: []byte(e.EventType)},
-		kgo.RecordHeader{Key: HeaderContentType, Value: []byte(ct)},
+		kgo.RecordHeader{Key: HeaderEventID, Value: val(e.EventID)},
+		kgo.RecordHeader{Key: HeaderSource, Value: val(e.Source)},
+	)
+	from := len(buf)
+	buf = strconv.AppendInt(buf, e.Seq, 10)
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderSeq, Value: buf[from:len(buf):len(buf)]},
+		kgo.RecordHeader{Key: HeaderEventType, Value: val(e.EventType)},
+		kgo.RecordHeader{Key: HeaderContentType, Value: val(ct)},
 	)
 	if e.Traceparent != "" {
-		hs = append(hs, kgo.RecordHeader{Key: HeaderTraceparent, Value: []byte(e.Traceparent)})
+		hs = append(hs, kgo.RecordHeader{Key: HeaderTraceparent, Value: val(e.Traceparent)})
 	}
 	if e.Producer != "" {
-		hs = append(hs, kgo.RecordHeader{Key: HeaderProducer, Value: []byte(e.Producer)})
+		hs = append(hs, kgo.RecordHeader{Key: HeaderProducer, Value: val(e.Producer)})
 	}
 	for _, k := range sortedKeys(e.Headers) {
-		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
+		hs = append(hs, kgo.RecordHeader{Key: k, Value: val(e.Headers[k])})
 	}
 	return &kgo.Record{
 		Topic:     topic,

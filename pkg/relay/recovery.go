@@ -136,9 +136,22 @@ func (r *recoverer) txnIDOf(identity, shard string) string {
 	return r.cfg.TransactionalIDPrefix + shard
 }
 
+// producerMetadataMinAge is the least time between two metadata loads of
+// the relay's producer, unless KafkaOpts set kgo.MetadataMinAge. A produce
+// that gets a retriable partition error (with Kafka 4's transactions
+// likely a CONCURRENT_TRANSACTIONS: the previous commit's markers still
+// being written) waits for a metadata load before it is sent again, and
+// franz-go's default keeps 5 s between loads: a producer that had just
+// loaded metadata (its first record to a topic: the first batch after
+// start-up) held its next transaction open for up to 5 s, under load once
+// in many benchmark drains (docs/performance.md, "Wire formats, round 2").
+// Kafka's Java producer waits retry.backoff.ms, 100 ms by default.
+const producerMetadataMinAge = 250 * time.Millisecond
+
 // initProducer creates a transactional producer and initialises its id.
 func (r *recoverer) initProducer(ctx context.Context, txnID string) (*kgo.Client, error) {
-	opts := append(slices.Clone(r.cfg.KafkaOpts),
+	opts := append([]kgo.Opt{kgo.MetadataMinAge(producerMetadataMinAge)}, r.cfg.KafkaOpts...)
+	opts = append(opts,
 		kgo.TransactionalID(txnID),
 		kgo.TransactionTimeout(r.cfg.TransactionTimeout),
 		kgo.RecordDeliveryTimeout(r.cfg.TransactionTimeout/2),

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 
 	"github.com/bufbuild/protocompile"
 	"github.com/hamba/avro/v2"
@@ -88,16 +89,26 @@ func compile(f Format, schema, message string) (codec, error) {
 
 type avroCodec struct{ s avro.Schema }
 
+// avroState is one encode's scratch, pooled: the JSON reader and the path
+// stack keep their buffers from record to record.
+type avroState struct {
+	json jsonReader
+	path jsonPath
+}
+
+var avroStates = sync.Pool{New: func() any { return new(avroState) }}
+
 func (c *avroCodec) index() []int { return nil }
 
 func (c *avroCodec) encode(payload []byte) ([]byte, error) {
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
+	st := avroStates.Get().(*avroState)
+	defer avroStates.Put(st)
+	v, err := st.json.readJSON(payload)
+	if err != nil {
 		return nil, fmt.Errorf("payload is not JSON: %w", err)
 	}
-	native, err := toAvro(c.s, v, "$")
+	st.path.steps = st.path.steps[:0]
+	native, err := toAvro(c.s, v, &st.path)
 	if err != nil {
 		return nil, err
 	}
@@ -118,35 +129,34 @@ func (c *avroCodec) decode(data []byte) ([]byte, error) {
 
 // toAvro converts a JSON value (numbers as json.Number) into the Go value
 // hamba/avro encodes for schema s; the error names the JSON path.
-func toAvro(s avro.Schema, v any, path string) (any, error) {
+func toAvro(s avro.Schema, v any, path *jsonPath) (any, error) {
 	if r, ok := s.(*avro.RefSchema); ok {
 		s = r.Schema()
 	}
-	bad := func(want string) error { return fmt.Errorf("%s: want %s, got %s", path, want, jsonKind(v)) }
 	switch s.Type() {
 	case avro.Null:
 		if v != nil {
-			return nil, bad("null")
+			return nil, misfit(path, "null", v)
 		}
 		return nil, nil
 	case avro.Boolean:
 		b, ok := v.(bool)
 		if !ok {
-			return nil, bad("boolean")
+			return nil, misfit(path, "boolean", v)
 		}
 		return b, nil
 	case avro.Int, avro.Long:
 		n, ok := v.(json.Number)
 		if !ok {
-			return nil, bad("integer")
+			return nil, misfit(path, "integer", v)
 		}
 		i, err := n.Int64()
 		if err != nil {
-			return nil, bad("integer")
+			return nil, misfit(path, "integer", v)
 		}
 		if s.Type() == avro.Int {
 			if i < math.MinInt32 || i > math.MaxInt32 {
-				return nil, fmt.Errorf("%s: %d does not fit an avro int", path, i)
+				return nil, fmt.Errorf("%s: %d does not fit an avro int", path.String(), i)
 			}
 			return int32(i), nil
 		}
@@ -154,34 +164,33 @@ func toAvro(s avro.Schema, v any, path string) (any, error) {
 	case avro.Float, avro.Double:
 		n, ok := v.(json.Number)
 		if !ok {
-			return nil, bad("number")
+			return nil, misfit(path, "number", v)
 		}
 		f, err := n.Float64()
 		if err != nil {
-			return nil, bad("number")
+			return nil, misfit(path, "number", v)
 		}
 		if s.Type() == avro.Float {
 			return float32(f), nil
 		}
 		return f, nil
 	case avro.String:
-		t, ok := v.(string)
-		if !ok {
-			return nil, bad("string")
+		if _, ok := v.(string); !ok {
+			return nil, misfit(path, "string", v)
 		}
-		return t, nil
+		return v, nil // already boxed: no copy of the string header
 	case avro.Bytes, avro.Fixed:
 		t, ok := v.(string)
 		if !ok {
-			return nil, bad("base64 string")
+			return nil, misfit(path, "base64 string", v)
 		}
 		b, err := base64.StdEncoding.DecodeString(t)
 		if err != nil {
-			return nil, fmt.Errorf("%s: bytes are written as standard base64: %v", path, err)
+			return nil, fmt.Errorf("%s: bytes are written as standard base64: %v", path.String(), err)
 		}
 		if fx, ok := s.(*avro.FixedSchema); ok {
 			if len(b) != fx.Size() {
-				return nil, fmt.Errorf("%s: fixed %s has %d bytes, got %d", path, fx.FullName(), fx.Size(), len(b))
+				return nil, fmt.Errorf("%s: fixed %s has %d bytes, got %d", path.String(), fx.FullName(), fx.Size(), len(b))
 			}
 			a := make([]byte, len(b))
 			copy(a, b)
@@ -191,50 +200,53 @@ func toAvro(s avro.Schema, v any, path string) (any, error) {
 	case avro.Enum:
 		t, ok := v.(string)
 		if !ok {
-			return nil, bad("enum symbol")
+			return nil, misfit(path, "enum symbol", v)
 		}
 		for _, sym := range s.(*avro.EnumSchema).Symbols() {
 			if sym == t {
-				return t, nil
+				return v, nil
 			}
 		}
-		return nil, fmt.Errorf("%s: %q is not a symbol of enum %s", path, t, s.(*avro.EnumSchema).FullName())
+		return nil, fmt.Errorf("%s: %q is not a symbol of enum %s", path.String(), t, s.(*avro.EnumSchema).FullName())
 	case avro.Array:
 		a, ok := v.([]any)
 		if !ok {
-			return nil, bad("array")
+			return nil, misfit(path, "array", v)
 		}
 		out := make([]any, len(a))
 		for i, e := range a {
 			var err error
-			if out[i], err = toAvro(s.(*avro.ArraySchema).Items(), e, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+			path.elem(i)
+			if out[i], err = toAvro(s.(*avro.ArraySchema).Items(), e, path); err != nil {
 				return nil, err
 			}
+			path.pop()
 		}
 		return out, nil
 	case avro.Map:
 		m, ok := v.(map[string]any)
 		if !ok {
-			return nil, bad("object")
+			return nil, misfit(path, "object", v)
 		}
 		out := make(map[string]any, len(m))
 		for k, e := range m {
 			var err error
-			if out[k], err = toAvro(s.(*avro.MapSchema).Values(), e, path+"."+k); err != nil {
+			path.field(k)
+			if out[k], err = toAvro(s.(*avro.MapSchema).Values(), e, path); err != nil {
 				return nil, err
 			}
+			path.pop()
 		}
 		return out, nil
 	case avro.Record:
 		m, ok := v.(map[string]any)
 		if !ok {
-			return nil, bad("object")
+			return nil, misfit(path, "object", v)
 		}
 		rs := s.(*avro.RecordSchema)
 		out := make(map[string]any, len(rs.Fields()))
-		known := make(map[string]bool, len(rs.Fields()))
+		matched := 0 // members of m that name a field
 		for _, f := range rs.Fields() {
-			known[f.Name()] = true
 			fv, present := m[f.Name()]
 			if !present {
 				if f.HasDefault() {
@@ -244,16 +256,21 @@ func toAvro(s avro.Schema, v any, path string) (any, error) {
 					out[f.Name()] = nil
 					continue
 				}
-				return nil, fmt.Errorf("%s.%s: required by record %s but missing", path, f.Name(), rs.FullName())
+				return nil, fmt.Errorf("%s.%s: required by record %s but missing", path.String(), f.Name(), rs.FullName())
 			}
+			matched++
 			var err error
-			if out[f.Name()], err = toAvro(f.Type(), fv, path+"."+f.Name()); err != nil {
+			path.field(f.Name())
+			if out[f.Name()], err = toAvro(f.Type(), fv, path); err != nil {
 				return nil, err
 			}
+			path.pop()
 		}
-		for k := range m {
-			if !known[k] {
-				return nil, fmt.Errorf("%s.%s: record %s has no such field", path, k, rs.FullName())
+		if matched < len(m) {
+			for k := range m {
+				if !hasField(rs, k) {
+					return nil, fmt.Errorf("%s.%s: record %s has no such field", path.String(), k, rs.FullName())
+				}
 			}
 		}
 		return out, nil
@@ -263,6 +280,7 @@ func toAvro(s avro.Schema, v any, path string) (any, error) {
 			return nil, nil
 		}
 		var errs []error
+		depth := len(path.steps)
 		for _, t := range u.Types() {
 			if t.Type() == avro.Null {
 				continue
@@ -270,16 +288,33 @@ func toAvro(s avro.Schema, v any, path string) (any, error) {
 			w, err := toAvro(t, v, path)
 			if err != nil {
 				errs = append(errs, err)
+				path.steps = path.steps[:depth] // the branch stopped inside the value
 				continue
 			}
-			if u.Nullable() {
+			if _, isMap := w.(map[string]any); u.Nullable() && !isMap {
 				return w, nil
 			}
+			// hamba/avro reads a map[string]any in a union as
+			// {branch name: value}: a record or map branch is always
+			// wrapped, else its first member would be taken for a branch.
 			return map[string]any{unionName(t): w}, nil
 		}
-		return nil, fmt.Errorf("%s: fits no branch of the union: %w", path, errors.Join(errs...))
+		return nil, fmt.Errorf("%s: fits no branch of the union: %w", path.String(), errors.Join(errs...))
 	}
-	return nil, fmt.Errorf("%s: avro type %s is not supported", path, s.Type())
+	return nil, fmt.Errorf("%s: avro type %s is not supported", path.String(), s.Type())
+}
+
+func misfit(path *jsonPath, want string, v any) error {
+	return fmt.Errorf("%s: want %s, got %s", path.String(), want, jsonKind(v))
+}
+
+func hasField(rs *avro.RecordSchema, name string) bool {
+	for _, f := range rs.Fields() {
+		if f.Name() == name {
+			return true
+		}
+	}
+	return false
 }
 
 // unionName is the name hamba/avro keys a union branch by.
@@ -308,7 +343,9 @@ func fromAvro(s avro.Schema, v any) any {
 		if v == nil {
 			return nil
 		}
-		if m, ok := v.(map[string]any); ok && !u.Nullable() && len(m) == 1 {
+		// hamba/avro gives a union's value as {branch name: value}, but
+		// a nullable union's only when the value is a record or map.
+		if m, ok := v.(map[string]any); ok && len(m) == 1 {
 			for name, w := range m {
 				for _, t := range u.Types() {
 					if unionName(t) == name {

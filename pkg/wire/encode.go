@@ -41,7 +41,19 @@ type topicCodec struct {
 	tf    TopicFormat
 	id    int // schema id (registered formats)
 	codec codec
+	// The header values every record of the topic carries, made once:
+	// records share them (read-only), so building a record copies none.
+	contentType, wireFormat []byte
 }
+
+// newTopicCodec is tf's codec state, without its schema id.
+func newTopicCodec(tf TopicFormat) *topicCodec {
+	return &topicCodec{tf: tf, contentType: []byte(tf.Format.ContentType()), wireFormat: []byte(tf.Format)}
+}
+
+// contractVersionValue is the contract-version header's value, shared by
+// every record.
+var contractVersionValue = []byte(ContractVersion)
 
 // NewEncoder prepares an encoder for the topics in formats (topic name ->
 // format; topics not named are json). For a registered format it looks the
@@ -54,7 +66,7 @@ func NewEncoder(ctx context.Context, cl *sr.Client, formats map[string]TopicForm
 		if err := tf.Validate(); err != nil {
 			return nil, fmt.Errorf("topic %q: %w", topic, err)
 		}
-		tc := &topicCodec{tf: tf}
+		tc := newTopicCodec(tf)
 		if tf.Format.Registered() {
 			if cl == nil {
 				return nil, fmt.Errorf("topic %q is %s: a schema registry URL is required", topic, tf.Format)
@@ -113,10 +125,16 @@ func (e *Encoder) Check(topic string, payload []byte) error {
 // the attributes as ce_* headers (binary) or the whole event in the value
 // (structured).
 func (e *Encoder) Record(env *envelope.Envelope, topic string) (*kgo.Record, error) {
-	tf := e.Format(topic)
+	var tc *topicCodec
+	if e != nil {
+		tc = e.topics[topic]
+	}
+	if tc == nil {
+		tc = jsonTopic
+	}
+	tf := tc.tf
 	rec := env.Record(topic)
 	if tf.Format.Registered() {
-		tc := e.topics[topic]
 		data, err := tc.codec.encode(env.Payload)
 		if err != nil {
 			return nil, &PayloadError{Topic: topic, Subject: tf.SubjectFor(topic), Err: err}
@@ -127,10 +145,10 @@ func (e *Encoder) Record(env *envelope.Envelope, topic string) (*kgo.Record, err
 			return nil, fmt.Errorf("frame record for topic %q: %w", topic, err)
 		}
 		rec.Value = append(framed, data...)
-		setHeader(rec, envelope.HeaderContentType, tf.Format.ContentType())
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderWireFormat, Value: []byte(tf.Format)})
+		setHeaderValue(rec, envelope.HeaderContentType, tc.contentType)
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderWireFormat, Value: tc.wireFormat})
 	}
-	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderContractVersion, Value: []byte(ContractVersion)})
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderContractVersion, Value: contractVersionValue})
 	switch tf.CloudEvents {
 	case CloudEventsBinary:
 		toBinaryCE(rec, env)
@@ -142,15 +160,20 @@ func (e *Encoder) Record(env *envelope.Envelope, topic string) (*kgo.Record, err
 	return rec, nil
 }
 
-func setHeader(r *kgo.Record, key, value string) {
+func setHeader(r *kgo.Record, key, value string) { setHeaderValue(r, key, []byte(value)) }
+
+func setHeaderValue(r *kgo.Record, key string, value []byte) {
 	for i := range r.Headers {
 		if r.Headers[i].Key == key {
-			r.Headers[i].Value = []byte(value)
+			r.Headers[i].Value = value
 			return
 		}
 	}
-	r.Headers = append(r.Headers, kgo.RecordHeader{Key: key, Value: []byte(value)})
+	r.Headers = append(r.Headers, kgo.RecordHeader{Key: key, Value: value})
 }
+
+// jsonTopic is the state of a topic the encoder does not name.
+var jsonTopic = newTopicCodec(TopicFormat{Format: FormatJSON})
 
 // CloudEvents attribute headers (Kafka protocol binding, binary mode).
 const (

@@ -8,7 +8,8 @@ func NewEncoderForTest(formats map[string]TopicFormat) *Encoder {
 		if err := tf.Validate(); err != nil {
 			panic(err)
 		}
-		tc := &topicCodec{tf: tf, id: 1}
+		tc := newTopicCodec(tf)
+		tc.id = 1
 		if tf.Format.Registered() {
 			c, err := compile(tf.Format, tf.Schema, tf.Message)
 			if err != nil {
