@@ -542,13 +542,12 @@ func activeController(ctx context.Context, cl *kgo.Client) (int32, error) {
 	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
 		return -1, err
 	}
-	for _, t := range resp.Topics {
-		for _, p := range t.Partitions {
-			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-				return -1, err
-			}
-			return p.LeaderID, nil
-		}
+	if len(resp.Topics) == 0 || len(resp.Topics[0].Partitions) == 0 {
+		return -1, errors.New("describe quorum: no partition in the answer")
 	}
-	return -1, errors.New("describe quorum: no partition in the answer")
+	qp := resp.Topics[0].Partitions[0]
+	if err := kerr.ErrorForCode(qp.ErrorCode); err != nil {
+		return -1, err
+	}
+	return qp.LeaderID, nil
 }
