@@ -86,4 +86,22 @@ func TestSwitchover(t *testing.T) {
 	if _, err := conn.Exec(ctx, `INSERT INTO t VALUES (0)`); err == nil {
 		t.Fatal("the rebuilt former primary took a write")
 	}
+	// And back: b stops, a is promoted, b follows a.
+	if err := b.StopServer(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec(a, `INSERT INTO t VALUES (1003)`)
+	if how, err := b.Rebuild(ctx, a); err != nil {
+		t.Fatalf("rebuild b (%s): %v", how, err)
+	}
+	exec(a, `INSERT INTO t VALUES (1004)`)
+	for deadline := time.Now().Add(30 * time.Second); count(b) != 1004; {
+		if time.Now().After(deadline) {
+			t.Fatalf("b, the standby again, has %d of 1004 rows", count(b))
+		}
+		time.Sleep(100 * time.Millisecond) // polling replication
+	}
 }
