@@ -14,6 +14,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // StandbySettings are the server settings a primary needs for StartStandby
@@ -106,22 +109,88 @@ func (c *Cluster) Promote(ctx context.Context) error {
 }
 
 // Rebuild makes c, a stopped former primary, the standby of primary and
-// starts it: pg_rewind first (after a clean shutdown there is usually
-// nothing to rewind), a fresh base backup if that fails. It says which.
+// starts it, and says how. After a clean switchover the former primary's
+// WAL ends at its shutdown checkpoint, which the new primary replayed
+// before its promotion: it can follow as it is, so that is tried first.
+// Then pg_rewind, then a fresh base backup, each until the standby
+// streams from primary (pg_stat_wal_receiver).
 func (c *Cluster) Rebuild(ctx context.Context, primary *Cluster) (string, error) {
-	how := "pg_rewind"
-	out, err := c.run(ctx, "pg_rewind", "-D", filepath.Join(c.dir, "data"),
-		"--source-server", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres", primary.Port))
-	if err == nil {
-		err = c.follow(primary)
+	var tried []string
+	attempt := func(how string, prepare func() error) bool {
+		err := prepare()
+		if err == nil {
+			err = c.follow(primary)
+		}
+		if err == nil {
+			err = c.StartServer(ctx)
+		}
+		if err == nil {
+			err = c.WaitStreaming(ctx, 30*time.Second)
+		}
+		if err == nil {
+			return true
+		}
+		tried = append(tried, fmt.Sprintf("%s: %v", how, err))
+		_ = c.StopServer(ctx, "immediate")
+		return false
 	}
-	if err != nil {
-		how = fmt.Sprintf("pg_basebackup (pg_rewind: %v: %s)", err, lastLines(out, 2))
-		if err := c.baseBackup(ctx, primary); err != nil {
-			return how, err
+	if attempt("as it is", func() error { return nil }) {
+		return "following as it was", nil
+	}
+	if attempt("pg_rewind", func() error {
+		out, err := c.run(ctx, "pg_rewind", "-D", filepath.Join(c.dir, "data"),
+			"--source-server", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres", primary.Port))
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, lastLines(out, 2))
+		}
+		return nil
+	}) {
+		return fmt.Sprintf("pg_rewind (%s)", strings.Join(tried, "; ")), nil
+	}
+	if attempt("pg_basebackup", func() error { return c.baseBackup(ctx, primary) }) {
+		return fmt.Sprintf("pg_basebackup (%s)", strings.Join(tried, "; ")), nil
+	}
+	return "", fmt.Errorf("no standby: %s", strings.Join(tried, "; "))
+}
+
+// WaitStreaming waits until c, a standby, streams WAL from its primary.
+func (c *Cluster) WaitStreaming(ctx context.Context, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
+	var last error
+	for {
+		conn, err := pgx.Connect(ctx, url)
+		if err == nil {
+			var status string
+			err = conn.QueryRow(ctx, `SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), 'no WAL receiver')`).Scan(&status)
+			conn.Close(context.WithoutCancel(ctx))
+			if err == nil && status == "streaming" {
+				return nil
+			}
+			if err == nil {
+				err = fmt.Errorf("WAL receiver %s", status)
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not streaming within %s: %v (server log: %s)", limit, last, lastLines(c.logTail(), 2))
+		case <-time.After(200 * time.Millisecond): // polling the standby
 		}
 	}
-	return how, c.StartServer(ctx)
+}
+
+// logTail is the end of the server's log.
+func (c *Cluster) logTail() string {
+	b, err := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
+	if err != nil {
+		return ""
+	}
+	if len(b) > 4096 {
+		b = b[len(b)-4096:]
+	}
+	return string(b)
 }
 
 // CheckpointLSN is the "Latest checkpoint location" of a stopped cluster

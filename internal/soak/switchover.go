@@ -22,6 +22,16 @@ import (
 // the proxy) and what went wrong, if anything. When next lacks old's last
 // record, old is started again as the primary and nothing is promoted.
 func (r *run) switchover(ctx context.Context, old, next *pgtemp.Cluster) (string, time.Time, string) {
+	// A standby that does not stream (a rebuild that failed) is rebuilt
+	// first; without one, there is no switchover.
+	if err := next.WaitStreaming(ctx, 5*time.Second); err != nil {
+		_ = next.StopServer(ctx, "immediate")
+		if how, err := next.Rebuild(ctx, old); err != nil {
+			return "skipped", time.Now(), fmt.Sprintf("the standby does not stream and could not be rebuilt: %v", err)
+		} else if err := next.WaitStreaming(ctx, 5*time.Second); err != nil {
+			return "skipped", time.Now(), fmt.Sprintf("the standby, rebuilt by %s, does not stream: %v", how, err)
+		}
+	}
 	if err := old.StopServer(ctx, "fast"); err != nil {
 		return "", time.Time{}, err.Error()
 	}
@@ -47,7 +57,7 @@ func (r *run) switchover(ctx context.Context, old, next *pgtemp.Cluster) (string
 	if err != nil {
 		errs = append(errs, fmt.Sprintf("rebuild the former primary as the standby: %v", err))
 	}
-	return fmt.Sprintf("standby had %s; the former primary rebuilt as the standby by %s in %s", lsn, how, time.Since(end).Round(100*time.Millisecond)),
+	return fmt.Sprintf("standby had %s; the former primary %s in %s", lsn, how, time.Since(end).Round(100*time.Millisecond)),
 		end, strings.Join(errs, "; ")
 }
 
