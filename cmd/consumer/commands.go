@@ -36,6 +36,7 @@ import (
 	"github.com/onceflow/onceflow/internal/obs"
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/internal/pprofserver"
+	"github.com/onceflow/onceflow/internal/wallclock"
 	"github.com/onceflow/onceflow/pkg/effects"
 	"github.com/onceflow/onceflow/pkg/handlerfile"
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -113,6 +114,16 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(horizon.NewCollector(pool, "consumer", log))
 	icfg := cfg.Inbox
+	// The wall clock: the host's, unless a fault test skews it
+	// (ONCEFLOW_CLOCK_SKEW; internal/wallclock).
+	clock, err := wallclock.FromEnv(os.Getenv)
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	if clock.Skew() != 0 {
+		log.WarnContext(ctx, "wall clock skewed for fault injection", slog.String("env", wallclock.EnvVar), slog.Duration("skew", clock.Skew()))
+	}
+	icfg.Clock = clock.Now
 	icfg.BatchHandler = handler
 	icfg.Hooks = inbox.Hooks{
 		OnAfterHandler:  failpoint.Func(failpoint.ConsumerAfterHandler),

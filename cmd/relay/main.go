@@ -48,6 +48,7 @@ import (
 	"github.com/onceflow/onceflow/internal/pgconn"
 	"github.com/onceflow/onceflow/internal/pprofserver"
 	"github.com/onceflow/onceflow/internal/topics"
+	"github.com/onceflow/onceflow/internal/wallclock"
 	"github.com/onceflow/onceflow/pkg/relay"
 )
 
@@ -305,7 +306,17 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(horizon.NewCollector(pool, "relay", log))
+	// The wall clock the records are stamped with: the host's, unless a
+	// fault test skews it (ONCEFLOW_CLOCK_SKEW; internal/wallclock).
+	clock, err := wallclock.FromEnv(os.Getenv)
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	if clock.Skew() != 0 {
+		log.WarnContext(ctx, "wall clock skewed for fault injection", slog.String("env", wallclock.EnvVar), slog.Duration("skew", clock.Skew()))
+	}
 	oc := c.outbox
+	oc.Clock = clock.Now
 	oc.DB = pool
 	oc.Hooks = relayHooks()
 	oc.KafkaOpts = c.kafka.Opts(log)

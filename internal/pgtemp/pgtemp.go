@@ -89,34 +89,17 @@ func StartWithOptions(ctx context.Context, o Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{bin: bin, asPG: os.Geteuid() == 0}
-	if c.asPG {
-		if _, err := user.Lookup("postgres"); err != nil {
-			return nil, errors.New("running as root but user 'postgres' does not exist: install the Debian package 'postgresql' or run as a normal user")
-		}
-	}
-	c.dir, err = os.MkdirTemp("", "onceflow-demo-pg-")
+	c, err := newCluster(ctx, bin)
 	if err != nil {
 		return nil, err
 	}
-	if c.asPG {
-		if err := os.Chmod(c.dir, 0o755); err != nil {
-			return nil, err
-		}
-		if out, err := exec.CommandContext(ctx, "chown", "postgres", c.dir).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("chown %s: %v: %s", c.dir, err, out)
-		}
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
+	port := c.Port
 	data := filepath.Join(c.dir, "data")
 	if out, err := c.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"); err != nil {
 		_ = os.RemoveAll(c.dir)
 		return nil, fmt.Errorf("initdb: %v: %s", err, lastLines(out, 5))
 	}
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -c port=%d -c unix_socket_directories=%s -c max_connections=200", port, c.dir)
+	opts := c.baseOpts()
 	if o.SSLCertFile != "" {
 		crt, key, err := c.installTLS(ctx, o.SSLCertFile, o.SSLKeyFile)
 		if err != nil {
@@ -138,7 +121,6 @@ func StartWithOptions(ctx context.Context, o Options) (*Cluster, error) {
 		_ = os.RemoveAll(c.dir)
 		return nil, err
 	}
-	c.Port = port
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	if o.StopWithProcess {
 		if err := c.startWatchdog(); err != nil {
@@ -147,6 +129,39 @@ func StartWithOptions(ctx context.Context, o Options) (*Cluster, error) {
 		}
 	}
 	return c, nil
+}
+
+// newCluster makes the directory of a cluster (owned by the server's user)
+// and picks its port.
+func newCluster(ctx context.Context, bin string) (*Cluster, error) {
+	c := &Cluster{bin: bin, asPG: os.Geteuid() == 0}
+	if c.asPG {
+		if _, err := user.Lookup("postgres"); err != nil {
+			return nil, errors.New("running as root but user 'postgres' does not exist: install the Debian package 'postgresql' or run as a normal user")
+		}
+	}
+	var err error
+	c.dir, err = os.MkdirTemp("", "onceflow-demo-pg-")
+	if err != nil {
+		return nil, err
+	}
+	if c.asPG {
+		if err := os.Chmod(c.dir, 0o755); err != nil {
+			return nil, err
+		}
+		if out, err := exec.CommandContext(ctx, "chown", "postgres", c.dir).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("chown %s: %v: %s", c.dir, err, out)
+		}
+	}
+	if c.Port, err = freePort(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// baseOpts are the server options every cluster starts with.
+func (c *Cluster) baseOpts() string {
+	return fmt.Sprintf("-c listen_addresses=127.0.0.1 -c port=%d -c unix_socket_directories=%s -c max_connections=200", c.Port, c.dir)
 }
 
 // startWatchdog runs a shell that waits for this process to die, then

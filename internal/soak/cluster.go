@@ -23,8 +23,10 @@ import (
 // broker is one node of the soak's cluster. Clients of the binaries reach
 // it through proxy (its advertised EXTERNAL listener); the other brokers
 // reach it through repl (its REPLICATION listener, the inter-broker one)
-// and ctrl (its CONTROLLER listener, the address the quorum voters name),
-// so that a partition cuts what reaches it from its peers; the soak's own
+// and each through a proxy of its own to its CONTROLLER listener
+// (ctrlFrom[peer]: the address that peer's controller.quorum.voters names
+// for it), so that a partition cuts what reaches it from its peers, and a
+// controller partition its controller paths both ways; the soak's own
 // clients use the INTERNAL listener, which no fault touches.
 type broker struct {
 	id       int32
@@ -32,7 +34,9 @@ type broker struct {
 	internal string // 127.0.0.1:port of the INTERNAL listener
 	proxy    *tcpproxy.Proxy
 	repl     *tcpproxy.Proxy
-	ctrl     *tcpproxy.Proxy
+	// ctrlFrom[j] carries node j's connections to this node's controller
+	// (nil without peer proxies; a node reaches its own directly).
+	ctrlFrom map[int32]*tcpproxy.Proxy
 	// disk is the mount point of the node's data directory when it is a
 	// tmpfs of its own (the broker whose disk fills), else "".
 	disk string
@@ -78,7 +82,7 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64, peers
 			px   **tcpproxy.Proxy
 			port int
 			want bool
-		}{{&b.proxy, ports[perNode*i], true}, {&b.ctrl, ports[perNode*i+2], peers}, {&b.repl, ports[perNode*i+3], peers}} {
+		}{{&b.proxy, ports[perNode*i], true}, {&b.repl, ports[perNode*i+3], peers}} {
 			if !x.want {
 				continue
 			}
@@ -87,14 +91,34 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64, peers
 				return nil, nil, err
 			}
 		}
-	}
-	var voters []string
-	for i, b := range c.brokers {
-		port := ports[perNode*i+2]
-		if b.ctrl != nil {
-			port = b.ctrl.Port()
+		if !peers {
+			continue
 		}
-		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", b.id, port))
+		b.ctrlFrom = map[int32]*tcpproxy.Proxy{}
+		for j := range clusterSize {
+			if j == i {
+				continue
+			}
+			px, err := tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", ports[perNode*i+2]))
+			if err != nil {
+				c.stop()
+				return nil, nil, err
+			}
+			b.ctrlFrom[int32(j+1)] = px
+		}
+	}
+	// Each node's voters: its own controller directly, the others' through
+	// the proxies that carry its connections to them.
+	votersOf := func(self int32) string {
+		var voters []string
+		for i, b := range c.brokers {
+			port := ports[perNode*i+2]
+			if px := b.ctrlFrom[self]; px != nil {
+				port = px.Port()
+			}
+			voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", b.id, port))
+		}
+		return strings.Join(voters, ",")
 	}
 	clusterID := kafkanode.NewClusterID()
 	cfgs := make([]kafkanode.Config, clusterSize)
@@ -121,7 +145,7 @@ listener.security.protocol.map=EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:
 `, external, internal, controller, replication, b.proxy.Port(), internal, advertisedRepl)
 		cfgs[i] = kafkanode.Config{
 			Classpath: cp, ClusterID: clusterID, Dir: bdir, Listeners: listeners, MaxHeap: "384m",
-			NodeID: i + 1, QuorumVoters: strings.Join(voters, ","), ReplicationFactor: clusterSize,
+			NodeID: i + 1, QuorumVoters: votersOf(b.id), ReplicationFactor: clusterSize,
 		}
 	}
 	// Formatting a node's storage starts a JVM: the three at once.
@@ -374,10 +398,13 @@ func (c *cluster) stop() {
 		if b.node != nil {
 			b.node.Kill()
 		}
-		for _, px := range []*tcpproxy.Proxy{b.proxy, b.repl, b.ctrl} {
+		for _, px := range []*tcpproxy.Proxy{b.proxy, b.repl} {
 			if px != nil {
 				_ = px.Close()
 			}
+		}
+		for _, px := range b.ctrlFrom {
+			_ = px.Close()
 		}
 		if b.disk != "" {
 			_ = unmount(b.disk)
@@ -389,7 +416,45 @@ func (c *cluster) stop() {
 func (b *broker) healPeers() {
 	if b.repl != nil {
 		b.repl.Heal()
-		b.ctrl.Heal()
+	}
+	for _, px := range b.ctrlFrom {
+		px.Heal()
+	}
+}
+
+// cutFromPeers cuts what reaches b from its peers for d: replication and
+// its controller.
+func (b *broker) cutFromPeers(d time.Duration) {
+	b.repl.Cut(d)
+	for _, px := range b.ctrlFrom {
+		px.Cut(d)
+	}
+}
+
+// cutController cuts b's controller paths both ways for d: the peers'
+// connections to b's controller, and b's connections to theirs (its
+// controller's votes and fetches, its broker's heartbeats and metadata).
+// Replication and clients pass.
+func (c *cluster) cutController(b *broker, d time.Duration) {
+	for _, px := range b.ctrlFrom {
+		px.Cut(d)
+	}
+	for _, o := range c.brokers {
+		if px := o.ctrlFrom[b.id]; px != nil {
+			px.Cut(d)
+		}
+	}
+}
+
+// healController ends cutController(b).
+func (c *cluster) healController(b *broker) {
+	for _, px := range b.ctrlFrom {
+		px.Heal()
+	}
+	for _, o := range c.brokers {
+		if px := o.ctrlFrom[b.id]; px != nil {
+			px.Heal()
+		}
 	}
 }
 
@@ -457,4 +522,32 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// activeController asks the quorum (DescribeQuorum, forwarded by a broker)
+// which node is the active controller.
+func activeController(ctx context.Context, cl *kgo.Client) (int32, error) {
+	req := kmsg.NewPtrDescribeQuorumRequest()
+	t := kmsg.NewDescribeQuorumRequestTopic()
+	t.Topic = "__cluster_metadata"
+	p := kmsg.NewDescribeQuorumRequestTopicPartition()
+	t.Partitions = append(t.Partitions, p)
+	req.Topics = append(req.Topics, t)
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(qctx, cl)
+	if err != nil {
+		return -1, err
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return -1, err
+	}
+	if len(resp.Topics) == 0 || len(resp.Topics[0].Partitions) == 0 {
+		return -1, errors.New("describe quorum: no partition in the answer")
+	}
+	qp := resp.Topics[0].Partitions[0]
+	if err := kerr.ErrorForCode(qp.ErrorCode); err != nil {
+		return -1, err
+	}
+	return qp.LeaderID, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/failpoint"
+	"github.com/onceflow/onceflow/internal/wallclock"
 )
 
 // Fault kinds.
@@ -39,12 +40,26 @@ const (
 	// to its usage): its writes fail with "no space left on device" and it
 	// stops; the disk gets its size back and the broker is started again.
 	KindBrokerDiskFull = "broker-disk-full"
+	// KindBrokerCtrlPartition cuts one broker off from the controller
+	// quorum alone, both ways: its controller loses the other voters, its
+	// broker loses the active controller (heartbeats, metadata), while
+	// replication and clients pass.
+	KindBrokerCtrlPartition = "broker-controller-partition"
+	// KindClockSkew restarts one relay and one consumer with their wall
+	// clocks skewed (ONCEFLOW_CLOCK_SKEW, ±2 minutes), then restarts them
+	// on the host's clock.
+	KindClockSkew = "clock-skew"
+	// KindPGSwitchover switches the producing databases' server over to its
+	// streaming standby: the primary stopped (fast), the standby promoted
+	// once it has the primary's last WAL, the proxy repointed; the former
+	// primary is then rebuilt as the new standby.
+	KindPGSwitchover = "pg-switchover"
 )
 
 // AllKinds are the fault kinds in report order.
 var AllKinds = []string{KindRelayKill, KindRelayPause, KindConsumerKill, KindConsumerPause, KindBrokerKill,
 	KindPGRestart, KindProxyCutKafka, KindProxyCutPG, KindProxyStallKafka, KindProxyStallPG, KindProxySlowKafka, KindRelayCrashSlowCkpt,
-	KindBrokerPartition, KindBrokerDiskFull}
+	KindBrokerPartition, KindBrokerDiskFull, KindBrokerCtrlPartition, KindClockSkew, KindPGSwitchover}
 
 // weights per kind (out of 100): broker kills, disks filled and PostgreSQL
 // restarts are about a quarter of all faults.
@@ -52,6 +67,7 @@ var weights = map[string]int{
 	KindRelayKill: 10, KindRelayPause: 6, KindConsumerKill: 10, KindConsumerPause: 6, KindBrokerKill: 15,
 	KindPGRestart: 8, KindProxyCutKafka: 7, KindProxyCutPG: 7, KindProxyStallKafka: 5, KindProxyStallPG: 5,
 	KindProxySlowKafka: 4, KindRelayCrashSlowCkpt: 5, KindBrokerPartition: 8, KindBrokerDiskFull: 4,
+	KindBrokerCtrlPartition: 5, KindClockSkew: 4, KindPGSwitchover: 4,
 }
 
 // essential kinds open the schedule, so that even a short run has at
@@ -71,7 +87,9 @@ type plan struct {
 	outage time.Duration
 	// latency added to every chunk by a slow proxy
 	latency time.Duration
-	gap     time.Duration
+	// skews of the relay's and the consumer's clocks (clock-skew)
+	skews [2]time.Duration
+	gap   time.Duration
 }
 
 // scheduler draws the fault plans of a seed: first every enabled kind once
@@ -156,6 +174,26 @@ func (s *scheduler) next() plan {
 		p.outage = ms(2000, 15000)
 	case KindBrokerDiskFull:
 		p.outage = ms(2000, 8000)
+	case KindBrokerCtrlPartition:
+		p.role = brokerRoles[s.rng.IntN(len(brokerRoles))]
+		p.outage = ms(2000, 15000)
+	case KindClockSkew:
+		p.role = "leader"
+		switch n := s.rng.IntN(10); {
+		case n < 2:
+			p.role = "standby"
+		case n < 4:
+			p.role = "database-b"
+		}
+		for i := range p.skews {
+			p.skews[i] = ms(60000, 120000)
+			if s.rng.IntN(2) == 0 {
+				p.skews[i] = -p.skews[i]
+			}
+		}
+		p.outage = ms(15000, 45000)
+	case KindPGSwitchover:
+		// The outage is the switchover's own: stop, promote, repoint.
 	case KindPGRestart:
 		p.outage = ms(500, 5000)
 	case KindProxyCutKafka, KindProxyStallKafka:
@@ -285,13 +323,13 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 	f := Fault{N: n, Kind: p.kind}
 	hard := context.WithoutCancel(ctx) // a begun fault is always healed
 	switch p.kind {
-	case KindBrokerKill, KindProxyCutKafka, KindProxyStallKafka, KindBrokerPartition, KindBrokerDiskFull:
+	case KindBrokerKill, KindProxyCutKafka, KindProxyStallKafka, KindBrokerPartition, KindBrokerDiskFull, KindBrokerCtrlPartition:
 		// One failure at a time: the cluster fully replicated first.
 		if why, err := waitHealthy(ctx, r.adm, 90*time.Second); why != "" || err != nil {
 			f.Error = fmt.Sprintf("cluster not fully in sync before the fault: %s %v", why, err)
 		}
 	}
-	var t0 time.Time
+	var t0, outageEnd time.Time
 	began := func(target string) {
 		t0 = time.Now()
 		f.Target = target
@@ -348,10 +386,61 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 			break
 		}
 		began(fmt.Sprintf("broker %d (%s) cut off from its peers", id, what))
-		b.repl.Cut(p.outage)
-		b.ctrl.Cut(p.outage)
+		b.cutFromPeers(p.outage)
 		sleep(p.outage)
 		b.healPeers()
+	case KindBrokerCtrlPartition:
+		id, what, err := roleHolder(ctx, r.adm, p.role, p.pick, eventTopic, ckptTopic, group)
+		if err != nil {
+			id = int32(1 + p.pick%clusterSize)
+			what = "random broker (" + err.Error() + ")"
+		}
+		b := r.kc.broker(id)
+		if b.repl == nil {
+			f.Error = "the brokers reach each other without proxies"
+			break
+		}
+		if active, err := activeController(ctx, r.admCl); err == nil && active == id {
+			what += ", the active controller"
+		}
+		began(fmt.Sprintf("broker %d (%s) cut off from the controller quorum", id, what))
+		r.kc.cutController(b, p.outage)
+		sleep(p.outage)
+		r.kc.healController(b)
+	case KindClockSkew:
+		relay := r.relayByRole(ctx, p.role)
+		cons := consumers[p.pick%len(consumers)]
+		names := []string{relay, cons}
+		for _, name := range names {
+			r.held.Store(name, struct{}{})
+		}
+		began(fmt.Sprintf("%s clock %+v, %s clock %+v", relay, p.skews[0], cons, p.skews[1]))
+		for i, name := range names {
+			r.procs.Kill(name)
+			spec := r.childSpec(name)
+			spec.Env = append(spec.Env, fmt.Sprintf("%s=%+v", wallclock.EnvVar, p.skews[i]))
+			if _, err := r.procs.Start(name, spec); err != nil {
+				f.Error = err.Error()
+			}
+		}
+		sleep(p.outage)
+		for _, name := range names {
+			r.procs.Kill(name)
+			if _, err := r.procs.Start(name, r.childSpec(name)); err != nil {
+				f.Error = err.Error()
+			}
+			r.held.Delete(name)
+		}
+	case KindPGSwitchover:
+		if r.standby == nil {
+			f.Error = "no standby"
+			break
+		}
+		old, next := r.pg, r.standby
+		began(fmt.Sprintf("postgres switchover :%d -> :%d", old.Port, next.Port))
+		var how string
+		how, outageEnd, f.Error = r.switchover(hard, old, next)
+		f.Target += ", " + how
 	case KindBrokerDiskFull:
 		b := r.kc.diskBroker()
 		if b == nil {
@@ -474,7 +563,10 @@ func (r *run) inject(ctx context.Context, n int, p plan) Fault {
 		sleep(p.outage)
 		r.pgProxy.Heal()
 	}
-	f.OutageS = time.Since(t0).Seconds()
+	if outageEnd.IsZero() {
+		outageEnd = time.Now()
+	}
+	f.OutageS = outageEnd.Sub(t0).Seconds()
 	return f
 }
 

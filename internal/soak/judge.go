@@ -453,6 +453,12 @@ func tallyAnomalies(l *ledger, tally []tallyRow) []Anomaly {
 	return []Anomaly{{Kind: AnomalyTally, Where: whereApplied + " (" + tallyID + ")", Count: len(bad), Examples: first(bad, maxExamples)}}
 }
 
+// reconcileClockMargin is how far before the window reconcile reads the
+// topics (by record timestamp): past the clock-skew fault's largest skew
+// (2 minutes behind) and a fault's delay in publishing; the command's
+// default.
+const reconcileClockMargin = 5 * time.Minute
+
 // reconcile runs the check of `consumer reconcile` (internal/reconcile) for
 // every producing database and consumer name: the judge's second opinion,
 // from the outbox, the topics and the inbox alone, without the ledger. Each
@@ -473,7 +479,7 @@ func (r *run) reconcile(ctx context.Context, rep *Report) []Anomaly {
 	groups := map[string]string{consumerID: group, tallyID: tallyGroup}
 	for _, d := range r.dbs {
 		for _, name := range consumerNames {
-			rr, err := reconcile.Run(ctx, reconcile.Config{ClockMargin: time.Minute, Consumer: name, ConsumerPool: r.pool,
+			rr, err := reconcile.Run(ctx, reconcile.Config{ClockMargin: reconcileClockMargin, Consumer: name, ConsumerPool: r.pool,
 				From: from, Group: groups[name], KafkaOpts: r.kc.internalOpts(), OutboxPool: d.pool,
 				Settle: -1, Topics: eventTopics})
 			where := fmt.Sprintf("%s (database %s, consumer %s)", whereReconcile, d.name, name)

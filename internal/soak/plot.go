@@ -181,9 +181,9 @@ func panel(img *image.RGBA, px func(float64) int, maxT float64, top, ph int, fau
 
 func faultColor(kind string) color.RGBA {
 	switch {
-	case kind == KindBrokerKill || kind == KindBrokerPartition || kind == KindBrokerDiskFull:
+	case kind == KindBrokerKill || kind == KindBrokerPartition || kind == KindBrokerDiskFull || kind == KindBrokerCtrlPartition:
 		return color.RGBA{130, 60, 170, 255}
-	case kind == KindPGRestart:
+	case kind == KindPGRestart || kind == KindPGSwitchover:
 		return color.RGBA{30, 150, 70, 255}
 	case strings.HasPrefix(kind, "proxy"):
 		return color.RGBA{140, 140, 140, 255}

@@ -171,7 +171,7 @@ func (rep *Report) summarizeFaults() {
 	var all []float64
 	for _, f := range rep.Faults {
 		rep.FaultsByKind[f.Kind]++
-		if f.Kind == KindBrokerKill || f.Kind == KindPGRestart {
+		if f.Kind == KindBrokerKill || f.Kind == KindPGRestart || f.Kind == KindBrokerDiskFull || f.Kind == KindPGSwitchover {
 			rep.Restarts++
 		}
 		if f.RecoveryS < 0 {

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -187,10 +188,14 @@ type run struct {
 	logs  string
 	work  string // broker and database data, removed at the end
 
-	pg      *pgtemp.Cluster
-	pgProxy *tcpproxy.Proxy
-	pool    *pgxpool.Pool // database a, direct, past the proxy
-	dbs     []*prodDB     // a and b
+	// pg is the server the producing databases live on (the primary),
+	// standby its streaming standby (pg-switchover only, else nil); a
+	// switchover swaps them. pgNodes are both, for the teardown.
+	pg, standby *pgtemp.Cluster
+	pgNodes     []*pgtemp.Cluster
+	pgProxy     *tcpproxy.Proxy
+	pool        *pgxpool.Pool // database a, direct, past the proxy
+	dbs         []*prodDB     // a and b
 	// identities maps each producing database's identity (the producer
 	// of its streams) to its name.
 	identities map[string]string
@@ -271,7 +276,7 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	go func() {
 		kc, diskErr, err := startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize,
-			slices.Contains(r.cfg.Kinds, KindBrokerPartition))
+			slices.Contains(r.cfg.Kinds, KindBrokerPartition) || slices.Contains(r.cfg.Kinds, KindBrokerCtrlPartition))
 		kafkaCh <- started{kc, diskErr, err}
 	}()
 	kafkaJoined := false
@@ -287,15 +292,39 @@ func (r *run) setup(ctx context.Context) error {
 		}
 	}()
 	// PostgreSQL, and the proxy the binaries reach it through.
-	if r.pg, err = pgtemp.StartWithOptions(ctx, pgtemp.Options{Settings: map[string]string{
-		"max_connections": "300", "log_min_messages": "warning",
-	}, StopWithProcess: true}); err != nil {
+	settings := map[string]string{"max_connections": "300", "log_min_messages": "warning"}
+	switchover := slices.Contains(r.cfg.Kinds, KindPGSwitchover)
+	if switchover {
+		maps.Copy(settings, pgtemp.StandbySettings())
+	}
+	if r.pg, err = pgtemp.StartWithOptions(ctx, pgtemp.Options{Settings: settings, StopWithProcess: true}); err != nil {
 		return fmt.Errorf("start PostgreSQL: %w", err)
+	}
+	r.pgNodes = append(r.pgNodes, r.pg)
+	// The soak's own pools connect directly; with a standby, to whichever
+	// of the two accepts writes (libpq's target_session_attrs, which pgx
+	// follows), so that they find the new primary after a switchover.
+	urlFor := func(db string) string {
+		return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", r.pg.Port, db)
+	}
+	if switchover {
+		// Asynchronous streaming replication: a clean switchover checks
+		// that the standby has the primary's last WAL record before it
+		// promotes it (docs/reliability.md, "pg-switchover").
+		if r.standby, err = r.pg.StartStandby(ctx, pgtemp.Options{StopWithProcess: true}); err != nil {
+			return fmt.Errorf("start the PostgreSQL standby: %w", err)
+		}
+		r.pgNodes = append(r.pgNodes, r.standby)
+		a, b := r.pg.Port, r.standby.Port
+		urlFor = func(db string) string {
+			return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write", a, b, db)
+		}
 	}
 	if r.pgProxy, err = tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", r.pg.Port)); err != nil {
 		return err
 	}
-	pc, err := pgxpool.ParseConfig(r.pg.URL)
+	urlA := urlFor("postgres")
+	pc, err := pgxpool.ParseConfig(urlA)
 	if err != nil {
 		return err
 	}
@@ -310,10 +339,7 @@ func (r *run) setup(ctx context.Context) error {
 	if _, err := r.pool.Exec(ctx, "CREATE DATABASE "+dbBName); err != nil {
 		return fmt.Errorf("create database %s: %w", dbBName, err)
 	}
-	urlB, err := withDatabase(r.pg.URL, dbBName)
-	if err != nil {
-		return err
-	}
+	urlB := urlFor(dbBName)
 	pcB, err := pgxpool.ParseConfig(urlB)
 	if err != nil {
 		return err
@@ -324,8 +350,12 @@ func (r *run) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.dbs = []*prodDB{{name: dbA, url: r.pg.URL, pool: r.pool}, {name: dbB, url: urlB, pool: poolB}}
-	r.printf("  postgres   %s and database %s (binaries through proxy %s), up at %s\n", redact(r.pg.URL), dbBName, r.pgProxy.Addr(), time.Since(t0).Round(100*time.Millisecond))
+	r.dbs = []*prodDB{{name: dbA, url: urlA, pool: r.pool}, {name: dbB, url: urlB, pool: poolB}}
+	standby := ""
+	if r.standby != nil {
+		standby = fmt.Sprintf(", streaming standby on :%d", r.standby.Port)
+	}
+	r.printf("  postgres   %s and database %s%s (binaries through proxy %s), up at %s\n", redact(urlA), dbBName, standby, r.pgProxy.Addr(), time.Since(t0).Round(100*time.Millisecond))
 
 	// Schema and the side-effect tables.
 	for _, d := range r.dbs {
@@ -676,9 +706,13 @@ func (r *run) teardown() {
 	if r.pgProxy != nil {
 		_ = r.pgProxy.Close()
 	}
-	if r.pg != nil {
-		copyFile(filepath.Join(r.pg.Dir(), "postgres.log"), filepath.Join(r.logs, "postgres.log"))
-		_ = r.pg.Stop()
+	for i, c := range r.pgNodes {
+		name := "postgres.log"
+		if i > 0 {
+			name = fmt.Sprintf("postgres-%d.log", i+1)
+		}
+		copyFile(filepath.Join(c.Dir(), "postgres.log"), filepath.Join(r.logs, name))
+		_ = c.Stop()
 	}
 }
 

@@ -2,9 +2,7 @@ package soak
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -50,14 +48,4 @@ func loadAvg() string {
 		return ""
 	}
 	return strings.Join(f[:3], " ")
-}
-
-// withDatabase is the URL u with its database name replaced.
-func withDatabase(u, db string) (string, error) {
-	x, err := url.Parse(u)
-	if err != nil {
-		return "", fmt.Errorf("database URL: %w", err)
-	}
-	x.Path = "/" + db
-	return x.String(), nil
 }

@@ -17,7 +17,8 @@ import (
 
 // Proxy forwards each accepted connection to Target.
 type Proxy struct {
-	// Target is the server's address, host:port.
+	// Target is the server's address, host:port (guarded by mu once the
+	// proxy runs: see Retarget).
 	Target string
 
 	ln net.Listener
@@ -124,6 +125,23 @@ func (p *Proxy) Slow(latency, d time.Duration) {
 	p.latency, p.slowUntil = latency, time.Now().Add(d)
 }
 
+// Retarget forwards new connections to target from now on and resets the
+// open ones (their server is the old target), as a switchover repoints a
+// virtual address.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	p.Target = target
+	victims := make([]*pair, 0, len(p.conns))
+	for c := range p.conns {
+		victims = append(victims, c)
+	}
+	p.mu.Unlock()
+	for _, c := range victims {
+		c.abort()
+		p.reset.Add(1)
+	}
+}
+
 // Heal ends a cut, a stall or a slowdown now.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
@@ -186,7 +204,10 @@ func (p *Proxy) acceptLoop() {
 
 func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
-	server, err := net.DialTimeout("tcp", p.Target, 5*time.Second)
+	p.mu.Lock()
+	target := p.Target
+	p.mu.Unlock()
+	server, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
 		resetConn(client)
 		p.refused.Add(1)
@@ -270,5 +291,8 @@ func resetConn(c net.Conn) {
 
 // String is "addr -> target".
 func (p *Proxy) String() string {
-	return p.Addr() + " -> " + p.Target + " (accepted " + strconv.FormatInt(p.accepted.Load(), 10) + ")"
+	p.mu.Lock()
+	target := p.Target
+	p.mu.Unlock()
+	return p.Addr() + " -> " + target + " (accepted " + strconv.FormatInt(p.accepted.Load(), 10) + ")"
 }

@@ -166,3 +166,49 @@ func TestSlow(t *testing.T) {
 		t.Fatalf("%q %v", got, err)
 	}
 }
+
+// nameServer greets each connection with its name.
+func nameServer(t *testing.T, name string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = c.Write([]byte(name + "\n")); _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().String()
+}
+
+// Retarget resets the open connections and sends new ones to the new
+// target.
+func TestRetarget(t *testing.T) {
+	p, err := Listen("127.0.0.1:0", nameServer(t, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c, r := dial(t, p)
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if got, err := r.ReadString('\n'); err != nil || got != "a\n" {
+		t.Fatalf("first server: %q %v", got, err)
+	}
+	p.Retarget(nameServer(t, "b"))
+	if got, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("the connection to the old target still reads %q", got)
+	}
+	c2, r2 := dial(t, p)
+	_ = c2.SetDeadline(time.Now().Add(5 * time.Second))
+	if got, err := r2.ReadString('\n'); err != nil || got != "b\n" {
+		t.Fatalf("after Retarget: %q %v", got, err)
+	}
+}

@@ -49,13 +49,18 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every fault kind but broker-disk-full (its broker restart costs ten
-	// seconds more than this test's budget) and broker-partition (its
-	// proxies on every replica fetch and quorum request cost this
-	// race-instrumented process more CPU than the shared machine has, and
-	// start-up slows to minutes); `make soak` runs both.
+	// seconds more than this test's budget), broker-partition and
+	// broker-controller-partition (their proxies on every replica fetch
+	// and quorum request cost this race-instrumented process more CPU than
+	// the shared machine has, and start-up slows to minutes), clock-skew
+	// (two restarts held 15-45 s) and pg-switchover (a standby, and a
+	// rebuild of the former primary in every switchover); `make soak` runs
+	// them all.
 	var kinds []string
 	for _, k := range soak.AllKinds {
-		if k != soak.KindBrokerDiskFull && k != soak.KindBrokerPartition {
+		switch k {
+		case soak.KindBrokerDiskFull, soak.KindBrokerPartition, soak.KindBrokerCtrlPartition, soak.KindClockSkew, soak.KindPGSwitchover:
+		default:
 			kinds = append(kinds, k)
 		}
 	}

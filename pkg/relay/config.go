@@ -28,6 +28,12 @@ type Config struct {
 	BatchMaxBytes int
 	// BatchMaxRows bounds the rows of one Kafka transaction. Default 1000.
 	BatchMaxRows int
+	// Clock is the wall clock the relay stamps its records with (the Kafka
+	// record timestamp, CreateTime, and the CloudEvents time attribute).
+	// Nothing the relay decides reads it: the lease, retry times and
+	// retention are on the database's clock. Default time.Now (the soak
+	// skews it through ONCEFLOW_CLOCK_SKEW, internal/wallclock).
+	Clock func() time.Time
 	// CheckpointTopic is the compacted topic that receives one checkpoint
 	// record per transaction (key = "<database identity>/<shard>", value =
 	// the identity and the batch's outbox ids with a fingerprint of each
@@ -264,6 +270,29 @@ func (c Config) WithDefaults() Config {
 		c.TransactionTimeout = DefaultTransactionTimeout
 	}
 	return c
+}
+
+// now reads c.Clock, else the host's clock.
+func (c Config) now() time.Time {
+	if c.Clock != nil {
+		return c.Clock()
+	}
+	return time.Now()
+}
+
+// clockBehind is how far c.Clock is behind the host's clock (0 when it is
+// not). The Kafka client measures a record's delivery timeout from the
+// record's timestamp with the host's clock: on a host whose clock is off
+// both agree, but a Clock skewed in-process (a fault test) stamps records
+// that would look that much older to it, and the delivery timeout grows by
+// as much. A Clock ahead makes them look younger; the transaction's own
+// deadline (TransactionTimeout) still bounds the batch.
+func (c Config) clockBehind() time.Duration {
+	if c.Clock == nil {
+		return 0
+	}
+	// Round(0) drops the monotonic readings: the wall clocks are compared.
+	return max(0, time.Now().Round(0).Sub(c.Clock().Round(0)))
 }
 
 // validate is New's check: the required connections, then Validate.

@@ -312,13 +312,16 @@ func (p *publisher) transact(ctx context.Context, rows []row, unmarked ckptSet) 
 	ckpt := newCkptSet(len(rows) + len(unmarked.fps))
 	ckpt.merge(unmarked)
 	envs := make([]envelope.Envelope, len(rows))
+	// One wall-clock stamp for the transaction's records (Config.Clock).
+	stamp := p.cfg.now()
 	for i, w := range rows {
 		ckpt.add(w)
 		env := envelope.Envelope{
 			EventID: w.eventID, Source: w.source, Seq: w.seq, EventType: w.eventType,
 			ContentType: w.contentType, Key: w.key, Payload: w.payload,
 			// The stream's producer: this database's identity (I5).
-			Producer: p.prod.identity,
+			Producer:  p.prod.identity,
+			Timestamp: stamp,
 		}
 		if tp, ok := w.headers[envelope.HeaderTraceparent]; ok {
 			env.Traceparent = tp
@@ -364,7 +367,7 @@ func (p *publisher) transact(ctx context.Context, rows []row, unmarked ckptSet) 
 		}
 		return &refusedError{refused: misfits}
 	}
-	recs = append(recs, &kgo.Record{Topic: p.cfg.CheckpointTopic, Key: []byte(p.prod.ckptKey), Value: encodeCheckpointSet(p.prod.identity, ckpt)})
+	recs = append(recs, &kgo.Record{Topic: p.cfg.CheckpointTopic, Key: []byte(p.prod.ckptKey), Value: encodeCheckpointSet(p.prod.identity, ckpt), Timestamp: stamp})
 
 	pctx, cancel := context.WithTimeout(ctx, p.cfg.TransactionTimeout)
 	defer cancel()

@@ -248,10 +248,17 @@ SELECT count(*) FROM generate_series(0, $1 - 1) AS k
 // notifyChannel is what the trigger onceflow.outbox_notify notifies.
 const notifyChannel = "onceflow_outbox"
 
-// qOutboxLastID is the highest id the outbox's sequence has handed out
-// (NULL before the first insert). A checkpoint naming a higher id comes from
-// a database that has since been restored to an earlier point.
-const qOutboxLastID = `SELECT pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass)`
+// qOutboxLastID is the highest id the outbox has held: what its sequence
+// has handed out, or the highest id in the table when that is higher (NULL
+// before the first row). A checkpoint naming a higher id comes from a
+// database that has since been restored to an earlier point. The table's
+// highest id counts because logical replication writes rows with the ids
+// they had at the source and does not carry sequences: on a subscriber the
+// sequence stays where it was (unused), while the relay publishes the
+// replicated rows. In a restored database every row's id came from the
+// sequence, so the table adds nothing there.
+const qOutboxLastID = `SELECT greatest(pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass),
+       (SELECT max(id) FROM onceflow.outbox))`
 
 // qCheckpointRows reads what recovery checks a checkpoint against.
 const qCheckpointRows = `

@@ -154,7 +154,7 @@ func (r *recoverer) initProducer(ctx context.Context, txnID string) (*kgo.Client
 	opts = append(opts,
 		kgo.TransactionalID(txnID),
 		kgo.TransactionTimeout(r.cfg.TransactionTimeout),
-		kgo.RecordDeliveryTimeout(r.cfg.TransactionTimeout/2),
+		kgo.RecordDeliveryTimeout(r.cfg.TransactionTimeout/2+r.cfg.clockBehind()),
 		kgo.UnknownTopicRetries(3),
 		kgo.MaxBufferedRecords(r.cfg.BatchMaxRows+16),
 		kgo.ProducerLinger(0),

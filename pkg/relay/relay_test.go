@@ -320,3 +320,43 @@ func TestRelayRetentionPrunesWholeBatches(t *testing.T) {
 		t.Errorf("onceflow_relay_pruned_total %v, want %d", got, 45-kept)
 	}
 }
+
+// A relay whose wall clock is two minutes behind (Config.Clock, as
+// ONCEFLOW_CLOCK_SKEW sets it in the binary) takes the lease and publishes
+// as usual (the lease is on the database's clock) and stamps its records,
+// the event's and the checkpoint's, with its own clock.
+func TestRelayStampsRecordsWithItsClock(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL and Kafka")
+	}
+	const skew = -2 * time.Minute
+	topic := testkit.Topic(t, "unit", 1, nil)
+	var ckptTopic string
+	before := time.Now()
+	rb := startRelay(t, topic, func(c *relay.Config) {
+		c.Clock = func() time.Time { return time.Now().Add(skew) }
+		ckptTopic = c.CheckpointTopic
+	})
+	if _, err := rb.enqueue(t, outbox.Writer{}, outbox.Message{Topic: topic, Source: "s-1", EventType: "x", Payload: []byte(`1`), EventID: "ev-skew"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tp := range []string{topic, ckptTopic} {
+		cons := testkit.ReadCommittedClient(t, tp)
+		ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+		var rec *kgo.Record
+		for rec == nil {
+			fs := cons.PollFetches(ctx)
+			if ctx.Err() != nil {
+				cancel()
+				t.Fatalf("no record on %s; relay logs:\n%s", tp, rb.logs)
+			}
+			fs.EachRecord(func(r *kgo.Record) { rec = r })
+		}
+		cancel()
+		after := time.Now()
+		if rec.Timestamp.Before(before.Add(skew).Truncate(time.Millisecond)) || rec.Timestamp.After(after.Add(skew)) {
+			t.Fatalf("record on %s stamped %s, want within [%s, %s] (the relay's clock, %s off)", tp, rec.Timestamp, before.Add(skew), after.Add(skew), skew)
+		}
+	}
+}
