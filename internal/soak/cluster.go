@@ -68,9 +68,21 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64, peers
 		return nil, nil, err
 	}
 	const perNode = 4 // external, internal, controller, replication
-	ports, err := kafkanode.FreePorts(perNode * clusterSize)
+	// The proxies' ports come from the same pool as the brokers': a proxy
+	// listening on port 0 could be handed a port FreePorts just chose for a
+	// broker and released, and the broker then failed to bind it ("Address
+	// already in use", seen in CI). Per node: its client proxy, its
+	// replication proxy and one controller proxy per other node.
+	const proxiesPerNode = 2 + clusterSize - 1
+	ports, err := kafkanode.FreePorts((perNode + proxiesPerNode) * clusterSize)
 	if err != nil {
 		return nil, nil, err
+	}
+	proxyPorts := ports[perNode*clusterSize:]
+	proxyAddr := func() string {
+		a := fmt.Sprintf("127.0.0.1:%d", proxyPorts[0])
+		proxyPorts = proxyPorts[1:]
+		return a
 	}
 	c = &cluster{}
 	// Every node has its proxies first: the voters name the controller
@@ -86,7 +98,7 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64, peers
 			if !x.want {
 				continue
 			}
-			if *x.px, err = tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", x.port)); err != nil {
+			if *x.px, err = tcpproxy.Listen(proxyAddr(), fmt.Sprintf("127.0.0.1:%d", x.port)); err != nil {
 				c.stop()
 				return nil, nil, err
 			}
@@ -99,7 +111,7 @@ func startCluster(ctx context.Context, script, dir string, diskSize int64, peers
 			if j == i {
 				continue
 			}
-			px, err := tcpproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", ports[perNode*i+2]))
+			px, err := tcpproxy.Listen(proxyAddr(), fmt.Sprintf("127.0.0.1:%d", ports[perNode*i+2]))
 			if err != nil {
 				c.stop()
 				return nil, nil, err

@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,15 +56,35 @@ def _template(admin: str) -> str:
                 return name
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            with psycopg.connect(with_database(admin, name)) as tc:
+            # Each file as the Go migrator runs it: in a transaction of its
+            # own, except a file marked disable-tx (it manages its own
+            # transactions, e.g. to build an index CONCURRENTLY).
+            with psycopg.connect(with_database(admin, name), autocommit=True) as tc:
                 tc.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
                 for p in ups:
-                    tc.execute(p.read_text().encode())
-                tc.commit()
+                    text = p.read_text()
+                    if text.startswith("---- tern: disable-tx ----"):
+                        _run_statement_by_statement(with_database(admin, name), p)
+                    else:
+                        with tc.transaction():
+                            tc.execute(text.encode())
             conn.execute(sql.SQL("ALTER DATABASE {} WITH is_template true").format(sql.Identifier(name)))
             return name
         finally:
             conn.execute("SELECT pg_advisory_unlock(7355609)")
+
+
+def _run_statement_by_statement(url: str, path: Path) -> None:
+    """Runs a disable-tx migration one statement at a time, as the Go
+    migrator does (a statement such as CREATE INDEX CONCURRENTLY cannot run in
+    the implicit transaction of a multi-statement query): psql splits the
+    file, dollar quotes and comments included."""
+    psql = shutil.which("psql")
+    if psql is None:
+        raise RuntimeError("psql (PostgreSQL's client) is needed to apply " + path.name + "; scripts/require.sh postgres installs it")
+    done = subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{path.name}: psql exited {done.returncode}: {done.stderr.strip()}")
 
 
 _template_name: str | None = None
