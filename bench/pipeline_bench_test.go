@@ -377,6 +377,9 @@ func (p *pipe) openLoop(tb testing.TB, rep *report, tag string, rate float64, ti
 	}
 	record := rep.measure()
 	start = time.Now().Add(100 * time.Millisecond)
+	// ONCEFLOW_BENCH_PROFILE_DIR: CPU profiles of both binaries while the
+	// phase runs (its first ONCEFLOW_BENCH_PROFILE_SECONDS).
+	defer p.profile(tb, "latency-"+tag)()
 	p.notify(func(id string, at time.Time) {
 		i, ok := index(id)
 		if !ok {
