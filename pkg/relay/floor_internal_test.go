@@ -206,3 +206,132 @@ func TestOutboxIDDrawnWithXid(t *testing.T) {
 	}
 	t.Fatalf("ids:%s want the first of each transaction two above the row before (drawn again once the transaction had its xid), the second one above it", got)
 }
+
+// TestFloorWaitsOnlyForThisDatabasesWriters: the scan floor waits for a
+// transaction of its own database that may still commit a low id, and not
+// for one of another database on the same server (xids are server-wide: a
+// snapshot's xmin, which the floor used to wait for, is held back by both).
+// A writer with an xid is held open in another database while 3,000 rows
+// are published: the floor rises to the last of them (with the old wait it
+// stayed where it was). Then a writer of this database inserts a row and
+// stays open while 3,000 more are published: the floor stays below its id,
+// and once it commits, the next poll finds the row.
+func TestFloorWaitsOnlyForThisDatabasesWriters(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	other := testkit.EmptyDB(t)
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{DB: db.Pool, BatchMaxRows: 1000, BatchMaxBytes: 4 << 20}
+	rd := newReader(cfg, layout{shards: 1}, m, slog.New(slog.DiscardHandler))
+
+	enqueue := func(n int) {
+		t.Helper()
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Topic: "t", Source: fmt.Sprintf("src-%d", i%16), EventType: "e", Payload: []byte(`{}`)}
+		}
+		for len(msgs) > 0 {
+			k := min(1000, len(msgs))
+			if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				_, err := outbox.EnqueueBatch(ctx, tx, msgs[:k])
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			msgs = msgs[k:]
+		}
+	}
+	// drain publishes what the polls find and returns the ids seen.
+	drain := func() map[int64]bool {
+		t.Helper()
+		seen := map[int64]bool{}
+		for {
+			rows, err := rd.next(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) == 0 {
+				return seen
+			}
+			ids := make([]int64, len(rows))
+			for i, w := range rows {
+				ids[i] = w.id
+				seen[w.id] = true
+			}
+			if _, err := db.Pool.Exec(ctx, qMarkPublished, ids); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// settle takes marks and raises the floor until it reaches want, for at
+	// most d; it returns where the floor is.
+	settle := func(want int64, d time.Duration) int64 {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for rd.floor < want && time.Now().Before(deadline) {
+			if err := rd.raise(ctx); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond) // polling a condition
+		}
+		return rd.floor
+	}
+	top := func() int64 {
+		t.Helper()
+		var id int64
+		if err := db.Pool.QueryRow(ctx, `SELECT max(id) FROM onceflow.outbox`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	hold := func(pool interface {
+		Begin(context.Context) (pgx.Tx, error)
+	}, stmt string) pgx.Tx {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+
+	// A writer in another database, with its xid, open throughout.
+	hold(other.Pool, `SELECT pg_current_xact_id()`)
+	enqueue(3000)
+	drain()
+	last := top()
+	if got := settle(last, 20*time.Second); got < last {
+		t.Fatalf("the floor stayed at %d, below the last published id %d, while a transaction of another database held an xid: it waits for writers that cannot insert into this outbox", got, last)
+	}
+
+	// A writer of this database: its row's id is drawn, and it stays open.
+	w := hold(db.Pool, `INSERT INTO onceflow.outbox (event_id, topic, source, event_type, payload) VALUES ('late-writer', 't', 'late', 'e', '{}')`)
+	var lateID int64
+	if err := w.QueryRow(ctx, `SELECT id FROM onceflow.outbox WHERE event_id = 'late-writer'`).Scan(&lateID); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(3000)
+	drain()
+	after := top()
+	// The floor must not pass lateID: give it the time it took above, and more.
+	if got := settle(after, 3*time.Second); got >= lateID {
+		t.Fatalf("the floor rose to %d, at or above id %d of a transaction of this database still open: its row would be skipped when it commits", got, lateID)
+	}
+	if err := w.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if seen := drain(); !seen[lateID] {
+		t.Fatalf("after its writer committed, no poll found outbox row %d (floor %d)", lateID, rd.floor)
+	}
+}

@@ -60,14 +60,17 @@ const (
 // The floor rises by marks (migration 024): a mark is the highest id drawn
 // so far (M) and an xid (X) above that of every transaction that drew one
 // of those ids, each drawn by a transaction that had its xid already. Once
-// a snapshot's xmin is at least X, every row with id <= M is committed and
-// visible in it, or never will be; so the floor may rise to M, or to just
-// below the lowest id pending in that snapshot if that is lower (a row of a
+// no transaction of this database with an xid below X is still running
+// (sessions and prepared transactions; only they can insert into this
+// outbox), every row with id <= M is committed and visible in any later
+// snapshot, or never will be; so the floor may rise to M, or to just below
+// the lowest id pending in that snapshot if that is lower (a row of a
 // held-back source, a batch being marked). A read-only snapshot (a report,
 // a standby's hot_standby_feedback, a replication slot) has no xid and
-// never holds a snapshot's xmin back: the floor keeps rising. A writing
-// transaction open for long does (it may still commit a low id): the floor
-// waits for it, and the walk grows with what is published meanwhile.
+// never holds the floor, nor does a writer in another database of the same
+// server. A writing transaction of this database open for long does (it may
+// still commit a low id): the floor waits for it, and the walk grows with
+// what is published meanwhile.
 //
 // Nothing else may leave a pending id below the floor, and two things can:
 // the sweep queues rows of old ids (it lowers the floor to the lowest it
@@ -99,8 +102,9 @@ type reader struct {
 	floorAt time.Time // the last attempt to raise the floor
 }
 
-// scanMark is a mark the floor rises by: once a snapshot's xmin is at least
-// xid, every row with an id up to lastID is visible in it or never will be.
+// scanMark is a mark the floor rises by: once no transaction of this
+// database older than xid runs, every row with an id up to lastID is
+// visible to a new snapshot or never will be.
 type scanMark struct {
 	lastID, xid int64
 	ok          bool
@@ -126,12 +130,12 @@ func (rd *reader) raiseOrLog(ctx context.Context) {
 func (rd *reader) raise(ctx context.Context) error {
 	rd.floorAt = time.Now()
 	if rd.mark.ok {
-		var xmin, low int64
-		if err := rd.cfg.DB.QueryRow(ctx, qScanSettle, rd.floor).Scan(&xmin, &low); err != nil {
+		var oldest, low int64
+		if err := rd.cfg.DB.QueryRow(ctx, qScanSettle, rd.floor).Scan(&oldest, &low); err != nil {
 			return fmt.Errorf("scan floor: read the lowest pending id: %w", err)
 		}
-		if xmin < rd.mark.xid {
-			return nil // a transaction that may yet commit an id <= mark.lastID is still running
+		if oldest < rd.mark.xid {
+			return nil // a transaction of this database that may yet commit an id <= mark.lastID is still running
 		}
 		to := rd.mark.lastID
 		if low > 0 {
