@@ -87,9 +87,8 @@ func TestPollCostFlatUnderHeldSnapshot(t *testing.T) {
 	}
 	// pollBuffers enqueues one row, waits for the floor to rise to just
 	// below it and measures the poll that finds that row. (The floor waits
-	// for every transaction with an xid in the whole cluster that began
-	// before its mark: xids are cluster-wide, and other tests share the
-	// server.)
+	// for this database's transactions with an xid that began before its
+	// mark; other tests' databases on the same server do not hold it.)
 	pollBuffers := func() (int64, int) {
 		t.Helper()
 		enqueue(1)
