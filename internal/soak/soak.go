@@ -33,6 +33,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	deploysql "github.com/onceflow/onceflow/deploy/sql"
 	"github.com/onceflow/onceflow/internal/pgtemp"
 	"github.com/onceflow/onceflow/internal/procs"
 	"github.com/onceflow/onceflow/internal/tcpproxy"
@@ -774,8 +775,8 @@ func (r *run) teardown() {
 // both outboxes are empty). The apply worker writes with
 // session_replication_role = replica, so the outbox's statement-level
 // queue trigger does not fire (and the apply worker fires no statement
-// triggers at all); the row-level trigger below, enabled for replica
-// sessions only, queues each applied row in the apply worker's own
+// triggers at all); the row-level trigger of deploy/sql/subscriber.sql,
+// enabled for replica sessions only, queues each applied row in the apply worker's own
 // transaction, in the source's commit order, as the statement trigger
 // does for local writers (docs/relay.md, "A producing database fed by
 // logical replication"). Without it the relay's sweep would find the rows,
@@ -785,7 +786,7 @@ func subscribe(ctx context.Context, src, sub *pgxpool.Pool, srcPort int) error {
 	if _, err := src.Exec(ctx, `CREATE PUBLICATION `+pubName+` FOR TABLE onceflow.outbox`); err != nil {
 		return fmt.Errorf("create publication at b's source: %w", err)
 	}
-	if _, err := sub.Exec(ctx, subscriberQueueDDL); err != nil {
+	if _, err := sub.Exec(ctx, deploysql.Subscriber); err != nil {
 		return fmt.Errorf("queue trigger for replicated rows in b: %w", err)
 	}
 	_, err := sub.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION %s CONNECTION 'host=127.0.0.1 port=%d dbname=postgres user=postgres' PUBLICATION %s WITH (copy_data = false)`,
@@ -795,23 +796,6 @@ func subscribe(ctx context.Context, src, sub *pgxpool.Pool, srcPort int) error {
 	}
 	return nil
 }
-
-// subscriberQueueDDL is the setup docs/relay.md gives for a subscriber's
-// outbox: a row-level trigger that fires in replica sessions only (ENABLE
-// REPLICA) and queues the row.
-const subscriberQueueDDL = `
-CREATE SCHEMA onceflow_subscriber;
-CREATE FUNCTION onceflow_subscriber.queue_replicated_row() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-BEGIN
-    INSERT INTO onceflow.outbox_pending (id) VALUES (NEW.id);
-    RETURN NULL;
-END
-$fn$;
-REVOKE ALL ON FUNCTION onceflow_subscriber.queue_replicated_row() FROM PUBLIC;
-CREATE TRIGGER outbox_pending_replicated AFTER INSERT ON onceflow.outbox
-    FOR EACH ROW EXECUTE FUNCTION onceflow_subscriber.queue_replicated_row();
-ALTER TABLE onceflow.outbox ENABLE REPLICA TRIGGER outbox_pending_replicated;`
 
 // superviseChildren restarts a child that ended without being told to (as
 // Kubernetes would) and notes it.
