@@ -313,6 +313,7 @@ func (r *run) judge(ctx context.Context) (*Report, error) {
 	}
 	rep.Anomalies = append(rep.Anomalies, tallyAnomalies(l, tally)...)
 	rep.Anomalies = append(rep.Anomalies, r.reconcile(ctx, rep)...)
+	rep.Anomalies = append(rep.Anomalies, r.checkReplica(ctx, r.judgedFrom(), rep)...)
 
 	// Faults and recovery.
 	r.faultsMu.Lock()
@@ -469,9 +470,8 @@ const reconcileClockMargin = 5 * time.Minute
 func (r *run) reconcile(ctx context.Context, rep *Report) []Anomaly {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	from := r.start.Add(-time.Minute)
-	if w := time.Now().Add(-reconcileWindow); w.After(from) {
-		from = w
+	from := r.judgedFrom()
+	if from.After(r.start.Add(-time.Minute)) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("reconcile judged the events committed from %s on (the relay prunes older ones)", from.UTC().Format(time.RFC3339)))
 	}
 	var out []Anomaly
@@ -510,6 +510,16 @@ func (r *run) reconcile(ctx context.Context, rep *Report) []Anomaly {
 		rep.Reconcile = sum
 	}
 	return out
+}
+
+// judgedFrom is where the reconcile and replica checks begin: the run's
+// start, or reconcileWindow ago when the run is longer.
+func (r *run) judgedFrom() time.Time {
+	from := r.start.Add(-time.Minute)
+	if w := time.Now().Add(-reconcileWindow); w.After(from) {
+		from = w
+	}
+	return from
 }
 
 // withSource adds the source and seq to committed event ids.

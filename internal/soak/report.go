@@ -52,7 +52,10 @@ type Report struct {
 	// it is an anomaly); Reconciles has each (database, consumer) run.
 	Reconcile  *ReconcileSummary `json:"reconcile,omitempty"`
 	Reconciles []ReconcileRun    `json:"reconciles,omitempty"`
-	ByKind     map[string]int    `json:"anomalies_by_kind"`
+	// Replica is what the replica check compared of database b's outbox
+	// and its source's (nil when it could not run: then it is an anomaly).
+	Replica *ReplicaCheck  `json:"replica,omitempty"`
+	ByKind  map[string]int `json:"anomalies_by_kind"`
 
 	UnexpectedExits   []string `json:"unexpected_exits"`
 	ProducerErrors    int64    `json:"producer_errors"`
@@ -258,6 +261,10 @@ func (rep *Report) Text() string {
 		c := rc.Counts
 		p("reconcile    database %s, consumer %-10s %d outbox rows, %d records, %d applied on %d streams; %d anomalies (%s, at most %d seq ranges held)\n",
 			rc.Database, rc.Consumer+":", c.Committed, c.Records, c.Applied, c.Streams, rc.Anomalies, secs(rc.Seconds), c.Ranges)
+	}
+	if c := rep.Replica; c != nil {
+		p("replica      database %s's outbox against its source's: %d rows at the source, %d in %s (%s)\n",
+			dbB, c.SourceRows, c.SubscriberRows, dbBName, secs(c.Seconds))
 	}
 	p("\nanomalies    ")
 	if len(rep.Anomalies) == 0 {

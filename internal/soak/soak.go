@@ -33,6 +33,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	deploysql "github.com/onceflow/onceflow/deploy/sql"
 	"github.com/onceflow/onceflow/internal/pgtemp"
 	"github.com/onceflow/onceflow/internal/procs"
 	"github.com/onceflow/onceflow/internal/tcpproxy"
@@ -152,6 +153,11 @@ func (c Config) validate() error {
 // topics; a has two relay replicas, b one; two consumer names with
 // different handlers read both topics: soak (two replicas) records each
 // applied event, soak-tally (one) also keeps a per-stream counter.
+//
+// Database b is fed by logical replication: b's producers write into the
+// outbox of a source database on a PostgreSQL server of its own (the
+// publisher, wal_level=logical, which no fault touches), a subscription in
+// b applies the rows, and b's relay publishes them from b's outbox.
 const (
 	eventTopic  = "onceflow.events"
 	eventTopic2 = "onceflow.events.orders"
@@ -162,6 +168,8 @@ const (
 	tallyID     = "soak-tally"
 	dbA, dbB    = "a", "b"
 	dbBName     = "soak_b"
+	// The publication on b's source database and the subscription in b.
+	pubName, subName = "soak_outbox", "soak_b_outbox"
 )
 
 var (
@@ -176,10 +184,17 @@ var (
 
 // prodDB is one producing database.
 type prodDB struct {
-	name string // dbA or dbB
-	url  string // direct, past the proxy
-	pool *pgxpool.Pool
-	prod *producer
+	name string        // dbA or dbB
+	url  string        // direct, past the proxy
+	pool *pgxpool.Pool // the database its relay publishes
+	// srcPool is the source database whose outbox a subscription
+	// replicates into this one (database b), else nil: the producers
+	// write there.
+	srcPool *pgxpool.Pool
+	prod    *producer
+	// snap holds the REPEATABLE READ snapshots in pool (the relay's
+	// database); it is prod unless the producers write elsewhere.
+	snap *producer
 }
 
 type run struct {
@@ -193,9 +208,12 @@ type run struct {
 	// switchover swaps them. pgNodes are both, for the teardown.
 	pg, standby *pgtemp.Cluster
 	pgNodes     []*pgtemp.Cluster
-	pgProxy     *tcpproxy.Proxy
-	pool        *pgxpool.Pool // database a, direct, past the proxy
-	dbs         []*prodDB     // a and b
+	// src is the publisher of database b's outbox: a server of its own
+	// with wal_level=logical, untouched by the faults.
+	src     *pgtemp.Cluster
+	pgProxy *tcpproxy.Proxy
+	pool    *pgxpool.Pool // database a, direct, past the proxy
+	dbs     []*prodDB     // a and b
 	// identities maps each producing database's identity (the producer
 	// of its streams) to its name.
 	identities map[string]string
@@ -350,19 +368,42 @@ func (r *run) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.dbs = []*prodDB{{name: dbA, url: urlA, pool: r.pool}, {name: dbB, url: urlB, pool: poolB}}
+	dB := &prodDB{name: dbB, url: urlB, pool: poolB}
+	r.dbs = []*prodDB{{name: dbA, url: urlA, pool: r.pool}, dB}
+	// Database b's source: the publisher, a server of its own, so that
+	// neither a switchover (logical slots do not move to a physical
+	// standby in PostgreSQL 15) nor a restart of the producing databases'
+	// server touches the slot. The subscription in b connects to it
+	// directly.
+	if r.src, err = pgtemp.StartWithOptions(ctx, pgtemp.Options{StopWithProcess: true,
+		Settings: map[string]string{"wal_level": "logical", "max_connections": "100", "log_min_messages": "warning"}}); err != nil {
+		return fmt.Errorf("start b's source PostgreSQL: %w", err)
+	}
+	pcS, err := pgxpool.ParseConfig(r.src.URL)
+	if err != nil {
+		return err
+	}
+	pcS.MaxConns = pc.MaxConns
+	pcS.ConnConfig.RuntimeParams["deadlock_timeout"] = "50ms"
+	if dB.srcPool, err = pgxpool.NewWithConfig(ctx, pcS); err != nil {
+		return err
+	}
 	standby := ""
 	if r.standby != nil {
 		standby = fmt.Sprintf(", streaming standby on :%d", r.standby.Port)
 	}
-	r.printf("  postgres   %s and database %s%s (binaries through proxy %s), up at %s\n", redact(urlA), dbBName, standby, r.pgProxy.Addr(), time.Since(t0).Round(100*time.Millisecond))
+	r.printf("  postgres   %s and database %s%s (binaries through proxy %s); %s fed by logical replication from :%d; up at %s\n",
+		redact(urlA), dbBName, standby, r.pgProxy.Addr(), dbBName, r.src.Port, time.Since(t0).Round(100*time.Millisecond))
 
 	// Schema and the side-effect tables.
-	for _, d := range r.dbs {
+	for _, d := range append(append([]*prodDB{}, r.dbs...), &prodDB{name: "b's source", url: r.src.URL}) {
 		out, err := r.binCmd(ctx, "relay", "migrate", "-database-url", d.url)
 		if err != nil {
 			return fmt.Errorf("relay migrate (database %s): %w: %s", d.name, err, out)
 		}
+	}
+	if err := subscribe(ctx, dB.srcPool, poolB, r.src.Port); err != nil {
+		return err
 	}
 	r.identities = map[string]string{}
 	for _, d := range r.dbs {
@@ -375,7 +416,7 @@ func (r *run) setup(ctx context.Context) error {
 	if _, err := r.pool.Exec(ctx, effectsDDL); err != nil {
 		return fmt.Errorf("create soak.effects: %w", err)
 	}
-	r.printf("  schema     both databases migrated at %s\n", time.Since(t0).Round(100*time.Millisecond))
+	r.printf("  schema     the databases migrated, b subscribed to its source at %s\n", time.Since(t0).Round(100*time.Millisecond))
 
 	// Kafka: three brokers, each behind a proxy.
 	k := joinKafka()
@@ -433,6 +474,11 @@ func (r *run) setup(ctx context.Context) error {
 	r.probes = newProbes(eventTopic, parts)
 	for i, d := range r.dbs {
 		d.prod = &producer{pool: d.pool, led: r.led, db: d.name, topics: eventTopics, seed: r.cfg.Seed + uint64(i)*7919, hard: ctx}
+		d.snap = d.prod
+		if d.srcPool != nil {
+			d.prod.pool = d.srcPool
+			d.snap = &producer{pool: d.pool, led: r.led, db: d.name}
+		}
 	}
 	r.prod = r.dbs[0].prod
 	if r.topic, err = newTopicWatch(eventTopics, r.kc.internalOpts()); err != nil {
@@ -577,7 +623,7 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 	for _, d := range r.dbs {
 		wg.Add(2)
 		go func() { defer wg.Done(); d.prod.runLong(prodCtx) }()
-		go func() { defer wg.Done(); d.prod.holdSnapshots(prodCtx, r.cfg.SnapshotHold) }()
+		go func() { defer wg.Done(); d.snap.holdSnapshots(prodCtx, r.cfg.SnapshotHold) }()
 	}
 	wg.Add(2)
 	go func() { defer wg.Done(); r.probes.run(prodCtx, r.prod, eventTopic) }()
@@ -699,6 +745,9 @@ func (r *run) teardown() {
 		if d.pool != r.pool {
 			d.pool.Close()
 		}
+		if d.srcPool != nil {
+			d.srcPool.Close()
+		}
 	}
 	if r.pool != nil {
 		r.pool.Close()
@@ -714,6 +763,38 @@ func (r *run) teardown() {
 		copyFile(filepath.Join(c.Dir(), "postgres.log"), filepath.Join(r.logs, name))
 		_ = c.Stop()
 	}
+	if r.src != nil {
+		copyFile(filepath.Join(r.src.Dir(), "postgres.log"), filepath.Join(r.logs, "postgres-source-b.log"))
+		_ = r.src.Stop()
+	}
+}
+
+// subscribe makes database b (sub) a logical replica of its source's
+// outbox: a publication of onceflow.outbox at the source, and a
+// subscription in b that applies its rows from now on (copy_data = false:
+// both outboxes are empty). The apply worker writes with
+// session_replication_role = replica, so the outbox's statement-level
+// queue trigger does not fire (and the apply worker fires no statement
+// triggers at all); the row-level trigger of deploy/sql/subscriber.sql,
+// enabled for replica sessions only, queues each applied row in the apply worker's own
+// transaction, in the source's commit order, as the statement trigger
+// does for local writers (docs/relay.md, "A producing database fed by
+// logical replication"). Without it the relay's sweep would find the rows,
+// but a late committer found by the full walk only may reach Kafka after
+// its source's later events.
+func subscribe(ctx context.Context, src, sub *pgxpool.Pool, srcPort int) error {
+	if _, err := src.Exec(ctx, `CREATE PUBLICATION `+pubName+` FOR TABLE onceflow.outbox`); err != nil {
+		return fmt.Errorf("create publication at b's source: %w", err)
+	}
+	if _, err := sub.Exec(ctx, deploysql.Subscriber); err != nil {
+		return fmt.Errorf("queue trigger for replicated rows in b: %w", err)
+	}
+	_, err := sub.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION %s CONNECTION 'host=127.0.0.1 port=%d dbname=postgres user=postgres' PUBLICATION %s WITH (copy_data = false)`,
+		subName, srcPort, pubName))
+	if err != nil {
+		return fmt.Errorf("create subscription in b: %w", err)
+	}
+	return nil
 }
 
 // superviseChildren restarts a child that ended without being told to (as

@@ -429,3 +429,24 @@ func TestSchedulerOutageScale(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareReplica: the replica check finds a row the subscriber lacks, a
+// row it holds otherwise and a row the source never had, and nothing else.
+func TestCompareReplica(t *testing.T) {
+	row := func(id string, seq int64) outboxRow {
+		return outboxRow{eventID: id, topic: eventTopic, source: "s", seq: seq}
+	}
+	src := map[int64]outboxRow{1: row("e1", 1), 2: row("e2", 2), 3: row("e3", 3), 4: row("e4", 4)}
+	sub := map[int64]outboxRow{1: row("e1", 1), 3: row("e3", 4), 4: row("e4", 4), 9: row("e9", 5)}
+	got := map[string]int{}
+	for _, a := range compareReplica(src, sub, "replica") {
+		got[a.Kind] += a.Count
+	}
+	want := map[string]int{"replica:missing": 1, "replica:differs": 1, "replica:phantom": 1}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("found %v, want %v", got, want)
+	}
+	if a := compareReplica(src, src, "replica"); len(a) != 0 {
+		t.Fatalf("identical outboxes: %v", a)
+	}
+}

@@ -23,7 +23,8 @@ func (w logWriter) Write(p []byte) (int, error) {
 // TestSoak runs the soak for 45 seconds, or until its essential faults have
 // all been injected (ONCEFLOW_SOAK_DURATION to change it), with short
 // outages, in the full topology (two producing databases
-// sharing source names on two topics, two consumer names, a snapshot held
+// sharing source names on two topics, database b fed by logical
+// replication from a source database, two consumer names, a snapshot held
 // in each database), and requires zero anomalies, from its ledger and from
 // the reconcile check of every (database, consumer), with at least one
 // broker kill, database restart, proxy cut and process kill among its
@@ -122,6 +123,12 @@ func TestSoak(t *testing.T) {
 	if rc := rep.Reconcile; rc == nil || rc.Counts.Committed == 0 ||
 		(duration < 30*time.Minute && (rc.Counts.Committed < rep.Events.Committed || rc.Counts.Applied < rep.Events.Committed)) {
 		t.Fatalf("reconcile: %+v; want every committed event (%d) read from the outbox and applied", rc, rep.Events.Committed)
+	}
+	// Database b is fed by logical replication: the replica check compared
+	// every row its producers committed at the source with b's outbox.
+	if c := rep.Replica; c == nil || c.SourceRows == 0 ||
+		(duration < 30*time.Minute && (c.SourceRows != e.ByDatabase["b"] || c.SubscriberRows != c.SourceRows)) {
+		t.Fatalf("replica check: %+v; want the %d events committed at b's source, all in b's outbox", c, e.ByDatabase["b"])
 	}
 	os.RemoveAll(out)
 }
