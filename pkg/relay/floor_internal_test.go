@@ -334,3 +334,65 @@ func TestFloorWaitsOnlyForThisDatabasesWriters(t *testing.T) {
 		t.Fatalf("after its writer committed, no poll found outbox row %d (floor %d)", lateID, rd.floor)
 	}
 }
+
+// TestPruneKeepsTheHighestPublishedID: on a database whose outbox ids come
+// from elsewhere (logical replication writes the source's ids and leaves the
+// sequence alone), recovery's restore check learns the highest id ever
+// published from the table and the publish log. Retention used to prune
+// every old batch, and a subscriber quiet for longer than the retention
+// then refused its next start ("the database was restored"). The batch
+// holding the highest id is kept with its rows, however old.
+func TestPruneKeepsTheHighestPublishedID(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	// Written as the apply worker writes: ids and seqs given, triggers off.
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO onceflow.outbox (id, event_id, topic, source, seq, event_type, payload)
+			OVERRIDING SYSTEM VALUE
+			SELECT 500 + g, 'replicated-' || g, 't', 's', g, 'e', '{}'::bytea FROM generate_series(1, 50) g`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Published in five batches of ten, in id order.
+	for b := range 5 {
+		ids := make([]int64, 10)
+		for i := range ids {
+			ids[i] = int64(501 + 10*b + i)
+		}
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.outbox_pending (id) SELECT unnest($1::bigint[]) ON CONFLICT DO NOTHING`, ids); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Pool.Exec(ctx, qMarkPublished, ids); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE onceflow.outbox_published SET published_at = now() - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	var rows, batches int64
+	if err := db.Pool.QueryRow(ctx, qPrune, 3600, 1000).Scan(&rows, &batches); err != nil {
+		t.Fatal(err)
+	}
+	var left, top int64
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(max(last_id), 0) FROM onceflow.outbox_published`).Scan(&left, &top); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 40 || batches != 4 || left != 1 || top != 550 {
+		t.Fatalf("pruned %d rows in %d batches, %d log rows left up to id %d; want 40 in 4, the batch up to 550 kept", rows, batches, left, top)
+	}
+	var last *int64
+	if err := db.Pool.QueryRow(ctx, qOutboxLastID).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if last == nil || *last != 550 {
+		t.Fatalf("the restore check's highest id after pruning: %v, want 550 (a checkpoint naming 550 would be refused)", last)
+	}
+}

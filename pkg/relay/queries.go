@@ -211,10 +211,14 @@ SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM r)`
 // retention ($1 seconds), whole batches, about $2 rows in all (at least one
 // batch), with their log rows. Batches another relay is pruning (shards) are
 // skipped, not waited for. It returns the rows and the batches it deleted.
+// The batch holding the highest id ever published is kept with its rows
+// (each pruned batch's last_id is below one still in the log): recovery's
+// restore check reads that id (qOutboxLastID).
 const qPrune = `
 WITH l AS (
     SELECT batch, published_at, ids FROM onceflow.outbox_published
      WHERE published_at < now() - make_interval(secs => $1)
+       AND last_id < (SELECT max(last_id) FROM onceflow.outbox_published)
      ORDER BY published_at, batch
      LIMIT $2
        FOR UPDATE SKIP LOCKED
@@ -275,9 +279,12 @@ const notifyChannel = "onceflow_outbox"
 // they had at the source and does not carry sequences: on a subscriber the
 // sequence stays where it was (unused), while the relay publishes the
 // replicated rows. In a restored database every row's id came from the
-// sequence, so the table adds nothing there.
+// sequence, so the table adds nothing there. The publish log's highest
+// last_id counts for the same reason once the replicated rows are pruned:
+// qPrune never removes the batch that holds it (migration 031).
 const qOutboxLastID = `SELECT greatest(pg_sequence_last_value(pg_get_serial_sequence('onceflow.outbox', 'id')::regclass),
-       (SELECT max(id) FROM onceflow.outbox))`
+       (SELECT max(id) FROM onceflow.outbox),
+       (SELECT max(last_id) FROM onceflow.outbox_published))`
 
 // qCheckpointRows reads what recovery checks a checkpoint against.
 const qCheckpointRows = `

@@ -1,0 +1,19 @@
+---- tern: disable-tx ----
+-- The publish log answers "what is the highest id ever published here"
+-- cheaply, and keeps the answer through pruning.
+--
+-- Relay recovery refuses a checkpoint that names an outbox id this database
+-- never handed out (the database was restored to an earlier point). On a
+-- database fed by logical replication the outbox's sequence never moves
+-- (replication carries ids, not sequences), so the check also takes the
+-- highest id in the table; once every published row was pruned (a quiet
+-- hour on a subscriber), that was gone too and the next start refused. The
+-- check now also takes the publish log's highest last_id, the prune never
+-- removes the batch that holds it (its rows stay until a later batch is
+-- published), and this index finds it without a scan. In a restored
+-- database the log is restored with everything else, so a checkpoint from
+-- after the restore point is still refused.
+--
+-- CONCURRENTLY: the relay keeps publishing while the index is built (the
+-- statement waits for transactions older than it to end).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_published_last_id ON onceflow.outbox_published (last_id);
