@@ -82,21 +82,27 @@ func TestRelayOnALogicalReplicaRestarts(t *testing.T) {
 	// holding the highest id published (migration 031), and the next start
 	// still recovers (before: the table and the log were empty, and it
 	// stopped as if the database had been restored).
-	p3 := e.start("relay-pruning", nil, "-holder-id", "r", "-retention", "-1s", "-prune-interval", "50ms")
-	for {
-		var batches, rows int
-		if err := e.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM onceflow.outbox_published), (SELECT count(*) FROM onceflow.outbox)`).Scan(&batches, &rows); err != nil {
-			t.Fatal(err)
+	// until polls q (one number) until done accepts it.
+	until := func(what string, p interface{ Output() string }, q string, done func(int64) bool) int64 {
+		t.Helper()
+		for {
+			var n int64
+			if err := e.db.Pool.QueryRow(ctx, q).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if done(n) {
+				return n
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%s: still %d; output:\n%s", what, n, p.Output())
+			}
+			time.Sleep(50 * time.Millisecond) // polling the publish log
 		}
-		if batches <= 1 {
-			t.Logf("pruned down to %d batch; %d outbox rows left", batches, rows)
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("%d publish-log batches left, want the newest alone; output:\n%s", batches, p3.Output())
-		}
-		time.Sleep(50 * time.Millisecond) // polling the publish log
 	}
+	p3 := e.start("relay-pruning", nil, "-holder-id", "r", "-retention", "-1s", "-prune-interval", "50ms")
+	batches := until("publish-log batches, want the newest alone", p3, `SELECT count(*) FROM onceflow.outbox_published`,
+		func(n int64) bool { return n <= 1 })
+	t.Logf("pruned down to %d batch", batches)
 	p3.Kill()
 	<-p3.Done()
 	p4 := e.start("relay-after-pruning", nil, "-holder-id", "r")
@@ -104,19 +110,8 @@ func TestRelayOnALogicalReplicaRestarts(t *testing.T) {
 		t.Fatalf("the relay restarted after pruning did not recover: %v; output:\n%s", err, p4.Output())
 	}
 	replicate(41, 45)
-	for {
-		var top int64
-		if err := e.db.Pool.QueryRow(ctx, `SELECT coalesce(max(last_id), 0) FROM onceflow.outbox_published`).Scan(&top); err != nil {
-			t.Fatal(err)
-		}
-		if top >= 1045 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("the rows replicated after pruning were not published (log up to id %d); output:\n%s", top, p4.Output())
-		}
-		time.Sleep(50 * time.Millisecond) // polling the publish log
-	}
+	until("the rows replicated after pruning published: publish log up to id", p4, `SELECT coalesce(max(last_id), 0) FROM onceflow.outbox_published`,
+		func(n int64) bool { return n >= 1045 })
 	p4.Kill()
 	<-p4.Done()
 	perSource := publishedPerSource(t, ctx, e.topic)
