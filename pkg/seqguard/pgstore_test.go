@@ -460,8 +460,12 @@ func TestPGStoreLockOrder(t *testing.T) {
 					evs = append(evs, e)
 				}
 				var outs []seqguard.Outcome
-				err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-					outs = nil
+				tx, err := b.db.Pool.Begin(ctx)
+				if err != nil {
+					t.Errorf("worker %d: %v", w, err)
+					return
+				}
+				err = func() error {
 					for _, ev := range evs {
 						if _, err := tx.Exec(ctx, `
 INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status)
@@ -481,16 +485,26 @@ VALUES ($1, $2, $3, $4, 't', 'x', $5, 0, 'processed')`, consumer, ev.EventID, ev
 						outs = append(outs, out)
 					}
 					return nil
-				})
+				}()
 				if err != nil {
+					_ = tx.Rollback(ctx)
 					t.Errorf("worker %d: %v", w, err)
 					return
 				}
+				// The commit and the record of what it applied under one
+				// lock: the record's order is the commit order (recorded
+				// after the commit, another worker's later commit could be
+				// recorded first).
 				mu.Lock()
+				err = tx.Commit(ctx)
 				for _, o := range outs {
 					order[o.Stream.Source] = append(order[o.Stream.Source], applied(o)...)
 				}
 				mu.Unlock()
+				if err != nil {
+					t.Errorf("worker %d: commit: %v", w, err)
+					return
+				}
 			}
 		})
 	}
