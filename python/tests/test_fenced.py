@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -331,7 +332,16 @@ def test_no_connection_transaction_or_lock_during_the_call(db_url: str) -> None:
     sep = "&" if "?" in db_url else "?"
     with fenced("slow-2", db=f"{db_url}{sep}application_name={app}") as fx:
         with psycopg.connect(db_url, autocommit=True) as conn:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)).fetchone()
+            # A closed connection's backend leaves pg_stat_activity when it
+            # has exited, a moment after the client closed it: wait up to
+            # 5 s for that (a fence that kept its connection would still show
+            # it then), polling a condition.
+            deadline = time.monotonic() + 5
+            while True:
+                row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)).fetchone()
+                if row == (0,) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             assert row == (0,), "the fence keeps a connection open during the call"
         fx.record(200)
 
