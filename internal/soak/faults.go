@@ -90,6 +90,10 @@ type plan struct {
 	// skews of the relay's and the consumer's clocks (clock-skew)
 	skews [2]time.Duration
 	gap   time.Duration
+	// evicting marks the consumer pause drawn past the group's session
+	// timeout: an outage scale of evictScaleFloor or more shortens only
+	// what it lasts beyond that timeout.
+	evicting bool
 }
 
 // scheduler draws the fault plans of a seed: first every enabled kind once
@@ -163,6 +167,7 @@ func (s *scheduler) next() plan {
 			// evicted, its partitions move to the other consumer, and it
 			// wakes up with fetches polled under the old assignment.
 			p.outage = ms(46000, 60000)
+			p.evicting = true
 		default:
 			p.outage = ms(1000, 15000)
 		}
@@ -222,11 +227,26 @@ func (s *scheduler) next() plan {
 		p.outage = ms(1000, 8000)
 	}
 	p.gap = time.Duration(float64(s.interval) * (0.5 + s.rng.Float64()))
-	if s.outageScale > 0 {
+	switch {
+	case s.outageScale <= 0:
+	case p.evicting && s.outageScale >= evictScaleFloor:
+		p.outage = consumerSessionTimeout + time.Duration(float64(p.outage-consumerSessionTimeout)*s.outageScale)
+	default:
 		p.outage = time.Duration(float64(p.outage) * s.outageScale)
 	}
 	return p
 }
+
+// consumerSessionTimeout is the group session timeout the soak's consumers
+// run with (the consumer's default).
+const consumerSessionTimeout = 45 * time.Second
+
+// evictScaleFloor is the smallest outage scale that keeps the evicting
+// consumer pause past the session timeout. A long run that scales its
+// outages down to fit more faults in an hour still evicts a member now and
+// then; the test's short run (0.2) scales everything, as a 46 s pause does
+// not fit its budget.
+const evictScaleFloor = 0.5
 
 // Fault is one injected fault as the report shows it.
 type Fault struct {

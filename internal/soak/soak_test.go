@@ -410,12 +410,27 @@ func TestRates(t *testing.T) {
 // broker kinds draw their targets like a broker kill.
 func TestSchedulerOutageScale(t *testing.T) {
 	t.Parallel()
-	full, short := newScheduler(7, AllKinds, time.Second), newScheduler(7, AllKinds, time.Second)
+	full, short, long := newScheduler(7, AllKinds, time.Second), newScheduler(7, AllKinds, time.Second), newScheduler(7, AllKinds, time.Second)
 	short.outageScale = 0.2
+	long.outageScale = 0.6
+	evicting := 0
 	for range 300 {
-		a, b := full.next(), short.next()
+		a, b, c := full.next(), short.next(), long.next()
 		if a.kind != b.kind || b.outage != time.Duration(float64(a.outage)*0.2) {
 			t.Fatalf("plan %+v scaled to %+v", a, b)
+		}
+		// At 0.6 the evicting consumer pause still outlasts the session
+		// timeout; every other outage scales.
+		want := time.Duration(float64(a.outage) * 0.6)
+		if a.evicting {
+			evicting++
+			want = consumerSessionTimeout + time.Duration(float64(a.outage-consumerSessionTimeout)*0.6)
+			if want <= consumerSessionTimeout {
+				t.Errorf("evicting pause %+v scaled to %v, within the session timeout", a, want)
+			}
+		}
+		if c.kind != a.kind || c.outage != want {
+			t.Fatalf("plan %+v scaled by 0.6 to %+v, want outage %v", a, c, want)
 		}
 		switch a.kind {
 		case KindBrokerPartition:
@@ -427,6 +442,9 @@ func TestSchedulerOutageScale(t *testing.T) {
 				t.Errorf("disk full %+v", a)
 			}
 		}
+	}
+	if evicting == 0 {
+		t.Error("no evicting consumer pause in 300 plans")
 	}
 }
 
