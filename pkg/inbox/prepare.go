@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/seqguard"
@@ -65,21 +66,38 @@ func (ev Event) Prepared() *Preparation { return ev.prep }
 // source's legacy last applied seq (which the stream may adopt). Read
 // without locks: the guard's answer can only move an event from "next in
 // order" to "applied" (a duplicate), never to parked.
+//
+// Each seq_applied read walks the primary key backwards from the stream's
+// top and stops at the first live entry (run after qPeekPlans). A snapshot
+// held for long keeps every entry the stream moved past; with max() the
+// planner, which counts one live row per stream, chose a bitmap scan of the
+// stream's whole range: at 430 moves per stream under a held snapshot, a
+// 500-event batch read 217,770 buffers in 161 ms, against 2,001 in 16 ms
+// for the walk.
 const qPeek = `
 SELECT k.i::int,
     EXISTS (SELECT 1 FROM onceflow.inbox b WHERE b.consumer = $1 AND b.event_id = k.id),
-    greatest(s.last_applied, (SELECT max(a.last_applied) FROM onceflow.seq_applied a
-        WHERE a.consumer = $1 AND a.source = k.source AND a.producer = k.producer AND a.topic = k.topic)),
+    greatest(s.last_applied, (SELECT a.last_applied FROM onceflow.seq_applied a
+        WHERE a.consumer = $1 AND a.source = k.source AND a.producer = k.producer AND a.topic = k.topic
+        ORDER BY a.last_applied DESC LIMIT 1)),
     EXISTS (SELECT 1 FROM onceflow.seq_gaps g
              WHERE g.consumer = $1 AND g.source = k.source AND g.producer = k.producer AND g.topic = k.topic AND g.state = 'open'),
-    CASE WHEN k.producer <> '' AND s.last_applied IS NULL AND NOT EXISTS (SELECT 1 FROM onceflow.seq_applied a
-            WHERE a.consumer = $1 AND a.source = k.source AND a.producer = k.producer AND a.topic = k.topic) THEN (
-        SELECT greatest(l.last_applied, (SELECT max(la.last_applied) FROM onceflow.seq_applied la
-                WHERE la.consumer = $1 AND la.source = k.source AND la.producer = '' AND la.topic = ''))
+    CASE WHEN k.producer <> '' AND s.last_applied IS NULL AND (SELECT a.last_applied FROM onceflow.seq_applied a
+            WHERE a.consumer = $1 AND a.source = k.source AND a.producer = k.producer AND a.topic = k.topic
+            ORDER BY a.last_applied DESC LIMIT 1) IS NULL THEN (
+        SELECT greatest(l.last_applied, (SELECT la.last_applied FROM onceflow.seq_applied la
+                WHERE la.consumer = $1 AND la.source = k.source AND la.producer = '' AND la.topic = ''
+                ORDER BY la.last_applied DESC LIMIT 1))
           FROM onceflow.seq_state l
          WHERE l.consumer = $1 AND l.source = k.source AND l.producer = '' AND l.topic = '') END
 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS k(id, source, producer, topic, i)
 LEFT JOIN onceflow.seq_state s ON s.consumer = $1 AND s.source = k.source AND s.producer = k.producer AND s.topic = k.topic`
+
+// qPeekPlans turns bitmap and sequential scans off for the rest of peek's
+// batch, which runs as one implicit transaction (set_config's local flag:
+// the settings end with it), so that each of qPeek's seq_applied reads is
+// the backward walk of the stream's key.
+const qPeekPlans = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
 
 // peekRow is qPeek's answer for one event.
 type peekRow struct {
@@ -254,6 +272,17 @@ func (a *applier) effect(ctx context.Context, eff Effecter, ev Event) (p *Prepar
 
 // peek runs qPeek for items (one short read; nothing held afterwards).
 func (a *applier) peek(ctx context.Context, items []item) ([]peekRow, error) {
+	return peekRows(ctx, a.cfg.Pool, a.cfg.ConsumerName, items)
+}
+
+// batchSender runs a batch: the pool (each batch one implicit transaction)
+// or, in tests, a transaction.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// peekRows runs qPeek for consumer's items through db.
+func peekRows(ctx context.Context, db batchSender, consumer string, items []item) ([]peekRow, error) {
 	ids := make([]string, len(items))
 	sources := make([]string, len(items))
 	producers := make([]string, len(items))
@@ -263,21 +292,21 @@ func (a *applier) peek(ctx context.Context, items []item) ([]peekRow, error) {
 		k := items[i].ev.stream()
 		sources[i], producers[i], topics[i] = k.Source, k.Producer, k.Topic
 	}
-	rows, err := a.cfg.Pool.Query(ctx, qPeek, a.cfg.ConsumerName, ids, sources, producers, topics)
-	if err != nil {
-		return nil, fmt.Errorf("read guard state before effects: %w", err)
-	}
-	defer rows.Close()
 	out := make([]peekRow, len(items))
-	for rows.Next() {
-		var i int
-		var r peekRow
-		if err := rows.Scan(&i, &r.known, &r.lastApplied, &r.openGap, &r.legacy); err != nil {
-			return nil, fmt.Errorf("read guard state before effects: %w", err)
+	b := &pgx.Batch{}
+	b.Queue(qPeekPlans)
+	b.Queue(qPeek, consumer, ids, sources, producers, topics).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var i int
+			var r peekRow
+			if err := rows.Scan(&i, &r.known, &r.lastApplied, &r.openGap, &r.legacy); err != nil {
+				return err
+			}
+			out[i-1] = r
 		}
-		out[i-1] = r
-	}
-	if err := rows.Err(); err != nil {
+		return rows.Err()
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("read guard state before effects: %w", err)
 	}
 	return out, nil
