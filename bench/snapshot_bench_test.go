@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/internal/testkit"
@@ -231,7 +232,8 @@ func consumerHeldSnapshot(tb testing.TB, rep *report, n int) {
 		}
 		cpu := startCPU(tb, db.Pool)
 		d, _ := drain(tb, db.Pool, topic, name, insertBatch{}, "onceflow_consumer_processed_total", n)
-		return float64(n) / d.Seconds(), cpu(n)
+		perEvent := cpu(n)
+		return float64(n) / d.Seconds(), perEvent + "; " + bufferNote(tb, db.Pool, n)
 	}
 	record := rep.measure()
 	plain, plainCPU := run(false)
@@ -243,4 +245,50 @@ func consumerHeldSnapshot(tb testing.TB, rep *report, n int) {
 	record(figure{Name: "held snapshot: consumer drain, a REPEATABLE READ snapshot held throughout", Value: held, Unit: "events/s",
 		CeilingName: "no snapshot held", Ceiling: plain, Target: "ratio >= 0.8", Met: met(ratio >= 0.8),
 		Notes: []string{fmt.Sprintf("%d events in %s", n, time.Since(t0).Round(time.Millisecond)), heldCPU}})
+	tb.Logf("consumer drain of %d events: %.0f events/s plain, %.0f with a snapshot held; ratio %.2f\nplain: %s\nheld: %s", n, plain, held, ratio, plainCPU, heldCPU)
+}
+
+// bufferNote names the tables (with their indexes) the drain read most
+// buffers from, per event: where a held snapshot's cost lands. The pool's
+// connections are closed first, so that their backends report what they
+// read (a backend sends its counts when idle, at most once a second).
+func bufferNote(tb testing.TB, pool *pgxpool.Pool, events int) string {
+	tb.Helper()
+	ctx := context.Background()
+	pool.Reset()
+	var self int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&self); err != nil {
+		tb.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var others int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> $1 AND state IS DISTINCT FROM 'idle in transaction'`, self).Scan(&others); err != nil {
+			tb.Fatal(err)
+		}
+		if others == 0 {
+			break
+		}
+	}
+	rows, err := pool.Query(ctx, `
+SELECT t.schemaname || '.' || t.relname,
+       coalesce(t.heap_blks_hit, 0) + coalesce(t.heap_blks_read, 0) + coalesce(t.idx_blks_hit, 0) + coalesce(t.idx_blks_read, 0)
+FROM pg_statio_all_tables t
+WHERE t.schemaname IN ('onceflow', 'public')
+ORDER BY 2 DESC LIMIT 5`)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var parts []string
+	for rows.Next() {
+		var name string
+		var blocks int64
+		if err := rows.Scan(&name, &blocks); err != nil {
+			tb.Fatal(err)
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f", name, float64(blocks)/float64(events)))
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return "buffers per event (table and its indexes): " + strings.Join(parts, ", ")
 }
