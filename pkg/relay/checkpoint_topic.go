@@ -182,7 +182,7 @@ func (p partitionReader) lastCommitted(ctx context.Context, start, end int64, ke
 // most the high watermark); one that does not is an error.
 func (p partitionReader) read(ctx context.Context, lo, hi int64, visit func(*kgo.Record)) error {
 	if p.leader < 0 {
-		return fmt.Errorf("checkpoint topic %q partition %d has no leader", p.topic, p.partition)
+		return fmt.Errorf("topic %q partition %d has no leader", p.topic, p.partition)
 	}
 	dec := kgo.DefaultDecompressor()
 	for off := lo; off < hi; {
@@ -199,13 +199,13 @@ func (p partitionReader) read(ctx context.Context, lo, hi int64, visit func(*kgo
 		req.Topics = append(req.Topics, t)
 		resp, err := req.RequestWith(ctx, p.cl.Broker(int(p.leader)))
 		if err != nil {
-			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
+			return fmt.Errorf("read %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
 		}
 		if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
+			return fmt.Errorf("read %s[%d] at offset %d: %w", p.topic, p.partition, off, err)
 		}
 		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-			return fmt.Errorf("read checkpoint %s[%d] at offset %d: unexpected fetch response shape", p.topic, p.partition, off)
+			return fmt.Errorf("read %s[%d] at offset %d: unexpected fetch response shape", p.topic, p.partition, off)
 		}
 		rp := &resp.Topics[0].Partitions[0]
 		part, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
@@ -216,7 +216,7 @@ func (p partitionReader) read(ctx context.Context, lo, hi int64, visit func(*kgo
 			Partition:          p.partition,
 		}, rp, dec, nil)
 		if part.Err != nil {
-			return fmt.Errorf("read checkpoint %s[%d] at offset %d: %w", p.topic, p.partition, off, part.Err)
+			return fmt.Errorf("read %s[%d] at offset %d: %w", p.topic, p.partition, off, part.Err)
 		}
 		for _, r := range part.Records {
 			if r.Offset >= lo && r.Offset < hi {
@@ -224,7 +224,7 @@ func (p partitionReader) read(ctx context.Context, lo, hi int64, visit func(*kgo
 			}
 		}
 		if next <= off {
-			return fmt.Errorf("read checkpoint %s[%d]: no progress at offset %d (high watermark %d, reading up to %d)",
+			return fmt.Errorf("read %s[%d]: no progress at offset %d (high watermark %d, reading up to %d)",
 				p.topic, p.partition, off, part.HighWatermark, hi)
 		}
 		off = next

@@ -129,7 +129,7 @@ func (r *recoverer) settleLegacyShard(ctx context.Context, log *slog.Logger, nam
 	case decision == "discard":
 		return settle(fmt.Sprintf("%s: discarded; %d rows it names are published again", desc, unpublished))
 	case decision == "adopt":
-		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint", nil)
+		marked, err := r.applyCheckpoint(ctx, c, rec, "legacy checkpoint", nil, nil)
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ const (
 	errKindPostgres   = "postgres"
 	errKindTopic      = "topic"
 	errKindUnknown    = "unknown_outcome"
+	errKindSplit      = "split_transaction"
 )
 
 type metrics struct {
@@ -60,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_relay_errors_total",
-			Help: "Errors by kind: kafka, postgres, topic (a row set aside for its topic, or the topic check failing), unknown_outcome (Kafka commit outcome unknown), checkpoint, lease.",
+			Help: "Errors by kind: kafka, postgres, topic (a row set aside for its topic, or the topic check failing), unknown_outcome (Kafka commit outcome unknown), split_transaction (Kafka ended a transaction whose outcome was unknown differently in different partitions; each row went by its own record), checkpoint, lease.",
 		}, []string{"kind"}),
 		isLeader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "onceflow_relay_is_leader",

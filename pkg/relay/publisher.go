@@ -72,6 +72,9 @@ type publisher struct {
 	inflight *markJob
 	// reader reads the batches and sweeps for unqueued rows (reader.go).
 	reader *reader
+	// inDoubt is the batch whose commit outcome was unknown, until the
+	// next recovery settles it (indoubt.go).
+	inDoubt *inDoubtBatch
 }
 
 func newPublisher(r *Relay, epoch int64, log *slog.Logger) *publisher {
@@ -130,7 +133,7 @@ func (p *publisher) round(ctx context.Context) (done bool, err error) {
 		return true, ErrLeadershipLost
 	}
 	if p.prod == nil {
-		prod, err := p.rec.recover(p.stop, p.log)
+		prod, err := p.rec.recover(p.stop, p.log, p.inDoubt)
 		var ie *IdentityError
 		if errors.As(err, &ie) {
 			return true, err
@@ -141,7 +144,7 @@ func (p *publisher) round(ctx context.Context) (done bool, err error) {
 			}
 			return false, nil
 		}
-		p.prod, p.recovered = prod, prod.recovered
+		p.prod, p.recovered, p.inDoubt = prod, prod.recovered, nil
 	}
 	var unmarked []int64
 	var unmarkedCkpt ckptSet
@@ -415,6 +418,9 @@ func (p *publisher) transact(ctx context.Context, rows []row, unmarked ckptSet) 
 			aerr := cl.EndTransaction(pctx, kgo.TryAbort)
 			return errors.Join(fmt.Errorf("commit not attempted: %w", err), aerr)
 		}
+		// Every record was acknowledged: where each one landed lets the
+		// next recovery read how the transaction ended in its partition.
+		p.inDoubt = newInDoubt(recs, rowOf)
 		return fmt.Errorf("%w: commit: %w", errUnknownOutcome, err)
 	}
 	p.m.txnDuration.Observe(time.Since(begun).Seconds())

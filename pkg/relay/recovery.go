@@ -30,6 +30,8 @@ type recoverer struct {
 	identity string
 	// legacySettled: the legacy checkpoints are settled (legacy_v1.go).
 	legacySettled bool
+	// m counts split transactions (nil in tests that build a recoverer).
+	m *metrics
 }
 
 // producer is a recovered transactional producer and what it publishes
@@ -52,7 +54,7 @@ type producer struct {
 // this database's, row by row. Only the last two batches can be on Kafka but
 // unmarked (batch N's mark finishes before batch N+2 begins), and the last
 // checkpoint names both.
-func (r *recoverer) recover(ctx context.Context, log *slog.Logger) (*producer, error) {
+func (r *recoverer) recover(ctx context.Context, log *slog.Logger, inDoubt *inDoubtBatch) (*producer, error) {
 	id, err := r.bind(ctx)
 	if err != nil {
 		return nil, err
@@ -74,9 +76,47 @@ func (r *recoverer) recover(ctx context.Context, log *slog.Logger) (*producer, e
 		return nil, err
 	}
 	attrs := []any{slog.String("transactional_id", p.txnID), slog.String("checkpoint_key", p.ckptKey)}
+	// A batch in doubt is settled by its own records: its aborted rows are
+	// not marked even if a checkpoint names them, its committed ones are
+	// marked even if none does.
+	var skip map[int64]bool
+	var settled *settlement
+	if inDoubt != nil {
+		s, err := settleInDoubt(ictx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), inDoubt)
+		if err != nil {
+			cl.Close()
+			return nil, fmt.Errorf("settle the batch whose commit outcome was unknown: %w", err)
+		}
+		settled, skip = &s, map[int64]bool{}
+		for _, id := range s.aborted {
+			skip[id] = true
+		}
+		if s.split() {
+			if r.m != nil {
+				r.m.errors.WithLabelValues(errKindSplit).Inc()
+			}
+			log.ErrorContext(ctx, "Kafka ended one transaction differently in different partitions: each row goes by its own record (committed: marked published; aborted: published again)",
+				append(attrs, slog.String("kind", errKindSplit), slog.String("outcome", s.String()))...)
+		}
+	}
+	markSettled := func() (int64, error) {
+		if settled == nil || len(settled.committed) == 0 {
+			return 0, nil
+		}
+		var marked, resolved int64
+		if err := r.cfg.DB.QueryRow(ictx, markQuery(r.cfg), settled.committed).Scan(&marked, &resolved); err != nil {
+			return 0, fmt.Errorf("mark the committed rows of the batch whose commit outcome was unknown: %w", err)
+		}
+		return marked, nil
+	}
 	if rec == nil {
-		p.cl, p.recovered = cl, &recovery{}
-		log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs, slog.String("checkpoint", "none"))...)
+		marked, err := markSettled()
+		if err != nil {
+			cl.Close()
+			return nil, err
+		}
+		p.cl, p.recovered = cl, &recovery{marked: marked}
+		log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs, slog.String("checkpoint", "none"), slog.Int64("marked", marked))...)
 		return p, nil
 	}
 	c, err := decodeCheckpoint(rec.Value)
@@ -87,11 +127,17 @@ func (r *recoverer) recover(ctx context.Context, log *slog.Logger) (*producer, e
 			Fix:     "inspect the record; if this relay did not write it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
-	marked, err := r.applyCheckpoint(ictx, c, rec, "checkpoint", r.lay.own())
+	marked, err := r.applyCheckpoint(ictx, c, rec, "checkpoint", r.lay.own(), skip)
 	if err != nil {
 		cl.Close()
 		return nil, err
 	}
+	more, err := markSettled()
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	marked += more
 	p.cl, p.recovered = cl, &recovery{checkpointIDs: len(c.ids), marked: marked}
 	log.InfoContext(ctx, "producer ready, recovered from checkpoint", append(attrs,
 		slog.Int64("checkpoint_offset", rec.Offset), slog.Int("checkpoint_ids", len(c.ids)), slog.Int64("marked", marked))...)
@@ -228,7 +274,7 @@ func (r *recoverer) settleShard(ctx context.Context, identity string, o lease.Ot
 			Fix:     "inspect the record; if no relay of this database wrote it, run `relay identity reset -note …` (docs/relay.md, \"Restored or copied databases\")",
 		}
 	}
-	return r.applyCheckpoint(ctx, c, rec, "checkpoint", nil)
+	return r.applyCheckpoint(ctx, c, rec, "checkpoint", nil, nil)
 }
 
 // applyCheckpoint proves that checkpoint c is this database's and marks the
@@ -242,7 +288,7 @@ func (r *recoverer) settleShard(ctx context.Context, identity string, o lease.Ot
 // relay stops rather than mark a row on a guess. With own set, a row whose
 // source own rejects is checked but left unmarked: recovery touches only
 // its own shard's rows.
-func (r *recoverer) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Record, what string, own func(source string) bool) (int64, error) {
+func (r *recoverer) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.Record, what string, own func(source string) bool, skip map[int64]bool) (int64, error) {
 	where := fmt.Sprintf("%s record %s[%d]@%d (key %q)", what, rec.Topic, rec.Partition, rec.Offset, string(rec.Key))
 	if c.fps != nil && c.db != r.identity {
 		return 0, &IdentityError{
@@ -299,6 +345,8 @@ func (r *recoverer) applyCheckpoint(ctx context.Context, c checkpoint, rec *kgo.
 			}
 		}
 		switch {
+		case unpublished && skip[id]:
+			// In doubt, and aborted in its own partition.
 		case unpublished && own != nil && !own(source):
 			r.log.WarnContext(ctx, "checkpoint names an unpublished row of another shard: left to that shard",
 				slog.Int64("outbox_id", id), slog.String("source", source), slog.String("where", where))

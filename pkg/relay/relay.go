@@ -71,7 +71,7 @@ func New(cfg Config) (*Relay, error) {
 		lay: lay,
 		lease: lease.New(lease.Config{DB: cfg.DB, Shard: cfg.Shard, Shards: cfg.Shards,
 			Holder: cfg.HolderID, TTL: cfg.LeaseTTL}),
-		rec:    &recoverer{cfg: cfg, log: log, lay: lay},
+		rec:    &recoverer{cfg: cfg, log: log, lay: lay, m: m},
 		hk:     &housekeeper{cfg: cfg, log: log, m: m, lay: lay},
 		topics: &topicChecker{fn: cfg.TopicCheck},
 	}, nil
