@@ -20,7 +20,7 @@ import (
 // with a runbook docs/runbooks/<name>.md.
 var wantAlerts = []string{
 	"CleanupHeldBack", "ConsumerDown", "ConsumerLag", "DeadLetters", "EffectsHeld", "ParkedEventsGrowing", "RelayDown",
-	"RelayLagging", "RelayLayoutConflict", "RelayNoLeader", "RelayRowsSetAside", "RelayShardWithoutLeader", "RelayUnqueuedRows",
+	"RelayLagging", "RelayLayoutConflict", "RelayNoLeader", "RelayRowsSetAside", "RelayShardWithoutLeader", "RelaySplitTransaction", "RelayUnqueuedRows",
 	"SeqGapGivenUp", "SeqGapOpenLong",
 }
 
