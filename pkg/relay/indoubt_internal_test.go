@@ -26,7 +26,9 @@ func TestDecideInDoubt(t *testing.T) {
 		rows: []inDoubtRecord{rec(1, "t", 0, 10), rec(2, "t", 1, 20), rec(3, "t", 0, 11)},
 		ckpt: rec(0, "c", 0, 5),
 	}
-	m := func(p int64, offset int64, commit bool) pidMarker { return pidMarker{pid: p, offset: offset, commit: commit} }
+	m := func(p int64, offset int64, commit bool) pidMarker {
+		return pidMarker{pid: p, offset: offset, commit: commit}
+	}
 	cases := []struct {
 		name    string
 		markers map[string]map[int32][]pidMarker
