@@ -108,7 +108,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range setAsideReasons {
 		m.setAsideAll.WithLabelValues(r)
 	}
-	for _, k := range []string{errKindCheckpoint, errKindKafka, errKindLease, errKindPostgres, errKindTopic, errKindUnknown} {
+	for _, k := range []string{errKindCheckpoint, errKindKafka, errKindLease, errKindPostgres, errKindTopic, errKindUnknown, errKindSplit} {
 		m.errors.WithLabelValues(k)
 	}
 	if reg == nil {
