@@ -51,7 +51,7 @@ func relayHeldSnapshot(tb testing.TB, rep *report, n int) {
 		db := testkit.NewDB(tb)
 		topic := testkit.Topic(tb, "bench-relay-snapshot", 4, nil)
 		if held {
-			release := holdSnapshot(tb, db.URL)
+			release := testkit.HoldSnapshot(tb, db.URL)
 			defer release()
 		}
 		if _, err := db.Pool.Exec(ctx, `
@@ -108,7 +108,7 @@ func producerHeldSnapshot(tb testing.TB, rep *report, n int) {
 	run := func(held bool) (all, last float64) {
 		db := testkit.NewDB(tb)
 		if held {
-			release := holdSnapshot(tb, db.URL)
+			release := testkit.HoldSnapshot(tb, db.URL)
 			defer release()
 		}
 		payload := []byte(`{"pad":"` + strings.Repeat("x", 90) + `"}`)
@@ -171,31 +171,6 @@ func producerHeldSnapshot(tb testing.TB, rep *report, n int) {
 	tb.Logf("producer enqueue of %d events: last tenth %.0f events/s plain, %.0f with a snapshot held; ratio %.2f", n, plainLast, heldLast, ratio)
 }
 
-// holdSnapshot opens a REPEATABLE READ transaction on its own connection
-// to url and takes its snapshot; release ends it. While it is open, no
-// row version deleted or updated after it began can be removed in that
-// database.
-func holdSnapshot(tb testing.TB, url string) (release func()) {
-	tb.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var n int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM onceflow.consumer_offsets`).Scan(&n); err != nil {
-		tb.Fatal(err)
-	}
-	return func() {
-		_ = tx.Rollback(ctx)
-		_ = conn.Close(ctx)
-	}
-}
-
 // insertBatch is a handler that only inserts (one row per event, one
 // statement per batch). A handler that updates one row per source for every
 // event (sqlUpsertHandler) slows down under a held snapshot by itself, for
@@ -227,7 +202,7 @@ func consumerHeldSnapshot(tb testing.TB, rep *report, n int) {
 		name := "plain"
 		if held {
 			name = "held"
-			release := holdSnapshot(tb, db.URL)
+			release := testkit.HoldSnapshot(tb, db.URL)
 			defer release()
 		}
 		cpu := startCPU(tb, db.Pool)

@@ -26,19 +26,7 @@ func TestPeekHeldSnapshotCostFlat(t *testing.T) {
 	db := testkit.NewDB(t)
 	const consumer, streams = "peek", 300
 
-	holder, err := db.Pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Release()
-	snap, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = snap.Rollback(ctx) }()
-	if _, err := snap.Exec(ctx, `SELECT count(*) FROM onceflow.seq_applied`); err != nil {
-		t.Fatal(err)
-	}
+	defer testkit.HoldSnapshot(t, db.URL)()
 
 	// moves starts streams prefix-0 … prefix-299 and moves each one's
 	// last_applied on n times, round by round (so that a stream's kept

@@ -920,19 +920,7 @@ func TestPGStoreHeldSnapshotCostFlat(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t)
 	pool := b.db.Pool
-	holder, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Release()
-	snap, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = snap.Rollback(ctx) }()
-	if _, err := snap.Exec(ctx, `SELECT count(*) FROM onceflow.seq_state`); err != nil {
-		t.Fatal(err)
-	}
+	defer testkit.HoldSnapshot(t, b.db.URL)()
 	move := func(src string, from, to int64) {
 		for seq := from; seq <= to; seq++ {
 			b.deliver(t, pool, at(0), def, event(src, seq))
