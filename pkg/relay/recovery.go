@@ -91,6 +91,7 @@ func (r *recoverer) recover(ctx context.Context, log *slog.Logger, inDoubt *inDo
 		for _, id := range s.aborted {
 			skip[id] = true
 		}
+		log.InfoContext(ctx, "batch in doubt settled by its records", append(attrs, slog.String("outcome", s.String()))...)
 		if s.split() {
 			if r.m != nil {
 				r.m.errors.WithLabelValues(errKindSplit).Inc()
