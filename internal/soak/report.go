@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -54,7 +55,10 @@ type Report struct {
 	Reconciles []ReconcileRun    `json:"reconciles,omitempty"`
 	// Replica is what the replica check compared of database b's outbox
 	// and its source's (nil when it could not run: then it is an anomaly).
-	Replica *ReplicaCheck  `json:"replica,omitempty"`
+	Replica *ReplicaCheck `json:"replica,omitempty"`
+	// InDoubt counts, from the relays' logs, the Kafka commits that got no
+	// answer and how their batches were settled.
+	InDoubt InDoubtCounts  `json:"relay_in_doubt"`
 	ByKind  map[string]int `json:"anomalies_by_kind"`
 
 	UnexpectedExits   []string `json:"unexpected_exits"`
@@ -266,6 +270,10 @@ func (rep *Report) Text() string {
 		p("replica      database %s's outbox against its source's: %d rows at the source, %d in %s (%s)\n",
 			dbB, c.SourceRows, c.SubscriberRows, dbBName, secs(c.Seconds))
 	}
+	if d := rep.InDoubt; d.Unknown > 0 || d.Settled > 0 || d.Split > 0 {
+		p("in doubt     %d relay commits got no answer; %d batches settled by their records, %d of them split by Kafka (committed in some partitions, aborted in others)\n",
+			d.Unknown, d.Settled, d.Split)
+	}
 	p("\nanomalies    ")
 	if len(rep.Anomalies) == 0 {
 		p("none: nothing lost, duplicated, reordered or phantom; no gap given up\n")
@@ -336,4 +344,30 @@ func (r *run) writeReport(rep *Report) error {
 		return err
 	}
 	return f.Close()
+}
+
+// InDoubtCounts are the relays' log lines about commits without an answer.
+type InDoubtCounts struct {
+	Unknown int `json:"unknown_outcomes"`
+	Settled int `json:"settled_by_records"`
+	Split   int `json:"split"`
+}
+
+// countInDoubt reads the relays' logs in dir (relay-*.log).
+func countInDoubt(dir string) (InDoubtCounts, error) {
+	var c InDoubtCounts
+	files, err := filepath.Glob(filepath.Join(dir, "relay-*.log"))
+	if err != nil {
+		return c, err
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return c, err
+		}
+		c.Unknown += bytes.Count(b, []byte(`"msg":"publish batch: commit outcome unknown`))
+		c.Settled += bytes.Count(b, []byte(`"msg":"batch in doubt settled by its records"`))
+		c.Split += bytes.Count(b, []byte(`"msg":"Kafka ended one transaction differently in different partitions`))
+	}
+	return c, nil
 }

@@ -648,6 +648,9 @@ func (r *run) execute(ctx context.Context) (*Report, error) {
 	rep.ProducingSeconds = produced.Seconds()
 	rep.LoadStart, rep.LoadEnd = r.loadStart, loadAvg()
 	rep.DrainSeconds = drainTime.Seconds()
+	if rep.InDoubt, err = countInDoubt(r.logs); err != nil {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("relay logs not read for commits in doubt: %v", err))
+	}
 	if !drained {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("not drained within %s: the anomalies below include what was still in flight", r.cfg.DrainTimeout))
 	}

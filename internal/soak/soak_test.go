@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"image/png"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -466,5 +468,33 @@ func TestCompareReplica(t *testing.T) {
 	}
 	if a := compareReplica(src, src, "replica"); len(a) != 0 {
 		t.Fatalf("identical outboxes: %v", a)
+	}
+}
+
+// countInDoubt counts the relays' lines about commits without an answer,
+// in every relay's log and no other.
+func TestCountInDoubt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("relay-a.log", `{"level":"ERROR","msg":"publish batch: commit outcome unknown, recovering from checkpoint"}
+{"level":"INFO","msg":"batch in doubt settled by its records","outcome":"3 rows committed, 0 aborted, checkpoint aborted"}
+{"level":"ERROR","msg":"Kafka ended one transaction differently in different partitions: each row goes by its own record"}
+`)
+	write("relay-2a.log", `{"level":"ERROR","msg":"publish batch: commit outcome unknown, recovering from checkpoint"}
+{"level":"INFO","msg":"batch in doubt settled by its records","outcome":"0 rows committed, 5 aborted, checkpoint aborted"}
+`)
+	write("consumer-a.log", `{"level":"ERROR","msg":"publish batch: commit outcome unknown, recovering from checkpoint"}
+`)
+	got, err := countInDoubt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (InDoubtCounts{Unknown: 2, Settled: 2, Split: 1}); got != want {
+		t.Fatalf("counted %+v, want %+v", got, want)
 	}
 }
