@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -45,13 +46,20 @@ type inDoubtRecord struct {
 type inDoubtBatch struct {
 	rows []inDoubtRecord
 	ckpt inDoubtRecord
+	at   time.Time // when the commit failed
 }
+
+// inDoubtPatience is how long recovery keeps failing on a batch it cannot
+// settle by its records (a partition without a leader, a topic deleted
+// since) before it settles the batch by its checkpoint alone, as before,
+// and says so: a relay must not stop publishing for good over one batch.
+const inDoubtPatience = 5 * time.Minute
 
 // newInDoubt records where recs landed; rowOf names the data records' rows.
 // It returns nil when a record has no offset (it was not acknowledged):
 // then the batch cannot be settled by its records.
 func newInDoubt(recs []*kgo.Record, rowOf map[*kgo.Record]int64) *inDoubtBatch {
-	d := &inDoubtBatch{}
+	d := &inDoubtBatch{at: time.Now()}
 	for _, r := range recs {
 		if r.Offset < 0 || r.ProducerID < 0 {
 			return nil

@@ -168,3 +168,43 @@ VALUES ($1, $2, 'src', $3, 'test.event', 'application/json', '{}') RETURNING id`
 		t.Errorf("split transactions counted %v, want 1", n)
 	}
 }
+
+// A batch in doubt that cannot be settled by its records (here a record in
+// a partition the topic does not have, as after the topic was deleted and
+// made again) fails recovery, which is retried, until inDoubtPatience has
+// passed since the commit failed; then recovery settles it by the
+// checkpoint alone and says so, rather than stop publishing for good.
+func TestRecoverGivesUpSettlingByRecords(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs Kafka")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db := testkit.NewDB(t)
+	data := testkit.Topic(t, "relay-indoubt-gone", 1, nil)
+	ckptTopic := testkit.Topic(t, "relay-indoubt-gone-ckpt", 1, nil)
+	seeds := kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)
+	cfg := Config{DB: db.Pool, KafkaOpts: []kgo.Opt{seeds}, CheckpointTopic: ckptTopic, Shard: "default",
+		TransactionTimeout: 10 * time.Second}.WithDefaults()
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	r := &recoverer{cfg: cfg, log: log}
+	d := &inDoubtBatch{
+		rows: []inDoubtRecord{{id: 1, topic: data, partition: 7, offset: 0, pid: 1}},
+		ckpt: inDoubtRecord{topic: ckptTopic, partition: 0, offset: 0, pid: 1},
+		at:   time.Now(),
+	}
+	if _, err := r.recover(ctx, log, d); err == nil || !strings.Contains(err.Error(), "settle the batch whose commit outcome was unknown") {
+		t.Fatalf("recovery within the patience: %v, want the settlement's error", err)
+	}
+	d.at = time.Now().Add(-inDoubtPatience - time.Second)
+	prod, err := r.recover(ctx, log, d)
+	if err != nil {
+		t.Fatalf("recovery past the patience: %v", err)
+	}
+	prod.cl.Close()
+	if !strings.Contains(logs.String(), "could not be settled by its records: settled by the checkpoint alone") {
+		t.Errorf("the fallback was not logged:\n%s", logs.String())
+	}
+}

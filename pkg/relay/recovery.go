@@ -83,21 +83,26 @@ func (r *recoverer) recover(ctx context.Context, log *slog.Logger, inDoubt *inDo
 	var settled *settlement
 	if inDoubt != nil {
 		s, err := settleInDoubt(ictx, r.cfg.Hooks.checkpointReaderOpts(r.cfg.KafkaOpts), inDoubt)
-		if err != nil {
+		switch {
+		case err != nil && time.Since(inDoubt.at) < inDoubtPatience:
 			cl.Close()
 			return nil, fmt.Errorf("settle the batch whose commit outcome was unknown: %w", err)
-		}
-		settled, skip = &s, map[int64]bool{}
-		for _, id := range s.aborted {
-			skip[id] = true
-		}
-		log.InfoContext(ctx, "batch in doubt settled by its records", append(attrs, slog.String("outcome", s.String()))...)
-		if s.split() {
-			if r.m != nil {
-				r.m.errors.WithLabelValues(errKindSplit).Inc()
+		case err != nil:
+			log.ErrorContext(ctx, "the batch whose commit outcome was unknown could not be settled by its records: settled by the checkpoint alone",
+				append(attrs, slog.Duration("tried_for", time.Since(inDoubt.at).Round(time.Second)), slog.Any("error", err))...)
+		default:
+			settled, skip = &s, map[int64]bool{}
+			for _, id := range s.aborted {
+				skip[id] = true
 			}
-			log.ErrorContext(ctx, "Kafka ended one transaction differently in different partitions: each row goes by its own record (committed: marked published; aborted: published again)",
-				append(attrs, slog.String("kind", errKindSplit), slog.String("outcome", s.String()))...)
+			log.InfoContext(ctx, "batch in doubt settled by its records", append(attrs, slog.String("outcome", s.String()))...)
+			if s.split() {
+				if r.m != nil {
+					r.m.errors.WithLabelValues(errKindSplit).Inc()
+				}
+				log.ErrorContext(ctx, "Kafka ended one transaction differently in different partitions: each row goes by its own record (committed: marked published; aborted: published again)",
+					append(attrs, slog.String("kind", errKindSplit), slog.String("outcome", s.String()))...)
+			}
 		}
 	}
 	markSettled := func() (int64, error) {
