@@ -502,7 +502,7 @@ func (r *run) reconcile(ctx context.Context, rep *Report) []Anomaly {
 					set.AddRange(x.From, x.To)
 				}
 				out = append(out, Anomaly{Kind: AnomalyReconcile + ":" + f.Kind, Where: where, Count: int(f.Count),
-					Examples: []string{fmt.Sprintf("%s/%s seqs %s: %s", f.Topic, f.Source, set.String(), f.Detail)}})
+					Examples: []string{fmt.Sprintf("%s/%s of producer %s seqs %s: %s", f.Topic, f.Source, shortID(f.Producer), set.String(), f.Detail)}})
 			}
 		}
 	}
@@ -539,4 +539,16 @@ func first(s []string, n int) []string {
 		return append([]string(nil), s[:n]...)
 	}
 	return append([]string(nil), s...)
+}
+
+// shortID is a database identity's first 8 characters (a UUID's first
+// group), enough to tell the soak's producing databases apart.
+func shortID(id string) string {
+	if id == "" {
+		return "(legacy)"
+	}
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
 }
