@@ -84,12 +84,7 @@ func TestRecoverSettlesAnInDoubtBatchByItsRecords(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: needs Kafka")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	db := testkit.NewDB(t)
-	data := testkit.Topic(t, "relay-indoubt", 2, nil)
-	ckptTopic := testkit.Topic(t, "relay-indoubt-ckpt", 1, nil)
-	seeds := kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)
+	ctx, db, data, seeds, cfg := recoverEnv(t, 2)
 
 	var ids []int64
 	for i := range 3 {
@@ -123,7 +118,7 @@ VALUES ($1, $2, 'src', $3, 'test.event', 'application/json', '{}') RETURNING id`
 	r3 := &kgo.Record{Topic: data, Partition: 1, Value: []byte("3")}
 	txn(kgo.TryCommit, r1, r3)
 	r2 := &kgo.Record{Topic: data, Partition: 0, Value: []byte("2")}
-	ck := &kgo.Record{Topic: ckptTopic, Partition: 0, Key: []byte("not-this-relays"), Value: []byte("v2 ")}
+	ck := &kgo.Record{Topic: cfg.CheckpointTopic, Partition: 0, Key: []byte("not-this-relays"), Value: []byte("v2 ")}
 	txn(kgo.TryAbort, r2, ck)
 	d := newInDoubt([]*kgo.Record{r1, r2, r3, ck}, map[*kgo.Record]int64{r1: ids[0], r2: ids[1], r3: ids[2]})
 	if d == nil {
@@ -135,8 +130,6 @@ VALUES ($1, $2, 'src', $3, 'test.event', 'application/json', '{}') RETURNING id`
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{DB: db.Pool, KafkaOpts: []kgo.Opt{seeds}, CheckpointTopic: ckptTopic, Shard: "default",
-		TransactionTimeout: 10 * time.Second}.WithDefaults()
 	r := &recoverer{cfg: cfg, log: slog.New(slog.DiscardHandler), m: m}
 	prod, err := r.recover(ctx, slog.New(slog.DiscardHandler), d)
 	if err != nil {
@@ -179,20 +172,13 @@ func TestRecoverGivesUpSettlingByRecords(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: needs Kafka")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	db := testkit.NewDB(t)
-	data := testkit.Topic(t, "relay-indoubt-gone", 1, nil)
-	ckptTopic := testkit.Topic(t, "relay-indoubt-gone-ckpt", 1, nil)
-	seeds := kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)
-	cfg := Config{DB: db.Pool, KafkaOpts: []kgo.Opt{seeds}, CheckpointTopic: ckptTopic, Shard: "default",
-		TransactionTimeout: 10 * time.Second}.WithDefaults()
+	ctx, _, data, _, cfg := recoverEnv(t, 1)
 	var logs strings.Builder
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	r := &recoverer{cfg: cfg, log: log}
 	d := &inDoubtBatch{
 		rows: []inDoubtRecord{{id: 1, topic: data, partition: 7, offset: 0, pid: 1}},
-		ckpt: inDoubtRecord{topic: ckptTopic, partition: 0, offset: 0, pid: 1},
+		ckpt: inDoubtRecord{topic: cfg.CheckpointTopic, partition: 0, offset: 0, pid: 1},
 		at:   time.Now(),
 	}
 	if _, err := r.recover(ctx, log, d); err == nil || !strings.Contains(err.Error(), "settle the batch whose commit outcome was unknown") {
@@ -207,4 +193,18 @@ func TestRecoverGivesUpSettlingByRecords(t *testing.T) {
 	if !strings.Contains(logs.String(), "could not be settled by its records: settled by the checkpoint alone") {
 		t.Errorf("the fallback was not logged:\n%s", logs.String())
 	}
+}
+
+// recoverEnv is a recovery's world: a database, a data topic of partitions
+// partitions, the brokers' seeds and a Config with its own checkpoint topic.
+func recoverEnv(t *testing.T, partitions int32) (context.Context, *testkit.DB, string, kgo.Opt, Config) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	db := testkit.NewDB(t)
+	data := testkit.Topic(t, "relay-indoubt", partitions, nil)
+	seeds := kgo.SeedBrokers(strings.Split(testkit.KafkaBrokers(t), ",")...)
+	cfg := Config{DB: db.Pool, KafkaOpts: []kgo.Opt{seeds}, CheckpointTopic: testkit.Topic(t, "relay-indoubt-ckpt", 1, nil),
+		Shard: "default", TransactionTimeout: 10 * time.Second}.WithDefaults()
+	return ctx, db, data, seeds, cfg
 }
