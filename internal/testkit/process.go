@@ -130,8 +130,35 @@ func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-p.done
 		}
+		if t.Failed() && !testing.Verbose() && os.Getenv("ONCEFLOW_TEST_PROCESS_LOGS") == "" {
+			p.logNotable(t)
+		}
 	})
 	return p
+}
+
+// notableMax bounds the lines logNotable prints.
+const notableMax = 200
+
+// logNotable puts the process's warnings and errors (the last notableMax)
+// in the log of a test that failed, where CI shows them: the evidence of
+// what the process did is otherwise gone with it.
+func (p *Proc) logNotable(t testing.TB) {
+	p.mu.Lock()
+	var notable []string
+	for _, l := range p.lines {
+		if strings.Contains(l, " WARN ") || strings.Contains(l, " ERROR ") || strings.Contains(l, "panic") {
+			notable = append(notable, l)
+		}
+	}
+	p.mu.Unlock()
+	if len(notable) > notableMax {
+		t.Logf("[%s] (%d earlier warnings and errors left out)", p.Name, len(notable)-notableMax)
+		notable = notable[len(notable)-notableMax:]
+	}
+	for _, l := range notable {
+		t.Logf("[%s] %s", p.Name, l)
+	}
 }
 
 // Kill sends SIGKILL and waits for the process to be gone.

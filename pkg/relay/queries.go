@@ -131,20 +131,25 @@ SELECT (SELECT count(*) FROM f), coalesce((SELECT min(id) FROM f), 0), coalesce(
 // (migration 024).
 const qScanMark = `SELECT last_id, mark_xid::text::bigint FROM onceflow.outbox_scan_mark()`
 
-// qScanSettle reads the oldest xid still running in this database and the
-// lowest pending id above $1 (0: none). The walk visits the entries deleted
-// since the floor last rose, no more.
+// qScanOldest reads the oldest xid still running in this database.
 //
-// The oldest xid is that of the sessions of this database that have one
-// and of its prepared transactions, or the snapshot's xmax when there are
-// none: only a transaction of this database can insert into its outbox,
-// so a writer held open in another database of the same server (xids are
-// server-wide, the snapshot's xmin would wait for it) no longer holds the
-// floor. pg_stat_activity and pg_prepared_xacts give 32-bit xids: each is
-// widened against the snapshot's xmax, below which every running xid lies.
-// One that started after the snapshot widens to about 2^32 too low, which
-// only makes the floor wait (never rise too early).
-const qScanSettle = `
+// It is that of the sessions of this database that have one and of its
+// prepared transactions, or the snapshot's xmax when there are none: only
+// a transaction of this database can insert into its outbox, so a writer
+// held open in another database of the same server (xids are server-wide,
+// the snapshot's xmin would wait for it) no longer holds the floor.
+// pg_stat_activity and pg_prepared_xacts give 32-bit xids: each is widened
+// against the snapshot's xmax, below which every running xid lies. One
+// that started after the snapshot widens to about 2^32 too low, which only
+// makes the floor wait (never rise too early).
+//
+// The floor then rises to just below the lowest pending id (qScanLowest),
+// read by a statement of its own, after this one: a statement reads the
+// rows in the snapshot it took when it began, before it looks at the
+// running transactions, so a writer that commits in between would be
+// neither running nor visible, and the floor would pass its row (found
+// only by the full walk, after later rows of its source).
+const qScanOldest = `
 WITH s AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax),
 w AS (
     SELECT a.backend_xid::text::bigint AS xid FROM pg_stat_activity a
@@ -153,9 +158,13 @@ w AS (
     UNION ALL
     SELECT p.transaction::text::bigint FROM pg_prepared_xacts p WHERE p.database = current_database()
 )
-SELECT coalesce((SELECT min(s.xmax - (((s.xmax % 4294967296) - w.xid + 4294967296) % 4294967296)) FROM w), s.xmax),
-       coalesce((SELECT p.id FROM onceflow.outbox_pending p WHERE p.id > $1 ORDER BY p.id LIMIT 1), 0)
+SELECT coalesce((SELECT min(s.xmax - (((s.xmax % 4294967296) - w.xid + 4294967296) % 4294967296)) FROM w), s.xmax)
   FROM s`
+
+// qScanLowest is the lowest pending id above $1 (0: none). The walk visits
+// the entries deleted since the floor last rose, no more.
+const qScanLowest = `
+SELECT coalesce((SELECT p.id FROM onceflow.outbox_pending p WHERE p.id > $1 ORDER BY p.id LIMIT 1), 0)`
 
 // qPendingBelow is the lowest pending id in ($1, $2] (0: none): the full
 // walk's check that nothing pending hides below the floor.

@@ -130,12 +130,17 @@ func (rd *reader) raiseOrLog(ctx context.Context) {
 func (rd *reader) raise(ctx context.Context) error {
 	rd.floorAt = time.Now()
 	if rd.mark.ok {
+		// First the writers, then, in a later snapshot, the queue
+		// (qScanOldest says why).
 		var oldest, low int64
-		if err := rd.cfg.DB.QueryRow(ctx, qScanSettle, rd.floor).Scan(&oldest, &low); err != nil {
-			return fmt.Errorf("scan floor: read the lowest pending id: %w", err)
+		if err := rd.cfg.DB.QueryRow(ctx, qScanOldest).Scan(&oldest); err != nil {
+			return fmt.Errorf("scan floor: read the oldest running xid: %w", err)
 		}
 		if oldest < rd.mark.xid {
 			return nil // a transaction of this database that may yet commit an id <= mark.lastID is still running
+		}
+		if err := rd.cfg.DB.QueryRow(ctx, qScanLowest, rd.floor).Scan(&low); err != nil {
+			return fmt.Errorf("scan floor: read the lowest pending id: %w", err)
 		}
 		to := rd.mark.lastID
 		if low > 0 {
