@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,8 @@ func (c *cutter) set(cut bool) {
 	}
 	c.conns = nil
 }
+
+var settledAborted = regexp.MustCompile(`"outcome":"0 rows committed, [1-6] aborted, checkpoint aborted"`)
 
 // A commit that gets no answer leaves its batch in doubt; the next
 // recovery settles it by its records (here: aborted in every partition, as
@@ -126,7 +129,9 @@ func TestRelaySettlesAnUnknownCommitByItsRecords(t *testing.T) {
 	if v := testutil.ToFloat64(metricLabel(t, rb.reg, "onceflow_relay_errors_total", "unknown_outcome")); v < 1 {
 		t.Errorf("unknown outcomes counted: %v, want at least 1", v)
 	}
-	if !strings.Contains(rb.logs.String(), `"outcome":"0 rows committed, 6 aborted, checkpoint aborted"`) {
+	// The first batch holds the rows enqueued before the relay's first poll:
+	// all six, or fewer when it polled between two enqueues.
+	if !settledAborted.MatchString(rb.logs.String()) {
 		t.Errorf("the batch was not settled as aborted everywhere; relay logs:\n%s", rb.logs)
 	}
 }

@@ -169,5 +169,7 @@ def test_two_runners_racing_fenced_send_once(db_url: str, mail: MailService, tmp
 
 def test_two_runners_racing_unfenced_send_twice(db_url: str, mail: MailService, tmp_path: Path) -> None:
     race(db_url, mail, tmp_path, "--no-fencing")
-    assert mail.count() == 2, "without fencing both runners send"
+    # The control: without fencing each runner sends (a runner whose step
+    # record loses the race may run the tool once more: 3 were seen).
+    assert mail.count() >= 2, f"without fencing both runners send: {mail.count()} e-mails"
 
