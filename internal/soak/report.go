@@ -229,6 +229,9 @@ func (rep *Report) Text() string {
 	p("  workload           databases a %d and b %d events, same source names; %d sources on %d streams (database, topic, source) over %d topics\n",
 		e.ByDatabase[dbA], e.ByDatabase[dbB], e.Sources, e.Streams, len(eventTopics))
 	p("  snapshots held     %d REPEATABLE READ snapshots held to their end, %s in all\n", e.Snapshots, secs(e.SnapshotSeconds))
+	if er, ok := edgeRates(rep.Series, rep.ProducingSeconds); ok {
+		p("  committed rate     %.0f events/s in the first %s, %.0f in the last (ratio %.2f)\n", er.first, secs(er.window), er.last, er.last/er.first)
+	}
 
 	p("\nfaults       %d in all, %d broker or database restarts\n", len(rep.Faults), rep.Restarts)
 	if len(rep.ByFault) > 0 {
@@ -370,4 +373,52 @@ func countInDoubt(dir string) (InDoubtCounts, error) {
 		c.Split += bytes.Count(b, []byte(`"msg":"Kafka ended one transaction differently in different partitions`))
 	}
 	return c, nil
+}
+
+// edgeWindow is the window edgeRates compares: the first and the last 5
+// minutes of producing (a quarter of a run shorter than 20 minutes).
+const edgeWindow = 300.0
+
+// edgeRate is the committed rate at the two ends of the producing phase.
+type edgeRate struct{ first, last, window float64 }
+
+// edgeRates compares the committed rate of the first and the last window
+// of the producing phase (samples of the committed count from its start):
+// cost that grows with the run's age, a held snapshot's for one, shows as
+// a last window slower than the first. ok is false when the samples do not
+// cover both windows or the first committed nothing.
+func edgeRates(samples []sample, producing float64) (edgeRate, bool) {
+	w := min(edgeWindow, producing/4)
+	if w < 5 {
+		return edgeRate{}, false
+	}
+	// at is the committed count of the last readable sample at or before t.
+	at := func(t float64) (int64, float64, bool) {
+		var n int64
+		var when float64
+		found := false
+		for _, x := range samples {
+			if x.T > t {
+				break
+			}
+			if x.Committed >= 0 {
+				n, when, found = x.Committed, x.T, true
+			}
+		}
+		return n, when, found
+	}
+	span := func(from, to float64) (float64, bool) {
+		a, ta, ok1 := at(from)
+		b, tb, ok2 := at(to)
+		if !ok1 || !ok2 || tb-ta < w/2 {
+			return 0, false
+		}
+		return float64(b-a) / (tb - ta), true
+	}
+	first, ok1 := span(0, w)
+	last, ok2 := span(producing-w, producing)
+	if !ok1 || !ok2 || first <= 0 {
+		return edgeRate{}, false
+	}
+	return edgeRate{first: first, last: last, window: w}, true
 }
