@@ -141,7 +141,10 @@ const qScanMark = `SELECT last_id, mark_xid::text::bigint FROM onceflow.outbox_s
 // pg_stat_activity and pg_prepared_xacts give 32-bit xids: each is widened
 // against the snapshot's xmax, below which every running xid lies. One
 // that started after the snapshot widens to about 2^32 too low, which only
-// makes the floor wait (never rise too early).
+// makes the floor wait (never rise too early). The sessions are read
+// before the prepared transactions (Append runs its branches in order): a
+// transaction being prepared joins pg_prepared_xacts before it leaves its
+// session, so it is seen in one or the other.
 //
 // The floor then rises to just below the lowest pending id (qScanLowest),
 // read by a statement of its own, after this one: a statement reads the
