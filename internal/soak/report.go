@@ -229,7 +229,7 @@ func (rep *Report) Text() string {
 	p("  workload           databases a %d and b %d events, same source names; %d sources on %d streams (database, topic, source) over %d topics\n",
 		e.ByDatabase[dbA], e.ByDatabase[dbB], e.Sources, e.Streams, len(eventTopics))
 	p("  snapshots held     %d REPEATABLE READ snapshots held to their end, %s in all\n", e.Snapshots, secs(e.SnapshotSeconds))
-	if er, ok := edgeRates(rep.Series, rep.ProducingSeconds); ok {
+	if er, ok := edgeRates(rep.Series); ok {
 		p("  committed rate     %.0f events/s in the first %s, %.0f in the last (ratio %.2f)\n", er.first, secs(er.window), er.last, er.last/er.first)
 	}
 
@@ -376,49 +376,56 @@ func countInDoubt(dir string) (InDoubtCounts, error) {
 }
 
 // edgeWindow is the window edgeRates compares: the first and the last 5
-// minutes of producing (a quarter of a run shorter than 20 minutes).
+// minutes of the load (a quarter of a load shorter than 20 minutes).
 const edgeWindow = 300.0
 
-// edgeRate is the committed rate at the two ends of the producing phase.
+// edgeRate is the committed rate at the two ends of the load.
 type edgeRate struct{ first, last, window float64 }
 
 // edgeRates compares the committed rate of the first and the last window
-// of the producing phase (samples of the committed count from its start):
-// cost that grows with the run's age, a held snapshot's for one, shows as
-// a last window slower than the first. ok is false when the samples do not
-// cover both windows or the first committed nothing.
-func edgeRates(samples []sample, producing float64) (edgeRate, bool) {
-	w := min(edgeWindow, producing/4)
+// of the load: cost that grows with the run's age, a held snapshot's for
+// one, shows as a last window slower than the first. The load runs from
+// the first readable sample to the first that holds the final count (the
+// producers' end; the run's producing phase also waits for the last
+// fault's recovery). ok is false when the load is too short to compare or
+// the first window committed nothing.
+func edgeRates(samples []sample) (edgeRate, bool) {
+	var read []sample
+	for _, x := range samples {
+		if x.Committed >= 0 {
+			read = append(read, x)
+		}
+	}
+	if len(read) < 2 {
+		return edgeRate{}, false
+	}
+	end := len(read) - 1
+	for end > 0 && read[end-1].Committed == read[end].Committed {
+		end--
+	}
+	t0, t1 := read[0].T, read[end].T
+	w := min(edgeWindow, (t1-t0)/4)
 	if w < 5 {
 		return edgeRate{}, false
 	}
-	// at is the committed count of the last readable sample at or before t.
-	at := func(t float64) (int64, float64, bool) {
-		var n int64
-		var when float64
-		found := false
-		for _, x := range samples {
-			if x.T > t {
-				break
-			}
-			if x.Committed >= 0 {
-				n, when, found = x.Committed, x.T, true
-			}
+	// last is the index of the last sample at or before t.
+	last := func(t float64) int {
+		i := 0
+		for j := 0; j <= end && read[j].T <= t; j++ {
+			i = j
 		}
-		return n, when, found
+		return i
 	}
-	span := func(from, to float64) (float64, bool) {
-		a, ta, ok1 := at(from)
-		b, tb, ok2 := at(to)
-		if !ok1 || !ok2 || tb-ta < w/2 {
+	rate := func(a, b int) (float64, bool) {
+		if read[b].T-read[a].T < w/2 {
 			return 0, false
 		}
-		return float64(b-a) / (tb - ta), true
+		return float64(read[b].Committed-read[a].Committed) / (read[b].T - read[a].T), true
 	}
-	first, ok1 := span(0, w)
-	last, ok2 := span(producing-w, producing)
+	first, ok1 := rate(0, last(t0+w))
+	final, ok2 := rate(last(t1-w), end)
 	if !ok1 || !ok2 || first <= 0 {
 		return edgeRate{}, false
 	}
-	return edgeRate{first: first, last: last, window: w}, true
+	return edgeRate{first: first, last: final, window: w}, true
 }

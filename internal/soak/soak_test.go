@@ -499,30 +499,33 @@ func TestCountInDoubt(t *testing.T) {
 	}
 }
 
-// The committed rate of the first and the last window: 100/s for the first
-// 600 s, then 60/s; a sample the sampler could not read is skipped.
+// The committed rate of the first and the last window of the load: 100/s
+// for 700 s, then 60/s for 700 s, then nothing (the producers stopped; the
+// run waits for its last fault), sampled from t = 1 s; a sample the
+// sampler could not read is skipped.
 func TestEdgeRates(t *testing.T) {
 	t.Parallel()
 	var samples []sample
 	var n int64
-	for i := range 1201 {
+	for i := 1; i <= 1700; i++ {
 		samples = append(samples, sample{T: float64(i), Committed: n})
-		if i < 600 {
+		switch {
+		case i < 700:
 			n += 100
-		} else {
+		case i < 1400:
 			n += 60
 		}
 	}
 	samples[1000].Committed = -1
-	er, ok := edgeRates(samples, 1200)
+	er, ok := edgeRates(samples)
 	if !ok || er.window != 300 || er.first != 100 || er.last != 60 {
 		t.Fatalf("edgeRates = %+v, %v; want first 100, last 60 over 300 s", er, ok)
 	}
-	if er, ok := edgeRates(samples[:3], 2); ok {
-		t.Errorf("a 2-second run has no windows to compare, got %+v", er)
+	if er, ok := edgeRates(samples[:3]); ok {
+		t.Errorf("a 3-second load has no windows to compare, got %+v", er)
 	}
-	short, ok := edgeRates(samples[:121], 120)
+	short, ok := edgeRates(samples[:121])
 	if !ok || short.window != 30 || short.first != 100 || short.last != 100 {
-		t.Errorf("a 2-minute run compares quarters: got %+v, %v", short, ok)
+		t.Errorf("a 2-minute load compares quarters: got %+v, %v", short, ok)
 	}
 }
