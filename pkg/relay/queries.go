@@ -259,6 +259,9 @@ SELECT count(*),
        (SELECT count(*) FROM onceflow.outbox_set_aside WHERE resolved_at IS NULL)
   FROM p`
 
+// qStatsSerial keeps qStats on its own backend (no parallel workers).
+const qStatsSerial = `SET LOCAL max_parallel_workers_per_gather = 0`
+
 // qStatsShard is qStats for the rows of shard $2 of $1.
 const qStatsShard = `
 WITH held AS (SELECT DISTINCT source FROM onceflow.outbox_set_aside
