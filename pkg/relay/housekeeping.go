@@ -31,8 +31,14 @@ func (h *housekeeper) run(held context.Context, wake chan<- struct{}, log *slog.
 		go func() { defer wg.Done(); h.listen(held, wake, log) }()
 	}
 	wg.Add(2)
-	go func() { defer wg.Done(); h.paced(held, h.cfg.StatsInterval, h.stats) }()
-	go func() { defer wg.Done(); h.every(held, h.cfg.PruneInterval, h.prune) }()
+	go func() {
+		defer wg.Done()
+		h.every(held, func(took time.Duration) time.Duration { return statsWait(h.cfg.StatsInterval, took) }, h.stats)
+	}()
+	go func() {
+		defer wg.Done()
+		h.every(held, func(took time.Duration) time.Duration { return max(0, h.cfg.PruneInterval-took) }, h.prune)
+	}()
 	wg.Wait()
 }
 
@@ -49,24 +55,6 @@ const statsSpacing = 10
 // took took.
 func statsWait(interval, took time.Duration) time.Duration {
 	return max(interval, statsSpacing*took)
-}
-
-// paced runs f, then waits statsWait after each run, until ctx ends.
-func (h *housekeeper) paced(ctx context.Context, interval time.Duration, f func(context.Context) error) {
-	for {
-		t0 := time.Now()
-		if err := f(ctx); err != nil && ctx.Err() == nil {
-			h.m.errors.WithLabelValues(errKindPostgres).Inc()
-			h.log.WarnContext(ctx, "relay housekeeping", slog.Any("error", err))
-		}
-		t := time.NewTimer(statsWait(interval, time.Since(t0)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // listen turns notifications on notifyChannel into wake-ups of the poll
@@ -111,16 +99,19 @@ func (h *housekeeper) listen(ctx context.Context, wake chan<- struct{}, log *slo
 	}
 }
 
-func (h *housekeeper) every(ctx context.Context, d time.Duration, f func(context.Context) error) {
-	t := time.NewTicker(d)
-	defer t.Stop()
+// every runs f, then waits what wait says for the time f took, until ctx
+// ends.
+func (h *housekeeper) every(ctx context.Context, wait func(took time.Duration) time.Duration, f func(context.Context) error) {
 	for {
+		t0 := time.Now()
 		if err := f(ctx); err != nil && ctx.Err() == nil {
 			h.m.errors.WithLabelValues(errKindPostgres).Inc()
 			h.log.WarnContext(ctx, "relay housekeeping", slog.Any("error", err))
 		}
+		t := time.NewTimer(wait(time.Since(t0)))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
