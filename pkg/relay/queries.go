@@ -94,6 +94,15 @@ const qSelectBatchTail = `
 // come out of order), and the newest outbox id. (The later-row test is a
 // LATERAL … LIMIT 1, so that it probes the (source, seq) key once per row
 // found instead of joining the whole outbox.)
+//
+// Its queue tests are NOT EXISTS subqueries with OFFSET 0, which PostgreSQL
+// does not turn into a join: each is one probe of the queue's key per outbox
+// row of the range, so a sweep costs what its range holds, however long the
+// queue. As anti joins they were planned by the queue's statistics, which
+// are stale whenever a large transaction commits between two ANALYZEs: a
+// queue taken for a few rows and holding a million was hashed whole at every
+// sweep (about 230 ms each), or, with sequential scans off, merged from its
+// lowest key (3.6 s).
 const qSweep = qSweepHead + qSweepTail
 
 // qSweepShard is qSweep for the sources of shard $4 of $3.
@@ -104,7 +113,7 @@ const qSweepHead = `
 WITH r AS (
     SELECT o.id, o.source, o.seq FROM onceflow.outbox o
      WHERE o.id > $1 AND o.id <= $2
-       AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o.id)`
+       AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o.id OFFSET 0)`
 
 const qSweepTail = `
 ), l AS (
@@ -122,9 +131,28 @@ SELECT (SELECT count(*) FROM f), coalesce((SELECT min(id) FROM f), 0), coalesce(
        (SELECT count(*) FROM fr
          CROSS JOIN LATERAL (SELECT 1 FROM onceflow.outbox o2
                               WHERE o2.source = fr.source AND o2.seq > fr.seq AND o2.id NOT IN (SELECT id FROM f)
-                                AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o2.id)
+                                AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_pending p WHERE p.id = o2.id OFFSET 0)
                               LIMIT 1) later),
        coalesce((SELECT max(id) FROM onceflow.outbox), 0)`
+
+// qBeginWalk begins the reader's REPEATABLE READ transaction (the sweeps
+// and the poll) with sequential and bitmap scans off, and qIndexPlans sets
+// the same for the rest of a transaction (an idle poll sends it in one batch
+// with the poll: the batch's statements run in one implicit transaction).
+//
+// The poll must walk the queue's key from the floor and stop at the batch's
+// limit. The planner chooses that walk by the queue's statistics, and the
+// queue's size swings faster than autovacuum analyzes it: analyzed while
+// nearly empty, then given a million rows by one transaction, it is taken
+// for a few rows, and each poll reads the whole queue, looks every entry up
+// in the outbox and sorts them (2.0–2.8 s per poll, against a few ms). With
+// these scans off the key's index is the only way in; the statements of the
+// transaction have no other use for a sequential scan (every table they read
+// is read by a key range or probed by id).
+const (
+	qBeginWalk  = `BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`
+	qIndexPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+)
 
 // qScanMark is the mark the scan floor rises by: the highest id drawn so
 // far and an xid above that of every transaction that drew one

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
 // The sweep for unqueued rows. The trigger outbox_pending_insert queues
@@ -184,7 +182,7 @@ func (rd *reader) sweepRange(ctx context.Context, q pgx.Tx, lo, hi int64) (sweep
 func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 	now := time.Now()
 	if !rd.busy && now.Sub(rd.tailAt) < sweepIdleInterval {
-		rows, err := rd.fetch(ctx, rd.cfg.DB, exclude)
+		rows, err := rd.fetchAlone(ctx, exclude)
 		if err == nil && now.Sub(rd.floorAt) >= sweepIdleInterval {
 			rd.raiseOrLog(ctx)
 		}
@@ -193,7 +191,7 @@ func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 		}
 	}
 	var rows []row
-	err := pgx.BeginTxFunc(ctx, rd.cfg.DB, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, rd.cfg.DB, pgx.TxOptions{BeginQuery: qBeginWalk}, func(tx pgx.Tx) error {
 		t0 := time.Now()
 		if rd.tailFrom < 0 {
 			// The first sweep of a tenure starts the tail just below the
@@ -296,16 +294,47 @@ type row struct {
 // the statement measures each row before reading it, so the relay never
 // holds more than BatchMaxBytes of rows, whatever a row's size (a row over
 // it comes without its values: oversized).
-func (rd *reader) fetch(ctx context.Context, tx dbtx.DB, exclude []int64) ([]row, error) {
-	if exclude == nil {
-		exclude = []int64{}
-	}
-	budget := int64(rd.cfg.BatchMaxBytes)
-	q, args := rd.lay.sharded(qSelectBatch, qSelectBatchShard, rd.cfg.BatchMaxRows, exclude, budget, rd.floor)
+// Its transaction must have the planner settings of qBeginWalk.
+func (rd *reader) fetch(ctx context.Context, tx pgx.Tx, exclude []int64) ([]row, error) {
+	q, args := rd.poll(exclude)
 	rs, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
+	return rd.scan(rs)
+}
+
+// fetchAlone is fetch outside a transaction: the poll goes in one batch
+// after qIndexPlans, so one round trip.
+func (rd *reader) fetchAlone(ctx context.Context, exclude []int64) ([]row, error) {
+	b := &pgx.Batch{}
+	b.Queue(qIndexPlans)
+	q, args := rd.poll(exclude)
+	b.Queue(q, args...)
+	br := rd.cfg.DB.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("poll: planner settings: %w", err)
+	}
+	rs, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	return rd.scan(rs)
+}
+
+// poll is the poll statement and its arguments.
+func (rd *reader) poll(exclude []int64) (string, []any) {
+	if exclude == nil {
+		exclude = []int64{}
+	}
+	return rd.lay.sharded(qSelectBatch, qSelectBatchShard, rd.cfg.BatchMaxRows, exclude, int64(rd.cfg.BatchMaxBytes), rd.floor)
+}
+
+// scan reads a poll's rows, in id order, and ends the batch at the byte
+// budget.
+func (rd *reader) scan(rs pgx.Rows) ([]row, error) {
+	budget := int64(rd.cfg.BatchMaxBytes)
 	defer rs.Close()
 	var out []row
 	for rs.Next() {
