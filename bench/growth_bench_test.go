@@ -79,10 +79,20 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 	for i := range 9 {
 		exec(fmt.Sprintf(`SELECT onceflow.inbox_ensure_buckets('default', '%s', now() - %d * interval '90 hours')`, lane, i))
 	}
-	exec(fmt.Sprintf(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane, event_at)
-		SELECT 'default', 'old-' || g, 'old-' || (g %% 100000), g / 100000 + 1, 'bench.event', 'old', g %% 4, g, 'processed', now(), '%s',
-		       now() - (g %% 9) * interval '90 hours'
-		  FROM generate_series(1, %d) g`, lane, inboxRows))
+	// In statements of 10M rows at most, each its own transaction, so that
+	// a fill of 100M shows its progress and no one statement's WAL and
+	// memory grow with the size.
+	const fillChunk = 10_000_000
+	for from := 1; from <= inboxRows; from += fillChunk {
+		to := min(from+fillChunk-1, inboxRows)
+		exec(fmt.Sprintf(`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane, event_at)
+			SELECT 'default', 'old-' || g, 'old-' || (g %% 100000), g / 100000 + 1, 'bench.event', 'old', g %% 4, g, 'processed', now(), '%s',
+			       now() - (g %% 9) * interval '90 hours'
+			  FROM generate_series(%d, %d) g`, lane, from, to))
+		if inboxRows > fillChunk {
+			tb.Logf("inbox pre-fill: %d of %d rows after %s", to, inboxRows, time.Since(t0).Round(time.Second))
+		}
+	}
 	fill := time.Since(t0)
 	t1 := time.Now()
 	exec(`VACUUM ANALYZE onceflow.inbox`)
