@@ -130,10 +130,10 @@ func relayDrain(b testing.TB, rep *report, n int, deleteOnPublish bool) {
 //
 // ONCEFLOW_BENCH_RELAY_LATENCY_RATE and _SECONDS change the rate and the
 // phase's length (issue 33's row: 10000 for 300 s). Above 1k events/s
-// each transaction carries rate/250 events, one transaction every 4 ms,
-// so that the producers are not what limits the rate (with 10 events per
-// transaction they reached about 5,800 events/s here); every event's
-// latency runs from its own transaction's commit.
+// each transaction carries rate/250 events of one source, one transaction
+// every 4 ms, so that the producers are not what limits the rate (10
+// events per transaction over 10 sources reached about 5,800 events/s
+// here); every event's latency runs from its own transaction's commit.
 func BenchmarkRelayLatency(b *testing.B) {
 	b.Run("poll", func(b *testing.B) { benchRelayLatency(b, false) })
 	b.Run("listen", func(b *testing.B) { benchRelayLatency(b, true) })
