@@ -465,13 +465,16 @@ func startBenchRelayWith(tb testing.TB, db *testkit.DB, batch int, deleteOnPubli
 	return func() { cancel(); <-done }
 }
 
-// benchLogger discards logs unless ONCEFLOW_BENCH_RELAY_DEBUG is set, which
-// prints the relay's per-batch timings (fetch, kafka, mark) to stderr.
+// benchLogger prints the in-process relay's warnings and errors to stderr
+// (a stall in a latency phase can then be told: a lost lease, a
+// transaction settled in doubt), and with ONCEFLOW_BENCH_RELAY_DEBUG set
+// its per-batch timings (fetch, kafka, mark) too.
 func benchLogger() *slog.Logger {
+	level := slog.LevelWarn
 	if os.Getenv("ONCEFLOW_BENCH_RELAY_DEBUG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		level = slog.LevelDebug
 	}
-	return slog.New(slog.DiscardHandler)
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
 // gauge sums the counter values of metric name in reg.
