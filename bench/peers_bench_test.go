@@ -386,18 +386,60 @@ func lastLines(s string, n int) string {
 
 func debeziumDrain(tb testing.TB, admin, cp string, n int) drainResult {
 	ctx := context.Background()
+	dbz := newDebezium(tb, admin, cp)
+	// First start: the connector creates its slot and publication and
+	// streams (nothing yet); it is stopped once the slot is in use.
+	p := dbz.start()
+	dbz.waitActive(p)
+	p.Signal(syscall.SIGTERM)
+	if err := p.Wait(2 * time.Minute); err != nil {
+		p.Kill()
+	}
+	// The backlog: committed while Debezium is down, retained by its slot.
+	if _, err := dbz.pool.Exec(ctx, `
+		INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload)
+		SELECT gen_random_uuid(), $1, 'src-' || (g % 256), 'bench.event', convert_to('{"pad":"' || repeat('x', $3 - 10) || '"}', 'UTF8')
+		  FROM generate_series(0, $2 - 1) g`, dbz.topic, n, benchPayload); err != nil {
+		tb.Fatal(err)
+	}
+	res := drainResult{n: n, start: time.Now()}
+	p = dbz.start()
+	waitTopic(tb, dbz.topic, n, &res, p.Exited, p.Output)
+	res.cpu, res.rssMiB = cpuTree(p.Cmd.Process.Pid), vmHWM(tb, p.Cmd.Process.Pid)
+	dbz.stop(p)
+	return res
+}
+
+// debezium is a Debezium PostgreSQL connector with the outbox EventRouter,
+// on Kafka Connect standalone, set up for one new database on the server at
+// admin: the outbox table public.outbox (Debezium's default columns) routed
+// to topic (aggregatetype holds the topic's name; aggregateid is the record
+// key; the row's id arrives in the record header "id"). extra are more
+// connector properties ("key=value").
+type debezium struct {
+	tb    testing.TB
+	url   string
+	pool  *pgxpool.Pool
+	slot  string
+	topic string
+	dir   string
+	cp    string
+}
+
+func newDebezium(tb testing.TB, admin, cp string, extra ...string) *debezium {
+	ctx := context.Background()
 	u, pool := newDBOn(tb, admin)
-	slot := "onceflow_bench_" + strings.TrimPrefix(cfgDatabase(tb, u), "bench_peer_")
+	d := &debezium{tb: tb, url: u, pool: pool, cp: cp, dir: tb.TempDir(),
+		slot: "onceflow_bench_" + strings.TrimPrefix(cfgDatabase(tb, u), "bench_peer_")}
 	// Cleanups run last-first: the slot is dropped before the database.
 	tb.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, d.slot)
 	})
 	// The outbox table of Debezium's outbox pattern, one primary key.
 	if _, err := pool.Exec(ctx, `CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload bytea NOT NULL)`); err != nil {
 		tb.Fatal(err)
 	}
-	topic := testkit.Topic(tb, "bench-peer-debezium", benchPartitions, nil)
-	dir := tb.TempDir()
+	d.topic = testkit.Topic(tb, "bench-peer-debezium", benchPartitions, nil)
 	cfg, err := pgx.ParseConfig(u)
 	if err != nil {
 		tb.Fatal(err)
@@ -406,11 +448,11 @@ func debeziumDrain(tb testing.TB, admin, cp string, n int) drainResult {
 		"bootstrap.servers=" + testkit.KafkaBrokers(tb),
 		"key.converter=org.apache.kafka.connect.storage.StringConverter",
 		"value.converter=org.apache.kafka.connect.converters.ByteArrayConverter",
-		"offset.storage.file.filename=" + filepath.Join(dir, "offsets"),
+		"offset.storage.file.filename=" + filepath.Join(d.dir, "offsets"),
 		"offset.flush.interval.ms=1000",
 		"listeners=http://127.0.0.1:0",
 	}, "\n") + "\n"
-	connector := strings.Join([]string{
+	connector := strings.Join(append([]string{
 		"name=onceflow-bench-debezium",
 		"connector.class=io.debezium.connector.postgresql.PostgresConnector",
 		"tasks.max=1",
@@ -422,60 +464,54 @@ func debeziumDrain(tb testing.TB, admin, cp string, n int) drainResult {
 		"database.dbname=" + cfg.Database,
 		"topic.prefix=onceflowbench",
 		"table.include.list=public.outbox",
-		"slot.name=" + slot,
-		"publication.name=" + slot,
+		"slot.name=" + d.slot,
+		"publication.name=" + d.slot,
 		"publication.autocreate.mode=filtered",
 		"snapshot.mode=no_data",
 		"tombstones.on.delete=false",
 		"transforms=outbox",
 		"transforms.outbox.type=io.debezium.transforms.outbox.EventRouter",
 		"transforms.outbox.route.topic.replacement=${routedByValue}",
-	}, "\n") + "\n"
+	}, extra...), "\n") + "\n"
 	for name, body := range map[string]string{"worker.properties": worker, "connector.properties": connector} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(d.dir, name), []byte(body), 0o600); err != nil {
 			tb.Fatal(err)
 		}
 	}
+	return d
+}
+
+// start starts Kafka Connect with the connector.
+func (d *debezium) start() *testkit.Proc {
 	java := os.Getenv("ONCEFLOW_JAVA")
 	if java == "" {
 		java = "java"
 	}
-	start := func() *testkit.Proc {
-		return testkit.Start(tb, "connect", java, nil, "-Xmx1g", "-cp", cp, "org.apache.kafka.connect.cli.ConnectStandalone",
-			filepath.Join(dir, "worker.properties"), filepath.Join(dir, "connector.properties"))
-	}
-	// First start: the connector creates its slot and publication and
-	// streams (nothing yet); it is stopped once the slot is in use.
-	p := start()
+	return testkit.Start(d.tb, "connect", java, nil, "-Xmx1g", "-cp", d.cp, "org.apache.kafka.connect.cli.ConnectStandalone",
+		filepath.Join(d.dir, "worker.properties"), filepath.Join(d.dir, "connector.properties"))
+}
+
+// waitActive returns once the connector's replication slot is in use (it
+// streams from then on), or fails the test after five minutes or when the
+// process exits.
+func (d *debezium) waitActive(p *testkit.Proc) {
 	for deadline := time.Now().Add(5 * time.Minute); ; {
 		var active bool
-		err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		err := d.pool.QueryRow(context.Background(), `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, d.slot).Scan(&active)
 		if err == nil && active {
-			break
+			return
 		}
 		if p.Exited() || time.Now().After(deadline) {
-			tb.Fatalf("debezium: slot %s not active (%v)\n%s", slot, err, p.Output())
+			d.tb.Fatalf("debezium: slot %s not active (%v)\n%s", d.slot, err, p.Output())
 		}
 		time.Sleep(100 * time.Millisecond) // polling a condition
 	}
+}
+
+// stop stops Kafka Connect (SIGTERM, the JVM's exit status 143 expected).
+func (d *debezium) stop(p *testkit.Proc) {
 	p.Signal(syscall.SIGTERM)
-	if err := p.Wait(2 * time.Minute); err != nil {
-		p.Kill()
+	if err := p.Wait(60 * time.Second); err != nil && !strings.Contains(err.Error(), "exit status 143") {
+		d.tb.Logf("connect: %v", err)
 	}
-	// The backlog: committed while Debezium is down, retained by its slot.
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload)
-		SELECT gen_random_uuid(), $1, 'src-' || (g % 256), 'bench.event', convert_to('{"pad":"' || repeat('x', $3 - 10) || '"}', 'UTF8')
-		  FROM generate_series(0, $2 - 1) g`, topic, n, benchPayload); err != nil {
-		tb.Fatal(err)
-	}
-	res := drainResult{n: n, start: time.Now()}
-	p = start()
-	waitTopic(tb, topic, n, &res, p.Exited, p.Output)
-	res.cpu, res.rssMiB = cpuTree(p.Cmd.Process.Pid), vmHWM(tb, p.Cmd.Process.Pid)
-	p.Signal(syscall.SIGTERM)
-	if err := p.Wait(60 * time.Second); err != nil && !strings.Contains(err.Error(), "exit status 143") { // the JVM's exit on SIGTERM
-		tb.Logf("connect: %v", err)
-	}
-	return res
 }

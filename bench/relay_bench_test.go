@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testkit"
 	"github.com/onceflow/onceflow/pkg/envelope"
+	"github.com/onceflow/onceflow/pkg/migrate/migratetest"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
@@ -150,6 +153,7 @@ func benchRelayLatency(b *testing.B, listen bool) {
 	}
 	stop := startBenchRelay(b, db, relayBenchBatch, false, listen, nil)
 	defer stop()
+	onceflowWarmUp(b, db, topic)
 
 	// Idle cost: transactions committed per second in this database while
 	// nothing is enqueued (the relay's polls, lease renewals and stats).
@@ -160,33 +164,156 @@ func benchRelayLatency(b *testing.B, listen bool) {
 		}
 		return x
 	}
-	// Warm up: the first transaction to a new topic waits for its
-	// metadata and partition leaders.
-	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: topic, Source: "warmup", EventType: "bench", EventID: "warmup", Payload: []byte(`{}`)})
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
-	for {
-		var left int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox_pending`).Scan(&left); err != nil {
-			b.Fatal(err)
-		}
-		if left == 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition
-	}
 	x0, i0 := xacts(), time.Now()
 	time.Sleep(2 * time.Second) // the measurement window
 	idle := float64(xacts()-x0-1) / time.Since(i0).Seconds()
 
+	b.ResetTimer()
+	r := latencyPhase(b, onceflowLoad(db.URL, topic))
+	b.StopTimer()
+	b.ReportMetric(float64(r.p50.Microseconds())/1000, "p50_ms")
+	b.ReportMetric(float64(r.p99.Microseconds())/1000, "p99_ms")
+	b.ReportMetric(idle, "idle_db_xacts/s")
+	mode := map[bool]string{false: "poll", true: "listen"}[listen]
+	f := figure{Name: fmt.Sprintf("relay commit-to-visible p99 at %d ev/s for %d s, closed loop (%s)", r.rate, r.seconds, mode), Value: ms(r.p99), Unit: "ms",
+		Notes: []string{r.note() + fmt.Sprintf("; idle relay %.1f DB xacts/s", idle)}}
+	if r.rate >= 10000 && r.seconds >= 300 {
+		f.Target, f.Met = "<= 30 ms (10k ev/s for 5 min)", met(r.p99 <= 30*time.Millisecond && r.reached >= 0.95*float64(r.rate))
+	}
+	benchReport.measure()(f)
+	b.Logf("commit-to-visible at %d events/s: p50 %s, p99 %s (n=%d); idle relay: %.1f DB transactions/s", r.rate, r.p50, r.p99, r.n, idle)
+}
+
+// BenchmarkRelayLatencyPeer runs the commit-to-visible phase of
+// BenchmarkRelayLatency (same rate, length and transactions, from
+// ONCEFLOW_BENCH_RELAY_LATENCY_RATE and _SECONDS) twice on one PostgreSQL
+// server with wal_level=logical (logicalPostgres): with onceflow's relay,
+// then with Debezium (the connector and EventRouter of BenchmarkPeers,
+// streaming from the start), and prints the two p99s side by side.
+// Debezium's latency runs from the producer's commit to the record read by
+// the same reader; it publishes without Kafka transactions, so its records
+// are visible as soon as they are written.
+func BenchmarkRelayLatencyPeer(b *testing.B) {
+	admin, where := logicalPostgres(b)
+	cpc := make(chan string, 1)
+	go func() { cpc <- debeziumClasspath(b) }()
+
+	db := migratetest.NewDatabase(b, admin)
+	topic := testkit.Topic(b, "bench-latency-peer", benchPartitions, nil)
+	stop := startBenchRelay(b, db, relayBenchBatch, false, false, nil)
+	onceflowWarmUp(b, db, topic)
+	of := latencyPhase(b, onceflowLoad(db.URL, topic))
+	stop()
+	cp := <-cpc
+	if b.Failed() {
+		return
+	}
+
+	// Debezium waits poll.interval.ms (500 by default) for changes before
+	// it processes a batch: set as a user who wants latency would.
+	dbz := newDebezium(b, admin, cp, "poll.interval.ms=10")
+	p := dbz.start()
+	defer dbz.stop(p)
+	dbz.waitActive(p)
+	ctx := context.Background()
+	// Warm up: one row, seen in the topic before the phase starts.
+	if _, err := dbz.pool.Exec(ctx, `INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), $1, 'warmup', 'bench', '{}')`, dbz.topic); err != nil {
+		b.Fatal(err)
+	}
+	waitTopic(b, dbz.topic, 1, &drainResult{start: time.Now()}, p.Exited, p.Output)
+	dz := latencyPhase(b, latencyLoad{url: dbz.url, topic: dbz.topic, header: "id",
+		enqueue: func(ctx context.Context, tx pgx.Tx, source string, ids []string, payload []byte) error {
+			_, err := tx.Exec(ctx, `
+				INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload)
+				SELECT i::uuid, $2, $3, 'bench', $4 FROM unnest($1::text[]) i`, ids, dbz.topic, source, payload)
+			return err
+		},
+		newID: func(int) string { return uuidString() },
+	})
+
+	rec := benchReport.measure()
+	rec(figure{Name: fmt.Sprintf("relay commit-to-visible p99 at %d ev/s for %d s, onceflow beside Debezium (same server)", of.rate, of.seconds), Value: ms(of.p99), Unit: "ms",
+		CeilingName: "Debezium p99", Ceiling: ms(dz.p99),
+		Notes: []string{"onceflow: " + of.note(), "Debezium: " + dz.note(),
+			"Debezium " + debeziumVersion + " (pgoutput, EventRouter, poll.interval.ms 10), Kafka Connect " + connectVersion + " standalone, producer defaults, no Kafka transactions; onceflow: Kafka transactions, read_committed reader for both", where}})
+	b.Logf("commit-to-visible at %d events/s: onceflow p50 %s p99 %s; Debezium p50 %s p99 %s", of.rate, of.p50, of.p99, dz.p50, dz.p99)
+}
+
+// onceflowWarmUp enqueues one event and waits until the relay has
+// published it: the first transaction to a new topic waits for its metadata
+// and partition leaders.
+func onceflowWarmUp(tb testing.TB, db *testkit.DB, topic string) {
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: topic, Source: "warmup", EventType: "bench", EventID: "warmup", Payload: []byte(`{}`)})
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		var left int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.outbox_pending`).Scan(&left); err != nil {
+			tb.Fatal(err)
+		}
+		if left == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition
+	}
+}
+
+// onceflowLoad enqueues through the outbox API; the relay is running.
+func onceflowLoad(url, topic string) latencyLoad {
+	return latencyLoad{url: url, topic: topic, header: envelope.HeaderEventID,
+		enqueue: func(ctx context.Context, tx pgx.Tx, source string, ids []string, payload []byte) error {
+			msgs := make([]outbox.Message, len(ids))
+			for j, id := range ids {
+				msgs[j] = outbox.Message{Topic: topic, Source: source, EventType: "bench", EventID: id, Payload: payload}
+			}
+			_, err := outbox.EnqueueBatch(ctx, tx, msgs)
+			return err
+		},
+		newID: func(n int) string { return fmt.Sprintf("lat-%d", n) },
+	}
+}
+
+// latencyLoad is what a commit-to-visible phase needs of a contender: the
+// producers' database, the topic the events arrive on with the header
+// holding each event's id, an enqueue of events of one source in a
+// producer's transaction, and the ids.
+type latencyLoad struct {
+	url, topic, header string
+	enqueue            func(ctx context.Context, tx pgx.Tx, source string, ids []string, payload []byte) error
+	newID              func(n int) string
+}
+
+// latencyResult is one phase's latencies and the rate it reached.
+type latencyResult struct {
+	p50, p99, p999 time.Duration
+	rate, seconds  int
+	perTx, n       int
+	reached        float64
+}
+
+func (r latencyResult) note() string {
+	return fmt.Sprintf("p50 %s, p99 %s, p99.9 %s; %.0f ev/s reached of %d; %d events per transaction; producer commit -> read_committed reader",
+		r.p50, r.p99, r.p999, r.reached, r.rate, r.perTx)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// latencyPhase offers ONCEFLOW_BENCH_RELAY_LATENCY_RATE events/s (1000) for
+// ONCEFLOW_BENCH_RELAY_LATENCY_SECONDS (5) through l and returns the
+// commit-to-visible latencies: from each producer transaction's commit to
+// the moment a read_committed reader (started at the topic's start; one
+// warm-up record is expected there) sees its events.
+func latencyPhase(tb testing.TB, l latencyLoad) latencyResult {
+	ctx := context.Background()
 	// A read_committed fetch is not woken by the commit marker that makes
 	// records visible (the broker's fetch purgatory waits for bytes, not for
 	// the last stable offset), so the reader bounds its long poll at 10ms.
-	cons := testkit.Client(b,
-		kgo.ConsumeTopics(topic),
+	cons := testkit.Client(tb,
+		kgo.ConsumeTopics(l.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(10*time.Millisecond),
@@ -194,8 +321,8 @@ func benchRelayLatency(b *testing.B, listen bool) {
 	var mu sync.Mutex
 	committed := map[string]time.Time{}
 	var lat []time.Duration
-	rate := envInt(b, "ONCEFLOW_BENCH_RELAY_LATENCY_RATE", 1000)
-	seconds := envInt(b, "ONCEFLOW_BENCH_RELAY_LATENCY_SECONDS", 5)
+	rate := envInt(tb, "ONCEFLOW_BENCH_RELAY_LATENCY_RATE", 1000)
+	seconds := envInt(tb, "ONCEFLOW_BENCH_RELAY_LATENCY_SECONDS", 5)
 	perTx := 1
 	if rate > 1000 {
 		perTx = rate / 250
@@ -216,7 +343,7 @@ func benchRelayLatency(b *testing.B, listen bool) {
 			now := time.Now()
 			fs.EachRecord(func(r *kgo.Record) {
 				for _, h := range r.Headers {
-					if h.Key == envelope.HeaderEventID {
+					if h.Key == l.header {
 						mu.Lock()
 						if t, ok := committed[string(h.Value)]; ok {
 							lat = append(lat, now.Sub(t))
@@ -229,7 +356,6 @@ func benchRelayLatency(b *testing.B, listen bool) {
 			})
 		}
 	}()
-	b.ResetTimer()
 	tick := time.NewTicker(time.Second * time.Duration(perTx) / time.Duration(rate))
 	defer tick.Stop()
 	payload := []byte(`{"p":"` + strings.Repeat("x", relayBenchPayload-8) + `"}`)
@@ -237,14 +363,14 @@ func benchRelayLatency(b *testing.B, listen bool) {
 	// waits for the WAL behind the others. Their own pool: the test pool
 	// has max(4, CPUs) connections.
 	inflight := max(8, rate/500)
-	pcfg, err := pgxpool.ParseConfig(db.URL)
+	pcfg, err := pgxpool.ParseConfig(l.url)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	pcfg.MaxConns = int32(inflight)
 	producers, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer producers.Close()
 	sem := make(chan struct{}, inflight)
@@ -260,23 +386,21 @@ func benchRelayLatency(b *testing.B, listen bool) {
 			// One source per transaction (the events of one aggregate):
 			// a transaction over many sources would wait for each one's
 			// counter behind the others.
-			msgs := make([]outbox.Message, perTx)
-			for j := range msgs {
-				n := i*perTx + j
-				msgs[j] = outbox.Message{Topic: topic, Source: "src-" + strconv.Itoa(i%64), EventType: "bench", EventID: fmt.Sprintf("lat-%d", n), Payload: payload}
+			ids := make([]string, perTx)
+			for j := range ids {
+				ids[j] = l.newID(i*perTx + j)
 			}
 			err := pgx.BeginFunc(ctx, producers, func(tx pgx.Tx) error {
-				_, err := outbox.EnqueueBatch(ctx, tx, msgs)
-				return err
+				return l.enqueue(ctx, tx, "src-"+strconv.Itoa(i%64), ids, payload)
 			})
 			if err != nil {
-				b.Error(err)
+				tb.Error(err)
 				return
 			}
 			now := time.Now()
 			mu.Lock()
-			for _, m := range msgs {
-				committed[m.EventID] = now
+			for _, id := range ids {
+				committed[id] = now
 			}
 			mu.Unlock()
 		}()
@@ -288,26 +412,14 @@ func benchRelayLatency(b *testing.B, listen bool) {
 	stopReader := time.AfterFunc(time.Minute, readCancel)
 	defer stopReader.Stop()
 	<-readDone
-	b.StopTimer()
 	mu.Lock()
 	defer mu.Unlock()
 	if len(lat) < total*9/10 {
-		b.Fatalf("measured %d of %d latencies", len(lat), total)
+		tb.Fatalf("measured %d of %d latencies", len(lat), total)
 	}
 	slices.Sort(lat)
-	p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
-	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
-	b.ReportMetric(float64(p99.Microseconds())/1000, "p99_ms")
-	b.ReportMetric(idle, "idle_db_xacts/s")
-	mode := map[bool]string{false: "poll", true: "listen"}[listen]
-	f := figure{Name: fmt.Sprintf("relay commit-to-visible p99 at %d ev/s for %d s, closed loop (%s)", rate, seconds, mode), Value: float64(p99.Microseconds()) / 1000, Unit: "ms",
-		Notes: []string{fmt.Sprintf("p50 %s, p99.9 %s; %.0f ev/s reached; %d events per transaction; producer commit -> read_committed reader; idle relay %.1f DB xacts/s",
-			p50, lat[len(lat)*999/1000], reached, perTx, idle)}}
-	if rate >= 10000 && seconds >= 300 {
-		f.Target, f.Met = "<= 30 ms (10k ev/s for 5 min)", met(p99 <= 30*time.Millisecond && reached >= 0.95*float64(rate))
-	}
-	benchReport.measure()(f)
-	b.Logf("commit-to-visible at %d events/s: p50 %s, p99 %s (n=%d); idle relay: %.1f DB transactions/s", rate, p50, p99, len(lat), idle)
+	return latencyResult{p50: lat[len(lat)/2], p99: lat[len(lat)*99/100], p999: lat[len(lat)*999/1000],
+		rate: rate, seconds: seconds, perTx: perTx, n: len(lat), reached: reached}
 }
 
 // BenchmarkRelaySourceThroughput measures Enqueue throughput for one source
@@ -423,4 +535,14 @@ func waitMarked(tb testing.TB, db *testkit.DB, topic string) {
 		}
 		time.Sleep(5 * time.Millisecond) // polling a condition: the last mark
 	}
+}
+
+// uuidString is a random (version 4) UUID in PostgreSQL's text form.
+func uuidString() string {
+	var u [16]byte
+	_, _ = rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	h := hex.EncodeToString(u[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
