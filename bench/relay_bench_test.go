@@ -199,6 +199,11 @@ func BenchmarkRelayLatencyPeer(b *testing.B) {
 	go func() { cpc <- debeziumClasspath(b) }()
 
 	db := migratetest.NewDatabase(b, admin)
+	var fsync string
+	if err := db.Pool.QueryRow(context.Background(), `SHOW fsync`).Scan(&fsync); err != nil {
+		b.Fatal(err)
+	}
+	where += ", fsync " + fsync
 	topic := testkit.Topic(b, "bench-latency-peer", benchPartitions, nil)
 	stop := startBenchRelay(b, db, relayBenchBatch, false, false, nil)
 	onceflowWarmUp(b, db, topic)
