@@ -26,14 +26,16 @@ import (
 // other.
 //
 // Two walks, each bounded:
-//   - the tail, before every poll that finds rows (and once a second when
-//     idle), in the poll's own snapshot: the ids above
-//     the highest id it saw the time before, less sweepMargin. A later row
-//     of a source is only visible once the source's earlier rows committed
-//     (a source's writers serialize on its counter), so a row found here is
-//     queued before the poll that could see its successors, and goes first
-//     (queue order is id order): per-source order holds for every unqueued
-//     row whose transaction ends before sweepMargin newer ids are visible;
+//   - the tail, after every poll that finds rows (and once a second when
+//     idle), in the poll's own snapshot: the ids above the highest id it
+//     covered the time before, less sweepMargin, up to the batch's last id
+//     (every id when the poll found nothing). A later row of a source is
+//     only visible once the source's earlier rows committed (a source's
+//     writers serialize on its counter), so a row found here is queued in
+//     the snapshot of the batch that could hold its successors, and the
+//     poll runs again and takes it first (queue order is id order):
+//     per-source order holds for every unqueued row whose transaction ends
+//     before sweepMargin newer ids are visible;
 //   - the full walk, sweepChunk ids every sweepFullInterval, from the lowest
 //     id to the highest and round again: it finds what the tail missed (a
 //     transaction that stayed open longer, rows written before this leader
@@ -173,12 +175,19 @@ func (rd *reader) sweepRange(ctx context.Context, q pgx.Tx, lo, hi int64) (sweep
 	return res, err
 }
 
-// next reads the next batch after sweeping: the tail always, a
-// full-walk step when due, both in the batch's REPEATABLE READ snapshot, so
-// that the batch holds no row the sweep could not see. An idle relay (the
-// last poll found nothing) first polls alone, and sweeps only when that
-// poll finds rows or sweepIdleInterval has passed: its idle polls stay one
-// statement.
+// next reads the next batch and sweeps for unqueued rows, both in the
+// batch's REPEATABLE READ snapshot, so that the batch holds no row the sweep
+// could not see: a full-walk step when due, the poll, then the tail up to
+// the batch's last id (every id when the poll found nothing), and the poll
+// again when the tail queued rows (they may come before the batch's). An
+// idle relay (the last poll found nothing) first polls alone, and sweeps
+// only when that poll finds rows or sweepIdleInterval has passed: its idle
+// polls stay one statement.
+//
+// The tail stops at the batch's last id because only rows up to it can go
+// out of order by this batch: a row above it is swept before a later batch
+// reaches it. A transaction that queues a million rows at once so costs the
+// next sweep a batch's worth of probes, not a million.
 func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 	now := time.Now()
 	if !rd.busy && now.Sub(rd.tailAt) < sweepIdleInterval {
@@ -202,46 +211,38 @@ func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 			}
 			rd.tailFrom = max(0, top-sweepMargin)
 		}
-		tail, err := rd.sweepRange(ctx, tx, rd.tailFrom, math.MaxInt64-1) // -1: int8range(…, '(]') adds one
-		if err != nil {
-			return fmt.Errorf("sweep for unqueued rows: %w", err)
-		}
-		rd.report(ctx, "tail", tail)
-		if tail.found > 0 {
-			rd.lower(tail.minID)
-		}
 		if now.Sub(rd.fullAt) >= sweepFullInterval {
-			rd.fullAt = now
-			if rd.fullFrom >= tail.maxSeen {
-				rd.fullFrom = 0
+			if err := rd.fullStep(ctx, tx, now); err != nil {
+				return err
 			}
-			full, err := rd.sweepRange(ctx, tx, rd.fullFrom, rd.fullFrom+sweepChunk)
-			if err != nil {
-				return fmt.Errorf("sweep for unqueued rows: %w", err)
-			}
-			rd.report(ctx, "full", full)
-			if full.found > 0 {
-				rd.lower(full.minID)
-			}
-			if rd.fullFrom < rd.floor {
-				var low int64
-				if err := tx.QueryRow(ctx, qPendingBelow, rd.fullFrom, min(rd.fullFrom+sweepChunk, rd.floor)).Scan(&low); err != nil {
-					return fmt.Errorf("scan floor: look for pending ids below it: %w", err)
-				}
-				if low > 0 {
-					rd.log.WarnContext(ctx, "found a pending outbox row below the relay's scan floor (its id was not drawn by a transaction "+
-						"that had its xid, or it was queued by hand): lowering the floor to publish it", slog.Int64("id", low), slog.Int64("floor", rd.floor))
-					rd.lower(low)
-				}
-			}
-			rd.fullFrom += sweepChunk
 		}
-		rd.m.sweepDuration.Observe(time.Since(t0).Seconds())
-		rows, err = rd.fetch(ctx, tx, exclude)
-		if err != nil {
+		sweeping := time.Since(t0)
+		var err error
+		if rows, err = rd.fetch(ctx, tx, exclude); err != nil {
 			return err
 		}
-		rd.tailFrom = max(rd.tailFrom, tail.maxSeen-sweepMargin)
+		t1 := time.Now()
+		hi := int64(math.MaxInt64 - 1) // -1: int8range(…, '(]') adds one
+		if len(rows) > 0 {
+			hi = rows[len(rows)-1].id
+		}
+		var tail sweepResult
+		if hi > rd.tailFrom { // else the batch lies below the tail (late commits): nothing new to cover
+			if tail, err = rd.sweepRange(ctx, tx, rd.tailFrom, hi); err != nil {
+				return fmt.Errorf("sweep for unqueued rows: %w", err)
+			}
+			rd.report(ctx, "tail", tail)
+		}
+		rd.m.sweepDuration.Observe((sweeping + time.Since(t1)).Seconds())
+		if tail.found > 0 {
+			rd.lower(tail.minID)
+			if rows, err = rd.fetch(ctx, tx, exclude); err != nil {
+				return err
+			}
+		}
+		if hi > rd.tailFrom {
+			rd.tailFrom = max(rd.tailFrom, min(hi, tail.maxSeen)-sweepMargin)
+		}
 		rd.tailAt = now
 		return nil
 	})
@@ -250,6 +251,36 @@ func (rd *reader) next(ctx context.Context, exclude []int64) ([]row, error) {
 		rd.raiseOrLog(ctx)
 	}
 	return rows, err
+}
+
+// fullStep is one step of the full walk: sweepChunk ids above fullFrom,
+// and a look for pending ids below the floor in them.
+func (rd *reader) fullStep(ctx context.Context, tx pgx.Tx, now time.Time) error {
+	rd.fullAt = now
+	full, err := rd.sweepRange(ctx, tx, rd.fullFrom, rd.fullFrom+sweepChunk)
+	if err != nil {
+		return fmt.Errorf("sweep for unqueued rows: %w", err)
+	}
+	rd.report(ctx, "full", full)
+	if full.found > 0 {
+		rd.lower(full.minID)
+	}
+	if rd.fullFrom < rd.floor {
+		var low int64
+		if err := tx.QueryRow(ctx, qPendingBelow, rd.fullFrom, min(rd.fullFrom+sweepChunk, rd.floor)).Scan(&low); err != nil {
+			return fmt.Errorf("scan floor: look for pending ids below it: %w", err)
+		}
+		if low > 0 {
+			rd.log.WarnContext(ctx, "found a pending outbox row below the relay's scan floor (its id was not drawn by a transaction "+
+				"that had its xid, or it was queued by hand): lowering the floor to publish it", slog.Int64("id", low), slog.Int64("floor", rd.floor))
+			rd.lower(low)
+		}
+	}
+	rd.fullFrom += sweepChunk
+	if full.maxSeen > 0 && rd.fullFrom >= full.maxSeen {
+		rd.fullFrom = 0 // the full walk goes round again
+	}
+	return nil
 }
 
 // report counts and logs what a sweep found.
