@@ -169,7 +169,7 @@ func benchRelayLatency(b *testing.B, listen bool) {
 	idle := float64(xacts()-x0-1) / time.Since(i0).Seconds()
 
 	b.ResetTimer()
-	r := latencyPhase(b, onceflowLoad(db.URL, topic))
+	r := latencyPhase(b, onceflowLoad(db.URL, topic), latencyRate(b), latencySeconds(b))
 	b.StopTimer()
 	b.ReportMetric(float64(r.p50.Microseconds())/1000, "p50_ms")
 	b.ReportMetric(float64(r.p99.Microseconds())/1000, "p99_ms")
@@ -194,39 +194,43 @@ func benchRelayLatency(b *testing.B, listen bool) {
 // the same reader; it publishes without Kafka transactions, so its records
 // are visible as soon as they are written.
 func BenchmarkRelayLatencyPeer(b *testing.B) {
-	admin, where := logicalPostgres(b)
-	cpc := make(chan string, 1)
-	go func() { cpc <- debeziumClasspath(b) }()
+	relayLatencyPeer(b, benchReport, latencyRate(b), latencySeconds(b))
+}
 
-	db := migratetest.NewDatabase(b, admin)
+func relayLatencyPeer(tb testing.TB, rep *report, rate, seconds int) {
+	admin, where := logicalPostgres(tb)
+	cpc := make(chan string, 1)
+	go func() { cpc <- debeziumClasspath(tb) }()
+
+	db := migratetest.NewDatabase(tb, admin)
 	var fsync string
 	if err := db.Pool.QueryRow(context.Background(), `SHOW fsync`).Scan(&fsync); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	where += ", fsync " + fsync
-	topic := testkit.Topic(b, "bench-latency-peer", benchPartitions, nil)
-	stop := startBenchRelay(b, db, relayBenchBatch, false, false, nil)
-	onceflowWarmUp(b, db, topic)
-	of := latencyPhase(b, onceflowLoad(db.URL, topic))
+	topic := testkit.Topic(tb, "bench-latency-peer", benchPartitions, nil)
+	stop := startBenchRelay(tb, db, relayBenchBatch, false, false, nil)
+	onceflowWarmUp(tb, db, topic)
+	of := latencyPhase(tb, onceflowLoad(db.URL, topic), rate, seconds)
 	stop()
 	cp := <-cpc
-	if b.Failed() {
+	if tb.Failed() {
 		return
 	}
 
 	// Debezium waits poll.interval.ms (500 by default) for changes before
 	// it processes a batch: set as a user who wants latency would.
-	dbz := newDebezium(b, admin, cp, "poll.interval.ms=10")
+	dbz := newDebezium(tb, admin, cp, "poll.interval.ms=10")
 	p := dbz.start()
 	defer dbz.stop(p)
 	dbz.waitActive(p)
 	ctx := context.Background()
 	// Warm up: one row, seen in the topic before the phase starts.
 	if _, err := dbz.pool.Exec(ctx, `INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), $1, 'warmup', 'bench', '{}')`, dbz.topic); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	waitTopic(b, dbz.topic, 1, &drainResult{start: time.Now()}, p.Exited, p.Output)
-	dz := latencyPhase(b, latencyLoad{url: dbz.url, topic: dbz.topic, header: "id",
+	waitTopic(tb, dbz.topic, 1, &drainResult{start: time.Now()}, p.Exited, p.Output)
+	dz := latencyPhase(tb, latencyLoad{url: dbz.url, topic: dbz.topic, header: "id",
 		enqueue: func(ctx context.Context, tx pgx.Tx, source string, ids []string, payload []byte) error {
 			_, err := tx.Exec(ctx, `
 				INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload)
@@ -234,14 +238,14 @@ func BenchmarkRelayLatencyPeer(b *testing.B) {
 			return err
 		},
 		newID: func(int) string { return uuidString() },
-	})
+	}, rate, seconds)
 
-	rec := benchReport.measure()
+	rec := rep.measure()
 	rec(figure{Name: fmt.Sprintf("relay commit-to-visible p99 at %d ev/s for %d s, onceflow beside Debezium (same server)", of.rate, of.seconds), Value: ms(of.p99), Unit: "ms",
 		CeilingName: "Debezium p99", Ceiling: ms(dz.p99),
 		Notes: []string{"onceflow: " + of.note(), "Debezium: " + dz.note(),
 			"Debezium " + debeziumVersion + " (pgoutput, EventRouter, poll.interval.ms 10), Kafka Connect " + connectVersion + " standalone, producer defaults, no Kafka transactions; onceflow: Kafka transactions, read_committed reader for both", where}})
-	b.Logf("commit-to-visible at %d events/s: onceflow p50 %s p99 %s; Debezium p50 %s p99 %s", of.rate, of.p50, of.p99, dz.p50, dz.p99)
+	tb.Logf("commit-to-visible at %d events/s: onceflow p50 %s p99 %s; Debezium p50 %s p99 %s", of.rate, of.p50, of.p99, dz.p50, dz.p99)
 }
 
 // onceflowWarmUp enqueues one event and waits until the relay has
@@ -307,12 +311,17 @@ func (r latencyResult) note() string {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// latencyPhase offers ONCEFLOW_BENCH_RELAY_LATENCY_RATE events/s (1000) for
-// ONCEFLOW_BENCH_RELAY_LATENCY_SECONDS (5) through l and returns the
+// latencyRate and latencySeconds are the latency phases' offered rate and
+// length: ONCEFLOW_BENCH_RELAY_LATENCY_RATE (1000 events/s) and
+// ONCEFLOW_BENCH_RELAY_LATENCY_SECONDS (5).
+func latencyRate(tb testing.TB) int    { return envInt(tb, "ONCEFLOW_BENCH_RELAY_LATENCY_RATE", 1000) }
+func latencySeconds(tb testing.TB) int { return envInt(tb, "ONCEFLOW_BENCH_RELAY_LATENCY_SECONDS", 5) }
+
+// latencyPhase offers rate events/s for seconds through l and returns the
 // commit-to-visible latencies: from each producer transaction's commit to
 // the moment a read_committed reader (started at the topic's start; one
 // warm-up record is expected there) sees its events.
-func latencyPhase(tb testing.TB, l latencyLoad) latencyResult {
+func latencyPhase(tb testing.TB, l latencyLoad, rate, seconds int) latencyResult {
 	ctx := context.Background()
 	// A read_committed fetch is not woken by the commit marker that makes
 	// records visible (the broker's fetch purgatory waits for bytes, not for
@@ -326,8 +335,6 @@ func latencyPhase(tb testing.TB, l latencyLoad) latencyResult {
 	var mu sync.Mutex
 	committed := map[string]time.Time{}
 	var lat []time.Duration
-	rate := envInt(tb, "ONCEFLOW_BENCH_RELAY_LATENCY_RATE", 1000)
-	seconds := envInt(tb, "ONCEFLOW_BENCH_RELAY_LATENCY_SECONDS", 5)
 	perTx := 1
 	if rate > 1000 {
 		perTx = rate / 250

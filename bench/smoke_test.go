@@ -64,6 +64,8 @@ func TestBenchSmoke(t *testing.T) {
 			[]string{"peers: onceflow relay drain, default (mark) mode", "peers: onceflow relay drain, -delete-on-publish",
 				"peers: Watermill SQL forwarder", "peers: Debezium Postgres connector", "peers: onceflow default mode vs Watermill",
 				"peers: onceflow default mode vs Debezium", "peers: onceflow -delete-on-publish vs Debezium"}},
+		{"relay-latency-peer", func(t *testing.T) { relayLatencyPeer(t, rep, 200, 2) },
+			[]string{"relay commit-to-visible p99 at 200 ev/s for 2 s, onceflow beside Debezium"}},
 		{"relay-designs", func(t *testing.T) { relayDesigns(t, rep, sz.RelayDesignBatches) },
 			[]string{"relay design: mark", "relay design: delete", "relay design: move", "relay design: queue"}},
 		{"snapshot", func(t *testing.T) { consumerHeldSnapshot(t, rep, sz.SnapshotEvents) },
