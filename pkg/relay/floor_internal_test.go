@@ -30,12 +30,8 @@ func TestPollCostFlatUnderHeldSnapshot(t *testing.T) {
 	}
 	ctx := context.Background()
 	db := testkit.NewDB(t)
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{DB: db.Pool, BatchMaxRows: 1000, BatchMaxBytes: 4 << 20}
-	rd := newReader(cfg, layout{shards: 1}, m, slog.New(slog.DiscardHandler))
+	rd := testReader(t, cfg)
 
 	holder, err := db.Pool.Acquire(ctx)
 	if err != nil {
@@ -223,12 +219,8 @@ func TestFloorWaitsOnlyForThisDatabasesWriters(t *testing.T) {
 	ctx := context.Background()
 	db := testkit.NewDB(t)
 	other := testkit.EmptyDB(t)
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{DB: db.Pool, BatchMaxRows: 1000, BatchMaxBytes: 4 << 20}
-	rd := newReader(cfg, layout{shards: 1}, m, slog.New(slog.DiscardHandler))
+	rd := testReader(t, cfg)
 
 	enqueue := func(n int) {
 		t.Helper()
@@ -420,11 +412,7 @@ func TestFloorNeverPassesALateCommit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	db := testkit.NewDB(t)
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rd := newReader(Config{DB: db.Pool, BatchMaxRows: 1000, BatchMaxBytes: 4 << 20}, layout{shards: 1}, m, slog.New(slog.DiscardHandler))
+	rd := testReader(t, Config{DB: db.Pool, BatchMaxRows: 1000, BatchMaxBytes: 4 << 20})
 
 	const writers = 4
 	wctx, stop := context.WithTimeout(ctx, 4*time.Second)
@@ -474,4 +462,15 @@ func TestFloorNeverPassesALateCommit(t *testing.T) {
 	if left > 0 {
 		t.Fatalf("%d pending rows lie at or below the floor %d, left behind by it: ids %v", left, rd.floor, ids[:min(len(ids), 20)])
 	}
+}
+
+// testReader is a reader of one shard with cfg, its metrics unregistered
+// and its log discarded.
+func testReader(t testing.TB, cfg Config) *reader {
+	t.Helper()
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newReader(cfg, layout{shards: 1}, m, slog.New(slog.DiscardHandler))
 }

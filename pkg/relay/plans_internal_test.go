@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"math"
 	"testing"
 
@@ -119,12 +118,8 @@ func TestQueuePlansIgnoreStaleStatistics(t *testing.T) {
 	const queued = 100_000
 	fill(5000, 5000+queued)
 
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{DB: db.Pool, BatchMaxRows: 1000, BatchMaxBytes: 4 << 20}
-	rd := newReader(cfg, layout{shards: 1}, m, slog.New(slog.DiscardHandler))
+	rd := testReader(t, cfg)
 	q, args := rd.poll(nil)
 
 	walked := explain(t, db, qBeginWalk, q, args...)

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -28,11 +27,7 @@ func TestTailSweepStopsAtTheBatch(t *testing.T) {
 	}
 	ctx := context.Background()
 	db := testkit.NewDB(t)
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rd := newReader(Config{DB: db.Pool, BatchMaxRows: 100, BatchMaxBytes: 4 << 20}, layout{shards: 1}, m, slog.New(slog.DiscardHandler))
+	rd := testReader(t, Config{DB: db.Pool, BatchMaxRows: 100, BatchMaxBytes: 4 << 20})
 
 	enqueue := func(n int) {
 		t.Helper()
