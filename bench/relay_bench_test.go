@@ -198,6 +198,7 @@ func BenchmarkRelayLatencyPeer(b *testing.B) {
 }
 
 func relayLatencyPeer(tb testing.TB, rep *report, rate, seconds int) {
+	record := rep.measure() // the load averages from here to the figure
 	admin, where := logicalPostgres(tb)
 	cpc := make(chan string, 1)
 	go func() { cpc <- debeziumClasspath(tb) }()
@@ -247,7 +248,7 @@ func relayLatencyPeer(tb testing.TB, rep *report, rate, seconds int) {
 	if of.rate >= 10000 && of.seconds >= 300 {
 		f.Target, f.Met = "<= 30 ms (10k ev/s for 5 min)", met(of.p99 <= 30*time.Millisecond && of.reached >= 0.95*float64(of.rate))
 	}
-	rep.measure()(f)
+	record(f)
 	tb.Logf("commit-to-visible at %d events/s: onceflow p50 %s p99 %s; Debezium p50 %s p99 %s", of.rate, of.p50, of.p99, dz.p50, dz.p99)
 }
 
