@@ -425,5 +425,6 @@ END
 $fn$;
 
 DROP FUNCTION onceflow.effect_new_key_check(text);
+DROP FUNCTION onceflow.effect_insert_owner(text);
 DROP FUNCTION onceflow.effect_row_owner(text, text);
 DROP FUNCTION onceflow.effect_owner(text);

@@ -25,6 +25,8 @@
 -- enclosing one), each taking one short lock; the application keeps running:
 --   1. the column owner with a constant default and a NOT VALID check:
 --      ACCESS EXCLUSIVE on onceflow.effects for a catalog update (no rewrite);
+--   1b. the ledger's functions are replaced by versions that work on the
+--      plain table and on the partitioned one: no lock on the table;
 --   2. VALIDATE the check: SHARE UPDATE EXCLUSIVE (a scan; reads and writes
 --      go on);
 --   3. CREATE UNIQUE INDEX CONCURRENTLY of the partitioned table's key:
@@ -33,14 +35,14 @@
 --      the partitioned onceflow.effects with the same columns, grants,
 --      checks and indexes, attaches the old table as the partition of owner
 --      '' (the validated check spares the scan, the existing indexes become
---      the partition's), creates the default partition and replaces the
---      inserting functions: ACCESS EXCLUSIVE on the old table for catalog
---      work only;
---   5. the buckets' table and functions: no lock on the ledger.
--- Every function of the ledger is replaced in step 4, in the same
--- transaction as the table: no caller ever runs an INSERT ... ON CONFLICT
--- against the partitioned table. A process that reads the ledger with its
--- own statements (effects.Do's replay read, the Python fence) keeps working
+--      the partition's) and creates the default partition: ACCESS
+--      EXCLUSIVE on the old table for catalog work only;
+--   5. the buckets' table and functions; new rows get their scope's owner:
+--      no lock on the ledger.
+-- No caller runs an INSERT ... ON CONFLICT against the partitioned table:
+-- a claim under way at step 4 waits for its lock and goes on with the
+-- functions of step 1b. A process that reads the ledger with its own
+-- statements (effects.Do's replay read, the Python fence) keeps working
 -- between the steps.
 
 SET lock_timeout = '10s';
@@ -55,14 +57,7 @@ BEGIN
     END IF;
 END $$;
 
-DO $$
-BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.effects'::regclass) = 'r' THEN
-        ALTER TABLE onceflow.effects VALIDATE CONSTRAINT effects_legacy_owner;
-    END IF;
-END $$;
-
-CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS effects_legacy_key ON onceflow.effects (owner, scope, idempotency_key, created_at);
+-- Step 1b: the ledger's functions.
 
 -- The owner of a scope: its consumer's prefix 'inbox/<escaped consumer>/'
 -- (effects.ConsumerScopePrefix; an escaped name holds no '/'), else ''.
@@ -120,476 +115,419 @@ BEGIN
 END
 $fn$;
 
-DO $$
+-- The owner a new row is given: '' while onceflow.effects is still the
+-- plain table (its rows all have owner ''), then the scope's owner (the
+-- last step replaces this function by onceflow.effect_owner alone).
+CREATE OR REPLACE FUNCTION onceflow.effect_insert_owner(scope text)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT CASE WHEN (SELECT c.relkind FROM pg_class c WHERE c.oid = 'onceflow.effects'::regclass) = 'p'
+                THEN onceflow.effect_owner(scope) ELSE '' END
+$fn$;
+
+-- The inserting functions: every INSERT ... ON CONFLICT (scope,
+-- idempotency_key) becomes the key's advisory lock, a probe of its owner's
+-- partitions and the legacy one, and an INSERT or an UPDATE. Their
+-- arguments, answers, errors and the session-lock and lease protocols are
+-- unchanged. They are replaced before the table is, and work on both: on
+-- the plain table they insert owner '' (effect_insert_owner), and a call
+-- under way when the table is swapped (waiting for its lock) goes on
+-- against the partitioned one, where an ON CONFLICT on the old key would
+-- fail.
+
+-- effect_claim (migrations 007, 025, 027).
+CREATE OR REPLACE FUNCTION onceflow.effect_claim(key text, scope text DEFAULT '', event_id text DEFAULT NULL)
+RETURNS onceflow.effect_state
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
 DECLARE
-    r record;
+    v_err   text := onceflow.effect_key_error(effect_claim.key);
+    v_lock  integer;
+    v_owner text;
+    v_new   boolean;
+    r       record;
+    v       onceflow.effect_state;
 BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.effects'::regclass) <> 'r' THEN
-        RETURN;
+    IF v_err IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: %', v_err USING ERRCODE = '22023';
     END IF;
-    -- The concurrently built index becomes a constraint, which the parent's
-    -- unique constraint takes as the partition's (else ATTACH builds one).
-    ALTER TABLE onceflow.effects ADD CONSTRAINT effects_legacy_key UNIQUE USING INDEX effects_legacy_key;
-    ALTER TABLE onceflow.effects RENAME TO effects_legacy;
-    ALTER TABLE onceflow.effects_legacy RENAME CONSTRAINT effects_pkey TO effects_legacy_pkey;
-    ALTER INDEX onceflow.effects_created_at RENAME TO effects_legacy_created_at;
-    ALTER INDEX onceflow.effects_event_id RENAME TO effects_legacy_event_id;
-    ALTER INDEX onceflow.effects_held RENAME TO effects_legacy_held;
-
-    CREATE TABLE onceflow.effects (
-        idempotency_key text        NOT NULL,
-        event_id        text,
-        status          text        NOT NULL DEFAULT 'intent',
-        attempts        integer     NOT NULL DEFAULT 0,
-        result_code     integer,
-        result          jsonb,
-        created_at      timestamptz NOT NULL DEFAULT now(),
-        completed_at    timestamptz,
-        scope           text        NOT NULL DEFAULT '',
-        claimed_by      text,
-        lease_until     timestamptz,
-        held_at         timestamptz,
-        held_reason     text,
-        unheld_at       timestamptz,
-        -- A row written without an owner (an operator's insert, a test)
-        -- lands in the legacy partition, which is pruned row by row.
-        owner           text        NOT NULL DEFAULT '',
-        CONSTRAINT effects_status CHECK (status IN ('intent', 'done', 'held')),
-        CONSTRAINT effects_scope_length CHECK (octet_length(scope) <= 512),
-        CONSTRAINT effects_claimed_by_length CHECK (octet_length(claimed_by) <= 512),
-        CONSTRAINT effects_held_reason_length CHECK (octet_length(held_reason) <= 2048),
-        -- Not a primary key: the legacy partition keeps its own,
-        -- (scope, idempotency_key). The probe of a key descends this
-        -- index once per partition of its owner.
-        CONSTRAINT effects_key UNIQUE (owner, scope, idempotency_key, created_at)
-    ) PARTITION BY RANGE (owner, created_at);
-    CREATE INDEX effects_created_at ON onceflow.effects (created_at);
-    CREATE INDEX effects_event_id ON onceflow.effects (event_id, scope);
-    CREATE INDEX effects_held ON onceflow.effects (scope, held_at) WHERE status = 'held';
-
-    -- The old table's grants, table and column level, carry over.
-    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
-              WHERE c.oid = 'onceflow.effects_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
-    LOOP
-        EXECUTE format('GRANT %s ON onceflow.effects TO %s', r.privilege_type, r.grantee::regrole);
-    END LOOP;
-    FOR r IN SELECT att.attname, a.grantee, a.privilege_type FROM pg_attribute att, aclexplode(att.attacl) a
-              WHERE att.attrelid = 'onceflow.effects_legacy'::regclass AND att.attacl IS NOT NULL AND NOT att.attisdropped
-                AND a.grantee <> 0
-    LOOP
-        EXECUTE format('GRANT %s (%I) ON onceflow.effects TO %s', r.privilege_type, r.attname, r.grantee::regrole);
-    END LOOP;
-
-    ALTER TABLE onceflow.effects ATTACH PARTITION onceflow.effects_legacy FOR VALUES FROM ('', MINVALUE) TO ('', MAXVALUE);
-
-    -- Rows no bucket takes (a consumer whose pruner made no bucket yet, or
-    -- not in time): pruned row by row.
-    CREATE TABLE onceflow.effects_default PARTITION OF onceflow.effects DEFAULT;
-    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
-              WHERE c.oid = 'onceflow.effects_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
-                AND a.privilege_type IN ('SELECT', 'DELETE')
-    LOOP
-        EXECUTE format('GRANT %s ON onceflow.effects_default TO %s', r.privilege_type, r.grantee::regrole);
-    END LOOP;
-
-    -- The inserting functions, in the same transaction as the table: every
-    -- INSERT ... ON CONFLICT (scope, idempotency_key) becomes the key's
-    -- advisory lock, a probe of its owner's partitions, and an INSERT or an
-    -- UPDATE. Their arguments, answers, errors and the session-lock and
-    -- lease protocols are unchanged.
-
-    -- effect_claim (migrations 007, 025, 027).
-    CREATE OR REPLACE FUNCTION onceflow.effect_claim(key text, scope text DEFAULT '', event_id text DEFAULT NULL)
-    RETURNS onceflow.effect_state
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $fn$
-    #variable_conflict use_column
-    DECLARE
-        v_err   text := onceflow.effect_key_error(effect_claim.key);
-        v_lock  integer;
-        v_owner text;
-        v_new   boolean;
-        r       record;
-        v       onceflow.effect_state;
+    IF effect_claim.scope IS NULL THEN
+        RAISE EXCEPTION 'onceflow.effect_claim: scope is NULL (use '''' for none)' USING ERRCODE = '22023';
+    END IF;
+    -- Scopes as effects.ValidateScope: at most 512 bytes, no control characters.
+    IF octet_length(effect_claim.scope) > 512 THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: scope is % bytes, at most 512', octet_length(effect_claim.scope)
+            USING ERRCODE = '22023';
+    END IF;
+    IF effect_claim.scope ~ '[\x01-\x1f\x7f]' THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: scope contains a control character' USING ERRCODE = '22023';
+    END IF;
+    IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow.effect_claim: called in a transaction that has already written; claim on a connection of its own, outside the business transaction, so that the intent commits before the call'
+            USING ERRCODE = '25001';
+    END IF;
+    IF onceflow.effect_held(effect_claim.scope, effect_claim.key) THEN
+        RAISE EXCEPTION 'onceflow.effect_claim: this session already holds key % (or one with the same lock hash); claim each key on a connection of its own', quote_literal(effect_claim.key)
+            USING ERRCODE = '55000';
+    END IF;
+    v_lock := onceflow.effect_lock_id(effect_claim.scope, effect_claim.key);
+    v_owner := onceflow.effect_owner(effect_claim.scope);
+    PERFORM pg_advisory_lock(3839, v_lock);
     BEGIN
-        IF v_err IS NOT NULL THEN
-            RAISE EXCEPTION 'onceflow: invalid idempotency key: %', v_err USING ERRCODE = '22023';
-        END IF;
-        IF effect_claim.scope IS NULL THEN
-            RAISE EXCEPTION 'onceflow.effect_claim: scope is NULL (use '''' for none)' USING ERRCODE = '22023';
-        END IF;
-        -- Scopes as effects.ValidateScope: at most 512 bytes, no control characters.
-        IF octet_length(effect_claim.scope) > 512 THEN
-            RAISE EXCEPTION 'onceflow: invalid idempotency key: scope is % bytes, at most 512', octet_length(effect_claim.scope)
-                USING ERRCODE = '22023';
-        END IF;
-        IF effect_claim.scope ~ '[\x01-\x1f\x7f]' THEN
-            RAISE EXCEPTION 'onceflow: invalid idempotency key: scope contains a control character' USING ERRCODE = '22023';
-        END IF;
-        IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
-            RAISE EXCEPTION 'onceflow.effect_claim: called in a transaction that has already written; claim on a connection of its own, outside the business transaction, so that the intent commits before the call'
-                USING ERRCODE = '25001';
-        END IF;
-        IF onceflow.effect_held(effect_claim.scope, effect_claim.key) THEN
-            RAISE EXCEPTION 'onceflow.effect_claim: this session already holds key % (or one with the same lock hash); claim each key on a connection of its own', quote_literal(effect_claim.key)
-                USING ERRCODE = '55000';
-        END IF;
-        v_lock := onceflow.effect_lock_id(effect_claim.scope, effect_claim.key);
-        v_owner := onceflow.effect_owner(effect_claim.scope);
-        PERFORM pg_advisory_lock(3839, v_lock);
-        BEGIN
-            -- The key's inserters one at a time; then its row, wherever it lies.
-            PERFORM pg_advisory_xact_lock(x'0e1e'::integer, v_lock);
-            SELECT e.owner, e.status, e.attempts, e.result_code, e.result, e.event_id, e.claimed_by, e.lease_until INTO r
-              FROM onceflow.effects e
-             WHERE e.owner = v_owner AND e.scope = effect_claim.scope AND e.idempotency_key = effect_claim.key
-               FOR UPDATE;
-            IF NOT FOUND AND v_owner <> '' THEN
-                SELECT e.owner, e.status, e.attempts, e.result_code, e.result, e.event_id, e.claimed_by, e.lease_until INTO r
-                  FROM onceflow.effects e
-                 WHERE e.owner = '' AND e.scope = effect_claim.scope AND e.idempotency_key = effect_claim.key
-                   FOR UPDATE;
-            END IF;
-            v_new := NOT FOUND;
-            -- A claimant of the lease protocol (effect_lease_claim: the
-            -- Python fence, effects.DoLeased, the http handler) makes its
-            -- call holding no lock: while its lease runs, the key is busy.
-            -- Answer 'busy' (nothing changed, the lock let go); the caller
-            -- claims again later (effects.Do waits).
-            IF NOT v_new AND r.status = 'intent' AND r.claimed_by IS NOT NULL AND r.lease_until > now() THEN
-                PERFORM pg_advisory_unlock(3839, v_lock);
-                v := ROW('busy', r.attempts, NULL, NULL);
-                RETURN v;
-            END IF;
-            IF v_new THEN
-                PERFORM onceflow.effect_new_key_check('effect_claim');
-                INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status, attempts, owner)
-                VALUES (effect_claim.scope, effect_claim.key, effect_claim.event_id, 'intent', 1, v_owner);
-                v := ROW('intent', 1, NULL, NULL);
-            ELSIF r.status = 'intent' OR (r.event_id IS NULL AND effect_claim.event_id IS NOT NULL) THEN
-                UPDATE onceflow.effects AS e
-                   SET attempts = e.attempts + CASE WHEN e.status = 'intent' THEN 1 ELSE 0 END,
-                       event_id = COALESCE(e.event_id, effect_claim.event_id)
-                 WHERE e.owner = r.owner AND e.scope = effect_claim.scope AND e.idempotency_key = effect_claim.key
-                RETURNING e.status, e.attempts, e.result_code, e.result
-                     INTO v.status, v.attempts, v.result_code, v.result;
-            ELSE
-                v := ROW(r.status, r.attempts, r.result_code, r.result);
-            END IF;
-        EXCEPTION WHEN OTHERS OR query_canceled THEN
-            PERFORM pg_advisory_unlock(3839, v_lock);
-            RAISE;
-        END;
-        IF v.status <> 'intent' THEN
-            PERFORM pg_advisory_unlock(3839, v_lock);
-        END IF;
-        IF v.status = 'held' THEN
-            -- The session lock is released above (it is not transactional); the
-            -- error rolls the statement back, so a refused claim changes nothing.
-            RAISE EXCEPTION 'onceflow: effect % in scope % is held for an operator (its retry came after the downstream''s idempotency window); resolve it with onceflow.effect_resolve or let it send with onceflow.effect_unhold',
-                quote_literal(effect_claim.key), quote_literal(effect_claim.scope)
-                USING ERRCODE = 'OFH01';
-        END IF;
-        RETURN v;
-    END
-    $fn$;
-
-    -- effect_lease_claim (migrations 022, 025).
-    CREATE OR REPLACE FUNCTION onceflow.effect_lease_claim(key text, scope text, event_id text, owner text, lease interval)
-    RETURNS onceflow.effect_lease_state
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $fn$
-    #variable_conflict use_column
-    DECLARE
-        v_err   text := onceflow.effect_key_error(effect_lease_claim.key);
-        v_lock  integer;
-        v_owner text;
-        r       record;
-        v       onceflow.effect_lease_state;
-    BEGIN
-        IF v_err IS NOT NULL THEN
-            RAISE EXCEPTION 'onceflow: invalid idempotency key: %', v_err USING ERRCODE = '22023';
-        END IF;
-        IF effect_lease_claim.scope IS NULL THEN
-            RAISE EXCEPTION 'onceflow.effect_lease_claim: scope is NULL (use '''' for none)' USING ERRCODE = '22023';
-        END IF;
-        IF octet_length(effect_lease_claim.scope) > 512 THEN
-            RAISE EXCEPTION 'onceflow: invalid idempotency key: scope is % bytes, at most 512', octet_length(effect_lease_claim.scope)
-                USING ERRCODE = '22023';
-        END IF;
-        IF effect_lease_claim.scope ~ '[\x01-\x1f\x7f]' THEN
-            RAISE EXCEPTION 'onceflow: invalid idempotency key: scope contains a control character' USING ERRCODE = '22023';
-        END IF;
-        IF effect_lease_claim.owner IS NULL OR effect_lease_claim.owner = '' OR octet_length(effect_lease_claim.owner) > 512 THEN
-            RAISE EXCEPTION 'onceflow.effect_lease_claim: owner must be 1 to 512 bytes' USING ERRCODE = '22023';
-        END IF;
-        IF effect_lease_claim.lease IS NULL OR effect_lease_claim.lease <= interval '0' THEN
-            RAISE EXCEPTION 'onceflow.effect_lease_claim: lease must be positive, got %', effect_lease_claim.lease USING ERRCODE = '22023';
-        END IF;
-        IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
-            RAISE EXCEPTION 'onceflow.effect_lease_claim: called in a transaction that has already written; claim in a transaction of its own, so that the claim commits before the call'
-                USING ERRCODE = '25001';
-        END IF;
-        v_lock := onceflow.effect_lock_id(effect_lease_claim.scope, effect_lease_claim.key);
-        v_owner := onceflow.effect_owner(effect_lease_claim.scope);
-        -- A caller of the session-lock protocol (effect_claim) is in its call.
-        IF NOT pg_try_advisory_xact_lock(3839, v_lock) THEN
-            SELECT 'busy', e.attempts, NULL, NULL, e.claimed_by, now() + interval '1 second'
-              INTO v FROM onceflow.effects e
-             WHERE e.owner = onceflow.effect_row_owner(effect_lease_claim.scope, effect_lease_claim.key)
-               AND e.scope = effect_lease_claim.scope AND e.idempotency_key = effect_lease_claim.key;
-            v.status := 'busy';
-            v.lease_until := now() + interval '1 second';
-            RETURN v;
-        END IF;
         -- The key's inserters one at a time; then its row, wherever it lies.
         PERFORM pg_advisory_xact_lock(x'0e1e'::integer, v_lock);
+        SELECT e.owner, e.status, e.attempts, e.result_code, e.result, e.event_id, e.claimed_by, e.lease_until INTO r
+          FROM onceflow.effects e
+         WHERE e.owner = v_owner AND e.scope = effect_claim.scope AND e.idempotency_key = effect_claim.key
+           FOR UPDATE;
+        IF NOT FOUND AND v_owner <> '' THEN
+            SELECT e.owner, e.status, e.attempts, e.result_code, e.result, e.event_id, e.claimed_by, e.lease_until INTO r
+              FROM onceflow.effects e
+             WHERE e.owner = '' AND e.scope = effect_claim.scope AND e.idempotency_key = effect_claim.key
+               FOR UPDATE;
+        END IF;
+        v_new := NOT FOUND;
+        -- A claimant of the lease protocol (effect_lease_claim: the
+        -- Python fence, effects.DoLeased, the http handler) makes its
+        -- call holding no lock: while its lease runs, the key is busy.
+        -- Answer 'busy' (nothing changed, the lock let go); the caller
+        -- claims again later (effects.Do waits).
+        IF NOT v_new AND r.status = 'intent' AND r.claimed_by IS NOT NULL AND r.lease_until > now() THEN
+            PERFORM pg_advisory_unlock(3839, v_lock);
+            v := ROW('busy', r.attempts, NULL, NULL);
+            RETURN v;
+        END IF;
+        IF v_new THEN
+            PERFORM onceflow.effect_new_key_check('effect_claim');
+            INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status, attempts, owner)
+            VALUES (effect_claim.scope, effect_claim.key, effect_claim.event_id, 'intent', 1, onceflow.effect_insert_owner(effect_claim.scope));
+            v := ROW('intent', 1, NULL, NULL);
+        ELSIF r.status = 'intent' OR (r.event_id IS NULL AND effect_claim.event_id IS NOT NULL) THEN
+            UPDATE onceflow.effects AS e
+               SET attempts = e.attempts + CASE WHEN e.status = 'intent' THEN 1 ELSE 0 END,
+                   event_id = COALESCE(e.event_id, effect_claim.event_id)
+             WHERE e.owner = r.owner AND e.scope = effect_claim.scope AND e.idempotency_key = effect_claim.key
+            RETURNING e.status, e.attempts, e.result_code, e.result
+                 INTO v.status, v.attempts, v.result_code, v.result;
+        ELSE
+            v := ROW(r.status, r.attempts, r.result_code, r.result);
+        END IF;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        PERFORM pg_advisory_unlock(3839, v_lock);
+        RAISE;
+    END;
+    IF v.status <> 'intent' THEN
+        PERFORM pg_advisory_unlock(3839, v_lock);
+    END IF;
+    IF v.status = 'held' THEN
+        -- The session lock is released above (it is not transactional); the
+        -- error rolls the statement back, so a refused claim changes nothing.
+        RAISE EXCEPTION 'onceflow: effect % in scope % is held for an operator (its retry came after the downstream''s idempotency window); resolve it with onceflow.effect_resolve or let it send with onceflow.effect_unhold',
+            quote_literal(effect_claim.key), quote_literal(effect_claim.scope)
+            USING ERRCODE = 'OFH01';
+    END IF;
+    RETURN v;
+END
+$fn$;
+
+-- effect_lease_claim (migrations 022, 025).
+CREATE OR REPLACE FUNCTION onceflow.effect_lease_claim(key text, scope text, event_id text, owner text, lease interval)
+RETURNS onceflow.effect_lease_state
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_err   text := onceflow.effect_key_error(effect_lease_claim.key);
+    v_lock  integer;
+    v_owner text;
+    r       record;
+    v       onceflow.effect_lease_state;
+BEGIN
+    IF v_err IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: %', v_err USING ERRCODE = '22023';
+    END IF;
+    IF effect_lease_claim.scope IS NULL THEN
+        RAISE EXCEPTION 'onceflow.effect_lease_claim: scope is NULL (use '''' for none)' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(effect_lease_claim.scope) > 512 THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: scope is % bytes, at most 512', octet_length(effect_lease_claim.scope)
+            USING ERRCODE = '22023';
+    END IF;
+    IF effect_lease_claim.scope ~ '[\x01-\x1f\x7f]' THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: scope contains a control character' USING ERRCODE = '22023';
+    END IF;
+    IF effect_lease_claim.owner IS NULL OR effect_lease_claim.owner = '' OR octet_length(effect_lease_claim.owner) > 512 THEN
+        RAISE EXCEPTION 'onceflow.effect_lease_claim: owner must be 1 to 512 bytes' USING ERRCODE = '22023';
+    END IF;
+    IF effect_lease_claim.lease IS NULL OR effect_lease_claim.lease <= interval '0' THEN
+        RAISE EXCEPTION 'onceflow.effect_lease_claim: lease must be positive, got %', effect_lease_claim.lease USING ERRCODE = '22023';
+    END IF;
+    IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow.effect_lease_claim: called in a transaction that has already written; claim in a transaction of its own, so that the claim commits before the call'
+            USING ERRCODE = '25001';
+    END IF;
+    v_lock := onceflow.effect_lock_id(effect_lease_claim.scope, effect_lease_claim.key);
+    v_owner := onceflow.effect_owner(effect_lease_claim.scope);
+    -- A caller of the session-lock protocol (effect_claim) is in its call.
+    IF NOT pg_try_advisory_xact_lock(3839, v_lock) THEN
+        SELECT 'busy', e.attempts, NULL, NULL, e.claimed_by, now() + interval '1 second'
+          INTO v FROM onceflow.effects e
+         WHERE e.owner = onceflow.effect_row_owner(effect_lease_claim.scope, effect_lease_claim.key)
+           AND e.scope = effect_lease_claim.scope AND e.idempotency_key = effect_lease_claim.key;
+        v.status := 'busy';
+        v.lease_until := now() + interval '1 second';
+        RETURN v;
+    END IF;
+    -- The key's inserters one at a time; then its row, wherever it lies.
+    PERFORM pg_advisory_xact_lock(x'0e1e'::integer, v_lock);
+    SELECT e.owner, e.status, e.attempts, e.result_code, e.result, e.claimed_by, e.lease_until INTO r
+      FROM onceflow.effects e
+     WHERE e.owner = v_owner AND e.scope = effect_lease_claim.scope AND e.idempotency_key = effect_lease_claim.key
+       FOR UPDATE;
+    IF NOT FOUND AND v_owner <> '' THEN
         SELECT e.owner, e.status, e.attempts, e.result_code, e.result, e.claimed_by, e.lease_until INTO r
           FROM onceflow.effects e
-         WHERE e.owner = v_owner AND e.scope = effect_lease_claim.scope AND e.idempotency_key = effect_lease_claim.key
+         WHERE e.owner = '' AND e.scope = effect_lease_claim.scope AND e.idempotency_key = effect_lease_claim.key
            FOR UPDATE;
-        IF NOT FOUND AND v_owner <> '' THEN
-            SELECT e.owner, e.status, e.attempts, e.result_code, e.result, e.claimed_by, e.lease_until INTO r
-              FROM onceflow.effects e
-             WHERE e.owner = '' AND e.scope = effect_lease_claim.scope AND e.idempotency_key = effect_lease_claim.key
-               FOR UPDATE;
-        END IF;
-        IF NOT FOUND THEN
-            PERFORM onceflow.effect_new_key_check('effect_lease_claim');
-            INSERT INTO onceflow.effects AS e (scope, idempotency_key, event_id, status, attempts, claimed_by, lease_until, owner)
-            VALUES (effect_lease_claim.scope, effect_lease_claim.key, effect_lease_claim.event_id, 'intent', 1,
-                    effect_lease_claim.owner, now() + effect_lease_claim.lease, v_owner)
-            RETURNING 'claimed', e.attempts, e.result_code, e.result, e.claimed_by, e.lease_until INTO v;
-            RETURN v;
-        END IF;
-        IF r.status = 'intent'
-           AND (r.claimed_by IS NULL OR r.claimed_by = effect_lease_claim.owner OR r.lease_until IS NULL OR r.lease_until <= now()) THEN
-            UPDATE onceflow.effects AS e
-               SET attempts = e.attempts + 1,
-                   claimed_by = effect_lease_claim.owner,
-                   lease_until = now() + effect_lease_claim.lease,
-                   event_id = COALESCE(e.event_id, effect_lease_claim.event_id)
-             WHERE e.owner = r.owner AND e.scope = effect_lease_claim.scope AND e.idempotency_key = effect_lease_claim.key
-            RETURNING 'claimed', e.attempts, e.result_code, e.result, e.claimed_by, e.lease_until INTO v;
-            RETURN v;
-        END IF;
-        -- Done, held, or claimed by another owner whose lease runs (the row
-        -- is locked by the probe above: this answer is current).
-        v := ROW(CASE WHEN r.status IN ('done', 'held') THEN r.status ELSE 'busy' END, r.attempts, r.result_code, r.result, r.claimed_by, r.lease_until);
-        IF v.status = 'held' THEN
-            RAISE EXCEPTION 'onceflow: effect % in scope % is held for an operator (its retry came after the downstream''s idempotency window); resolve it with onceflow.effect_resolve or let it send with onceflow.effect_unhold',
-                quote_literal(effect_lease_claim.key), quote_literal(effect_lease_claim.scope)
-                USING ERRCODE = 'OFH01';
-        END IF;
+    END IF;
+    IF NOT FOUND THEN
+        PERFORM onceflow.effect_new_key_check('effect_lease_claim');
+        INSERT INTO onceflow.effects AS e (scope, idempotency_key, event_id, status, attempts, claimed_by, lease_until, owner)
+        VALUES (effect_lease_claim.scope, effect_lease_claim.key, effect_lease_claim.event_id, 'intent', 1,
+                effect_lease_claim.owner, now() + effect_lease_claim.lease, onceflow.effect_insert_owner(effect_lease_claim.scope))
+        RETURNING 'claimed', e.attempts, e.result_code, e.result, e.claimed_by, e.lease_until INTO v;
         RETURN v;
-    END
-    $fn$;
-
-    -- effect_lease_record (migration 022).
-    CREATE OR REPLACE FUNCTION onceflow.effect_lease_record(key text, scope text, result_code integer, result jsonb, event_id text DEFAULT NULL)
-    RETURNS boolean
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $fn$
-    #variable_conflict use_column
-    DECLARE
-        v_err    text := onceflow.effect_key_error(effect_lease_record.key);
-        v_owner  text;
-        v_row_owner text;
-        v_status text;
-    BEGIN
-        IF v_err IS NOT NULL THEN
-            RAISE EXCEPTION 'onceflow: invalid idempotency key: %', v_err USING ERRCODE = '22023';
-        END IF;
-        IF effect_lease_record.scope IS NULL THEN
-            RAISE EXCEPTION 'onceflow.effect_lease_record: scope is NULL (use '''' for none)' USING ERRCODE = '22023';
-        END IF;
-        v_owner := onceflow.effect_owner(effect_lease_record.scope);
-        PERFORM pg_advisory_xact_lock(x'0e1e'::integer, onceflow.effect_lock_id(effect_lease_record.scope, effect_lease_record.key));
-        SELECT e.owner, e.status INTO v_row_owner, v_status FROM onceflow.effects e
-         WHERE e.owner = v_owner AND e.scope = effect_lease_record.scope AND e.idempotency_key = effect_lease_record.key
-           FOR UPDATE;
-        IF NOT FOUND AND v_owner <> '' THEN
-            SELECT e.owner, e.status INTO v_row_owner, v_status FROM onceflow.effects e
-             WHERE e.owner = '' AND e.scope = effect_lease_record.scope AND e.idempotency_key = effect_lease_record.key
-               FOR UPDATE;
-        END IF;
-        IF NOT FOUND THEN
-            PERFORM onceflow.effect_new_key_check('effect_lease_record');
-            INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status, attempts, result_code, result, completed_at, owner)
-            VALUES (effect_lease_record.scope, effect_lease_record.key, effect_lease_record.event_id, 'done', 1,
-                    effect_lease_record.result_code, effect_lease_record.result, now(), v_owner);
-            RETURN true;
-        END IF;
-        IF v_status <> 'intent' THEN
-            RETURN false;
-        END IF;
+    END IF;
+    IF r.status = 'intent'
+       AND (r.claimed_by IS NULL OR r.claimed_by = effect_lease_claim.owner OR r.lease_until IS NULL OR r.lease_until <= now()) THEN
         UPDATE onceflow.effects AS e
-           SET status = 'done', result_code = effect_lease_record.result_code, result = effect_lease_record.result,
-               completed_at = now(), claimed_by = NULL, lease_until = NULL,
-               event_id = COALESCE(e.event_id, effect_lease_record.event_id)
-         WHERE e.owner = v_row_owner AND e.scope = effect_lease_record.scope AND e.idempotency_key = effect_lease_record.key;
-        RETURN true;
-    END
-    $fn$;
+           SET attempts = e.attempts + 1,
+               claimed_by = effect_lease_claim.owner,
+               lease_until = now() + effect_lease_claim.lease,
+               event_id = COALESCE(e.event_id, effect_lease_claim.event_id)
+         WHERE e.owner = r.owner AND e.scope = effect_lease_claim.scope AND e.idempotency_key = effect_lease_claim.key
+        RETURNING 'claimed', e.attempts, e.result_code, e.result, e.claimed_by, e.lease_until INTO v;
+        RETURN v;
+    END IF;
+    -- Done, held, or claimed by another owner whose lease runs (the row
+    -- is locked by the probe above: this answer is current).
+    v := ROW(CASE WHEN r.status IN ('done', 'held') THEN r.status ELSE 'busy' END, r.attempts, r.result_code, r.result, r.claimed_by, r.lease_until);
+    IF v.status = 'held' THEN
+        RAISE EXCEPTION 'onceflow: effect % in scope % is held for an operator (its retry came after the downstream''s idempotency window); resolve it with onceflow.effect_resolve or let it send with onceflow.effect_unhold',
+            quote_literal(effect_lease_claim.key), quote_literal(effect_lease_claim.scope)
+            USING ERRCODE = 'OFH01';
+    END IF;
+    RETURN v;
+END
+$fn$;
 
-    -- effect_lease_claim_many (migration 026): still set-based, one
-    -- statement per owner of the group's keys (one, as a rule).
-    CREATE OR REPLACE FUNCTION onceflow.effect_lease_claim_many(keys text[], scopes text[], event_ids text[], owners text[], leases interval[])
-    RETURNS TABLE (i integer, status text, attempts integer, result_code integer, result jsonb, claimed_by text, lease_until timestamptz)
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $fn$
-    #variable_conflict use_column
-    DECLARE
-        n        integer := coalesce(cardinality(keys), 0);
-        r        record;
-        v_free   boolean[];
-        v_scopes text[] := '{}';
-        v_keys   text[] := '{}';
-        v_owner  text;
-        v_s      text[];
-        v_k      text[];
-        v_new    integer;
-    BEGIN
-        IF coalesce(cardinality(scopes), 0) <> n OR coalesce(cardinality(event_ids), 0) <> n
-           OR coalesce(cardinality(owners), 0) <> n OR coalesce(cardinality(leases), 0) <> n THEN
-            RAISE EXCEPTION 'onceflow.effect_lease_claim_many: keys, scopes, event_ids, owners and leases must have one element each per claim (got %, %, %, %, %)',
-                n, coalesce(cardinality(scopes), 0), coalesce(cardinality(event_ids), 0), coalesce(cardinality(owners), 0), coalesce(cardinality(leases), 0)
+-- effect_lease_record (migration 022).
+CREATE OR REPLACE FUNCTION onceflow.effect_lease_record(key text, scope text, result_code integer, result jsonb, event_id text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_err    text := onceflow.effect_key_error(effect_lease_record.key);
+    v_owner  text;
+    v_row_owner text;
+    v_status text;
+BEGIN
+    IF v_err IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow: invalid idempotency key: %', v_err USING ERRCODE = '22023';
+    END IF;
+    IF effect_lease_record.scope IS NULL THEN
+        RAISE EXCEPTION 'onceflow.effect_lease_record: scope is NULL (use '''' for none)' USING ERRCODE = '22023';
+    END IF;
+    v_owner := onceflow.effect_owner(effect_lease_record.scope);
+    PERFORM pg_advisory_xact_lock(x'0e1e'::integer, onceflow.effect_lock_id(effect_lease_record.scope, effect_lease_record.key));
+    SELECT e.owner, e.status INTO v_row_owner, v_status FROM onceflow.effects e
+     WHERE e.owner = v_owner AND e.scope = effect_lease_record.scope AND e.idempotency_key = effect_lease_record.key
+       FOR UPDATE;
+    IF NOT FOUND AND v_owner <> '' THEN
+        SELECT e.owner, e.status INTO v_row_owner, v_status FROM onceflow.effects e
+         WHERE e.owner = '' AND e.scope = effect_lease_record.scope AND e.idempotency_key = effect_lease_record.key
+           FOR UPDATE;
+    END IF;
+    IF NOT FOUND THEN
+        PERFORM onceflow.effect_new_key_check('effect_lease_record');
+        INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status, attempts, result_code, result, completed_at, owner)
+        VALUES (effect_lease_record.scope, effect_lease_record.key, effect_lease_record.event_id, 'done', 1,
+                effect_lease_record.result_code, effect_lease_record.result, now(), onceflow.effect_insert_owner(effect_lease_record.scope));
+        RETURN true;
+    END IF;
+    IF v_status <> 'intent' THEN
+        RETURN false;
+    END IF;
+    UPDATE onceflow.effects AS e
+       SET status = 'done', result_code = effect_lease_record.result_code, result = effect_lease_record.result,
+           completed_at = now(), claimed_by = NULL, lease_until = NULL,
+           event_id = COALESCE(e.event_id, effect_lease_record.event_id)
+     WHERE e.owner = v_row_owner AND e.scope = effect_lease_record.scope AND e.idempotency_key = effect_lease_record.key;
+    RETURN true;
+END
+$fn$;
+
+-- effect_lease_claim_many (migration 026): still set-based, one
+-- statement per owner of the group's keys (one, as a rule).
+CREATE OR REPLACE FUNCTION onceflow.effect_lease_claim_many(keys text[], scopes text[], event_ids text[], owners text[], leases interval[])
+RETURNS TABLE (i integer, status text, attempts integer, result_code integer, result jsonb, claimed_by text, lease_until timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    n        integer := coalesce(cardinality(keys), 0);
+    r        record;
+    v_free   boolean[];
+    v_scopes text[] := '{}';
+    v_keys   text[] := '{}';
+    v_owner  text;
+    v_s      text[];
+    v_k      text[];
+    v_new    integer;
+BEGIN
+    IF coalesce(cardinality(scopes), 0) <> n OR coalesce(cardinality(event_ids), 0) <> n
+       OR coalesce(cardinality(owners), 0) <> n OR coalesce(cardinality(leases), 0) <> n THEN
+        RAISE EXCEPTION 'onceflow.effect_lease_claim_many: keys, scopes, event_ids, owners and leases must have one element each per claim (got %, %, %, %, %)',
+            n, coalesce(cardinality(scopes), 0), coalesce(cardinality(event_ids), 0), coalesce(cardinality(owners), 0), coalesce(cardinality(leases), 0)
+            USING ERRCODE = '22023';
+    END IF;
+    IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow.effect_lease_claim_many: called in a transaction that has already written; claim in a transaction of its own, so that the claims commit before the calls'
+            USING ERRCODE = '25001';
+    END IF;
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    -- Every argument is checked before anything is claimed: a bad element
+    -- fails the group, and nothing of it is claimed.
+    SELECT u.ord, u.scope, u.owner, u.lease, onceflow.effect_key_error(u.key) AS key_error INTO r
+      FROM unnest(keys, scopes, owners, leases) WITH ORDINALITY AS u(key, scope, owner, lease, ord)
+     WHERE onceflow.effect_key_error(u.key) IS NOT NULL
+        OR u.scope IS NULL OR octet_length(u.scope) > 512 OR u.scope ~ '[\x01-\x1f\x7f]'
+        OR u.owner IS NULL OR u.owner = '' OR octet_length(u.owner) > 512
+        OR u.lease IS NULL OR u.lease <= interval '0'
+     ORDER BY u.ord
+     LIMIT 1;
+    IF FOUND THEN
+        IF r.key_error IS NOT NULL THEN
+            RAISE EXCEPTION 'onceflow: invalid idempotency key (claim %): %', r.ord, r.key_error USING ERRCODE = '22023';
+        ELSIF r.scope IS NULL THEN
+            RAISE EXCEPTION 'onceflow.effect_lease_claim_many: scope of claim % is NULL (use '''' for none)', r.ord USING ERRCODE = '22023';
+        ELSIF octet_length(r.scope) > 512 THEN
+            RAISE EXCEPTION 'onceflow: invalid idempotency key (claim %): scope is % bytes, at most 512', r.ord, octet_length(r.scope)
                 USING ERRCODE = '22023';
+        ELSIF r.scope ~ '[\x01-\x1f\x7f]' THEN
+            RAISE EXCEPTION 'onceflow: invalid idempotency key (claim %): scope contains a control character', r.ord USING ERRCODE = '22023';
+        ELSIF r.owner IS NULL OR r.owner = '' OR octet_length(r.owner) > 512 THEN
+            RAISE EXCEPTION 'onceflow.effect_lease_claim_many: owner of claim % must be 1 to 512 bytes', r.ord USING ERRCODE = '22023';
+        ELSE
+            RAISE EXCEPTION 'onceflow.effect_lease_claim_many: lease of claim % must be positive, got %', r.ord, r.lease USING ERRCODE = '22023';
         END IF;
-        IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
-            RAISE EXCEPTION 'onceflow.effect_lease_claim_many: called in a transaction that has already written; claim in a transaction of its own, so that the claims commit before the calls'
-                USING ERRCODE = '25001';
-        END IF;
-        IF n = 0 THEN
-            RETURN;
-        END IF;
-        -- Every argument is checked before anything is claimed: a bad element
-        -- fails the group, and nothing of it is claimed.
-        SELECT u.ord, u.scope, u.owner, u.lease, onceflow.effect_key_error(u.key) AS key_error INTO r
-          FROM unnest(keys, scopes, owners, leases) WITH ORDINALITY AS u(key, scope, owner, lease, ord)
-         WHERE onceflow.effect_key_error(u.key) IS NOT NULL
-            OR u.scope IS NULL OR octet_length(u.scope) > 512 OR u.scope ~ '[\x01-\x1f\x7f]'
-            OR u.owner IS NULL OR u.owner = '' OR octet_length(u.owner) > 512
-            OR u.lease IS NULL OR u.lease <= interval '0'
-         ORDER BY u.ord
-         LIMIT 1;
-        IF FOUND THEN
-            IF r.key_error IS NOT NULL THEN
-                RAISE EXCEPTION 'onceflow: invalid idempotency key (claim %): %', r.ord, r.key_error USING ERRCODE = '22023';
-            ELSIF r.scope IS NULL THEN
-                RAISE EXCEPTION 'onceflow.effect_lease_claim_many: scope of claim % is NULL (use '''' for none)', r.ord USING ERRCODE = '22023';
-            ELSIF octet_length(r.scope) > 512 THEN
-                RAISE EXCEPTION 'onceflow: invalid idempotency key (claim %): scope is % bytes, at most 512', r.ord, octet_length(r.scope)
-                    USING ERRCODE = '22023';
-            ELSIF r.scope ~ '[\x01-\x1f\x7f]' THEN
-                RAISE EXCEPTION 'onceflow: invalid idempotency key (claim %): scope contains a control character', r.ord USING ERRCODE = '22023';
-            ELSIF r.owner IS NULL OR r.owner = '' OR octet_length(r.owner) > 512 THEN
-                RAISE EXCEPTION 'onceflow.effect_lease_claim_many: owner of claim % must be 1 to 512 bytes', r.ord USING ERRCODE = '22023';
-            ELSE
-                RAISE EXCEPTION 'onceflow.effect_lease_claim_many: lease of claim % must be positive, got %', r.ord, r.lease USING ERRCODE = '22023';
-            END IF;
-        END IF;
-        -- A caller of the session-lock protocol (effect_claim) is in its call:
-        -- the keys it holds are busy (effect_lease_claim's first step, per key;
-        -- a key given twice takes its lock twice, which its own transaction may).
-        SELECT array_agg(f.free ORDER BY f.ord) INTO v_free
-          FROM (SELECT u.ord, pg_try_advisory_xact_lock(3839, onceflow.effect_lock_id(u.scope, u.key)) AS free
-                  FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)) f;
-        -- The inserters' locks of the free keys, in one order (lock id), so
-        -- that two groups with keys in common cannot deadlock on them.
-        PERFORM pg_advisory_xact_lock(x'0e1e'::integer, s.h)
-           FROM (SELECT DISTINCT onceflow.effect_lock_id(u.scope, u.key) AS h
-                   FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
-                  WHERE v_free[u.ord] ORDER BY 1 OFFSET 0) s;
-        -- The claims, per owner (the probe's partitions pruned by it): new
-        -- keys, intents nobody holds, this owner's own, and those whose
-        -- lease has expired (effect_lease_claim's rules).
-        FOR v_owner IN SELECT DISTINCT onceflow.effect_owner(u.scope) FROM unnest(scopes) AS u(scope) LOOP
-            -- The existing rows of the group's keys, locked in (scope, key)
-            -- order: the answers read below are current.
+    END IF;
+    -- A caller of the session-lock protocol (effect_claim) is in its call:
+    -- the keys it holds are busy (effect_lease_claim's first step, per key;
+    -- a key given twice takes its lock twice, which its own transaction may).
+    SELECT array_agg(f.free ORDER BY f.ord) INTO v_free
+      FROM (SELECT u.ord, pg_try_advisory_xact_lock(3839, onceflow.effect_lock_id(u.scope, u.key)) AS free
+              FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)) f;
+    -- The inserters' locks of the free keys, in one order (lock id), so
+    -- that two groups with keys in common cannot deadlock on them.
+    PERFORM pg_advisory_xact_lock(x'0e1e'::integer, s.h)
+       FROM (SELECT DISTINCT onceflow.effect_lock_id(u.scope, u.key) AS h
+               FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
+              WHERE v_free[u.ord] ORDER BY 1 OFFSET 0) s;
+    -- The claims, per owner (the probe's partitions pruned by it): new
+    -- keys, intents nobody holds, this owner's own, and those whose
+    -- lease has expired (effect_lease_claim's rules).
+    FOR v_owner IN SELECT DISTINCT onceflow.effect_owner(u.scope) FROM unnest(scopes) AS u(scope) LOOP
+        -- The existing rows of the group's keys, locked in (scope, key)
+        -- order: the answers read below are current.
+        PERFORM 1 FROM onceflow.effects e
+          JOIN (SELECT DISTINCT u.scope, u.key FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
+                 WHERE v_free[u.ord] AND onceflow.effect_owner(u.scope) = v_owner) q
+            ON e.owner = v_owner AND e.scope = q.scope AND e.idempotency_key = q.key
+         ORDER BY e.scope, e.idempotency_key
+           FOR UPDATE OF e;
+        IF v_owner <> '' THEN
             PERFORM 1 FROM onceflow.effects e
               JOIN (SELECT DISTINCT u.scope, u.key FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
                      WHERE v_free[u.ord] AND onceflow.effect_owner(u.scope) = v_owner) q
-                ON e.owner = v_owner AND e.scope = q.scope AND e.idempotency_key = q.key
+                ON e.owner = '' AND e.scope = q.scope AND e.idempotency_key = q.key
              ORDER BY e.scope, e.idempotency_key
                FOR UPDATE OF e;
-            IF v_owner <> '' THEN
-                PERFORM 1 FROM onceflow.effects e
-                  JOIN (SELECT DISTINCT u.scope, u.key FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
-                         WHERE v_free[u.ord] AND onceflow.effect_owner(u.scope) = v_owner) q
-                    ON e.owner = '' AND e.scope = q.scope AND e.idempotency_key = q.key
-                 ORDER BY e.scope, e.idempotency_key
-                   FOR UPDATE OF e;
-            END IF;
-            WITH req AS (
-                SELECT DISTINCT ON (u.scope, u.key) u.key, u.scope, u.event_id, u.owner, u.lease
-                  FROM unnest(keys, scopes, event_ids, owners, leases) WITH ORDINALITY AS u(key, scope, event_id, owner, lease, ord)
-                 WHERE v_free[u.ord] AND onceflow.effect_owner(u.scope) = v_owner
-                 ORDER BY u.scope, u.key, u.ord
-            ), upd AS (
-                UPDATE onceflow.effects AS e
-                   SET attempts = e.attempts + 1,
-                       claimed_by = q.owner,
-                       lease_until = now() + q.lease,
-                       event_id = COALESCE(e.event_id, q.event_id)
-                  FROM req q
-                 WHERE e.owner IN (v_owner, '') AND e.scope = q.scope AND e.idempotency_key = q.key
-                   AND e.status = 'intent'
-                   AND (e.claimed_by IS NULL OR e.claimed_by = q.owner OR e.lease_until IS NULL OR e.lease_until <= now())
-                RETURNING e.scope, e.idempotency_key
-            ), ins AS (
-                INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status, attempts, claimed_by, lease_until, owner)
-                SELECT q.scope, q.key, q.event_id, 'intent', 1, q.owner, now() + q.lease, v_owner FROM req q
-                 WHERE NOT EXISTS (SELECT 1 FROM onceflow.effects e
-                                    WHERE e.owner = v_owner AND e.scope = q.scope AND e.idempotency_key = q.key)
-                   AND NOT EXISTS (SELECT 1 FROM onceflow.effects e
-                                    WHERE e.owner = '' AND e.scope = q.scope AND e.idempotency_key = q.key)
-                 ORDER BY q.scope, q.key
-                RETURNING scope, idempotency_key
-            ), claimed AS (
-                SELECT u.scope, u.idempotency_key, false AS new FROM upd u
-                UNION ALL
-                SELECT n.scope, n.idempotency_key, true FROM ins n
-            )
-            SELECT array_agg(c.scope), array_agg(c.idempotency_key), count(*) FILTER (WHERE c.new) INTO v_s, v_k, v_new FROM claimed c;
-            IF v_new > 0 THEN
-                PERFORM onceflow.effect_new_key_check('effect_lease_claim_many');
-            END IF;
-            v_scopes := v_scopes || coalesce(v_s, '{}');
-            v_keys := v_keys || coalesce(v_k, '{}');
-        END LOOP;
-        -- The answers, read after the claims (a new snapshot: the rows the
-        -- claims did not take were locked above, so this read is current).
-        RETURN QUERY
-        SELECT u.ord::integer,
-               CASE WHEN NOT v_free[u.ord] THEN 'busy'
-                    WHEN c.key IS NOT NULL THEN 'claimed'
-                    WHEN e.status IN ('done', 'held') THEN e.status
-                    ELSE 'busy' END,
-               e.attempts,
-               CASE WHEN v_free[u.ord] THEN e.result_code END,
-               CASE WHEN v_free[u.ord] THEN e.result END,
-               e.claimed_by,
-               CASE WHEN v_free[u.ord] THEN e.lease_until ELSE now() + interval '1 second' END
-          FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
-          LEFT JOIN LATERAL (SELECT x.status, x.attempts, x.result_code, x.result, x.claimed_by, x.lease_until
-                               FROM onceflow.effects x
-                              WHERE x.owner = onceflow.effect_owner(u.scope) AND x.scope = u.scope AND x.idempotency_key = u.key
-                             UNION ALL
-                             SELECT x.status, x.attempts, x.result_code, x.result, x.claimed_by, x.lease_until
-                               FROM onceflow.effects x
-                              WHERE x.owner = '' AND x.scope = u.scope AND x.idempotency_key = u.key
-                              LIMIT 1) e ON true
-          LEFT JOIN (SELECT DISTINCT x.scope, x.key FROM unnest(v_scopes, v_keys) AS x(scope, key)) c
-                 ON c.scope = u.scope AND c.key = u.key
-         ORDER BY u.ord;
-    END
-    $fn$;
-END $$;
+        END IF;
+        WITH req AS (
+            SELECT DISTINCT ON (u.scope, u.key) u.key, u.scope, u.event_id, u.owner, u.lease
+              FROM unnest(keys, scopes, event_ids, owners, leases) WITH ORDINALITY AS u(key, scope, event_id, owner, lease, ord)
+             WHERE v_free[u.ord] AND onceflow.effect_owner(u.scope) = v_owner
+             ORDER BY u.scope, u.key, u.ord
+        ), upd AS (
+            UPDATE onceflow.effects AS e
+               SET attempts = e.attempts + 1,
+                   claimed_by = q.owner,
+                   lease_until = now() + q.lease,
+                   event_id = COALESCE(e.event_id, q.event_id)
+              FROM req q
+             WHERE e.owner IN (v_owner, '') AND e.scope = q.scope AND e.idempotency_key = q.key
+               AND e.status = 'intent'
+               AND (e.claimed_by IS NULL OR e.claimed_by = q.owner OR e.lease_until IS NULL OR e.lease_until <= now())
+            RETURNING e.scope, e.idempotency_key
+        ), ins AS (
+            INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status, attempts, claimed_by, lease_until, owner)
+            SELECT q.scope, q.key, q.event_id, 'intent', 1, q.owner, now() + q.lease, onceflow.effect_insert_owner(q.scope) FROM req q
+             WHERE NOT EXISTS (SELECT 1 FROM onceflow.effects e
+                                WHERE e.owner = v_owner AND e.scope = q.scope AND e.idempotency_key = q.key)
+               AND NOT EXISTS (SELECT 1 FROM onceflow.effects e
+                                WHERE e.owner = '' AND e.scope = q.scope AND e.idempotency_key = q.key)
+             ORDER BY q.scope, q.key
+            RETURNING scope, idempotency_key
+        ), claimed AS (
+            SELECT u.scope, u.idempotency_key, false AS new FROM upd u
+            UNION ALL
+            SELECT n.scope, n.idempotency_key, true FROM ins n
+        )
+        SELECT array_agg(c.scope), array_agg(c.idempotency_key), count(*) FILTER (WHERE c.new) INTO v_s, v_k, v_new FROM claimed c;
+        IF v_new > 0 THEN
+            PERFORM onceflow.effect_new_key_check('effect_lease_claim_many');
+        END IF;
+        v_scopes := v_scopes || coalesce(v_s, '{}');
+        v_keys := v_keys || coalesce(v_k, '{}');
+    END LOOP;
+    -- The answers, read after the claims (a new snapshot: the rows the
+    -- claims did not take were locked above, so this read is current).
+    RETURN QUERY
+    SELECT u.ord::integer,
+           CASE WHEN NOT v_free[u.ord] THEN 'busy'
+                WHEN c.key IS NOT NULL THEN 'claimed'
+                WHEN e.status IN ('done', 'held') THEN e.status
+                ELSE 'busy' END,
+           e.attempts,
+           CASE WHEN v_free[u.ord] THEN e.result_code END,
+           CASE WHEN v_free[u.ord] THEN e.result END,
+           e.claimed_by,
+           CASE WHEN v_free[u.ord] THEN e.lease_until ELSE now() + interval '1 second' END
+      FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
+      LEFT JOIN LATERAL (SELECT x.status, x.attempts, x.result_code, x.result, x.claimed_by, x.lease_until
+                           FROM onceflow.effects x
+                          WHERE x.owner = onceflow.effect_owner(u.scope) AND x.scope = u.scope AND x.idempotency_key = u.key
+                         UNION ALL
+                         SELECT x.status, x.attempts, x.result_code, x.result, x.claimed_by, x.lease_until
+                           FROM onceflow.effects x
+                          WHERE x.owner = '' AND x.scope = u.scope AND x.idempotency_key = u.key
+                          LIMIT 1) e ON true
+      LEFT JOIN (SELECT DISTINCT x.scope, x.key FROM unnest(v_scopes, v_keys) AS x(scope, key)) c
+             ON c.scope = u.scope AND c.key = u.key
+     ORDER BY u.ord;
+END
+$fn$;
 
 -- The functions that read or change a key's row find it among its owner's
 -- partitions and the legacy one (partition-pruned by owner), as the probe
@@ -720,6 +658,88 @@ BEGIN
 END
 $fn$;
 
+DO $$
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.effects'::regclass) = 'r' THEN
+        ALTER TABLE onceflow.effects VALIDATE CONSTRAINT effects_legacy_owner;
+    END IF;
+END $$;
+
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS effects_legacy_key ON onceflow.effects (owner, scope, idempotency_key, created_at);
+
+DO $$
+DECLARE
+    r record;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.effects'::regclass) <> 'r' THEN
+        RETURN;
+    END IF;
+    -- The concurrently built index becomes a constraint, which the parent's
+    -- unique constraint takes as the partition's (else ATTACH builds one).
+    ALTER TABLE onceflow.effects ADD CONSTRAINT effects_legacy_key UNIQUE USING INDEX effects_legacy_key;
+    ALTER TABLE onceflow.effects RENAME TO effects_legacy;
+    ALTER TABLE onceflow.effects_legacy RENAME CONSTRAINT effects_pkey TO effects_legacy_pkey;
+    ALTER INDEX onceflow.effects_created_at RENAME TO effects_legacy_created_at;
+    ALTER INDEX onceflow.effects_event_id RENAME TO effects_legacy_event_id;
+    ALTER INDEX onceflow.effects_held RENAME TO effects_legacy_held;
+
+    CREATE TABLE onceflow.effects (
+        idempotency_key text        NOT NULL,
+        event_id        text,
+        status          text        NOT NULL DEFAULT 'intent',
+        attempts        integer     NOT NULL DEFAULT 0,
+        result_code     integer,
+        result          jsonb,
+        created_at      timestamptz NOT NULL DEFAULT now(),
+        completed_at    timestamptz,
+        scope           text        NOT NULL DEFAULT '',
+        claimed_by      text,
+        lease_until     timestamptz,
+        held_at         timestamptz,
+        held_reason     text,
+        unheld_at       timestamptz,
+        -- A row written without an owner (an operator's insert, a test)
+        -- lands in the legacy partition, which is pruned row by row.
+        owner           text        NOT NULL DEFAULT '',
+        CONSTRAINT effects_status CHECK (status IN ('intent', 'done', 'held')),
+        CONSTRAINT effects_scope_length CHECK (octet_length(scope) <= 512),
+        CONSTRAINT effects_claimed_by_length CHECK (octet_length(claimed_by) <= 512),
+        CONSTRAINT effects_held_reason_length CHECK (octet_length(held_reason) <= 2048),
+        -- Not a primary key: the legacy partition keeps its own,
+        -- (scope, idempotency_key). The probe of a key descends this
+        -- index once per partition of its owner.
+        CONSTRAINT effects_key UNIQUE (owner, scope, idempotency_key, created_at)
+    ) PARTITION BY RANGE (owner, created_at);
+    CREATE INDEX effects_created_at ON onceflow.effects (created_at);
+    CREATE INDEX effects_event_id ON onceflow.effects (event_id, scope);
+    CREATE INDEX effects_held ON onceflow.effects (scope, held_at) WHERE status = 'held';
+
+    -- The old table's grants, table and column level, carry over.
+    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+              WHERE c.oid = 'onceflow.effects_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT %s ON onceflow.effects TO %s', r.privilege_type, r.grantee::regrole);
+    END LOOP;
+    FOR r IN SELECT att.attname, a.grantee, a.privilege_type FROM pg_attribute att, aclexplode(att.attacl) a
+              WHERE att.attrelid = 'onceflow.effects_legacy'::regclass AND att.attacl IS NOT NULL AND NOT att.attisdropped
+                AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT %s (%I) ON onceflow.effects TO %s', r.privilege_type, r.attname, r.grantee::regrole);
+    END LOOP;
+
+    ALTER TABLE onceflow.effects ATTACH PARTITION onceflow.effects_legacy FOR VALUES FROM ('', MINVALUE) TO ('', MAXVALUE);
+
+    -- Rows no bucket takes (a consumer whose pruner made no bucket yet, or
+    -- not in time): pruned row by row.
+    CREATE TABLE onceflow.effects_default PARTITION OF onceflow.effects DEFAULT;
+    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+              WHERE c.oid = 'onceflow.effects_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
+                AND a.privilege_type IN ('SELECT', 'DELETE')
+    LOOP
+        EXECUTE format('GRANT %s ON onceflow.effects_default TO %s', r.privilege_type, r.grantee::regrole);
+    END LOOP;
+END $$;
+
 -- The time-bucket partitions of each consumer owner.
 CREATE TABLE IF NOT EXISTS onceflow.effects_buckets (
     owner        text        NOT NULL,
@@ -747,7 +767,7 @@ $fn$;
 -- is the owner's existing buckets' (a change of the policy never makes two
 -- buckets overlap), else effects_bucket_width(p_keep_s). A bucket whose
 -- range the default partition already has rows of is not made (they stay
--- there, pruned row by row); the caller may try again later. Attaching a
+-- there, pruned row by row); the next one is. Attaching a
 -- partition takes SHARE UPDATE EXCLUSIVE on onceflow.effects and ACCESS
 -- EXCLUSIVE on the default partition (which every probe of a key reads),
 -- each waited for at most 100 ms: the caller tries again at its next pass
@@ -789,8 +809,10 @@ BEGIN
             EXECUTE format('ALTER TABLE onceflow.effects ATTACH PARTITION onceflow.%I FOR VALUES FROM (%L, %L) TO (%L, %L)',
                            v_name, p_owner, v_from, p_owner, v_to);
         EXCEPTION WHEN check_violation THEN
-            -- The default partition holds rows of this range.
-            RETURN v_end;
+            -- The default partition holds rows of this range (they came
+            -- before the bucket): the next bucket is still made, so that
+            -- the owner's rows leave the default partition from then on.
+            CONTINUE;
         END;
         INSERT INTO onceflow.effects_buckets (owner, from_at, to_at, relname) VALUES (p_owner, v_from, v_to, v_name);
     END LOOP;
@@ -874,3 +896,12 @@ $fn$;
 REVOKE ALL ON FUNCTION onceflow.effects_ensure_buckets(text, bigint, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION onceflow.effects_expire_bucket(text, text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION onceflow.effects_drop_bucket(text, timestamptz) FROM PUBLIC;
+
+-- Last: a new row's owner is its scope's from now on.
+CREATE OR REPLACE FUNCTION onceflow.effect_insert_owner(scope text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT onceflow.effect_owner(scope)
+$fn$;
