@@ -85,6 +85,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_row_owner(scope text, key text)
 RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -136,12 +137,20 @@ $fn$;
 -- under way when the table is swapped (waiting for its lock) goes on
 -- against the partitioned one, where an ON CONFLICT on the old key would
 -- fail.
+--
+-- The functions that read the ledger plan each statement for its
+-- arguments (plan_cache_mode = force_custom_plan): the planner prunes the
+-- other owners' partitions and locks only the key's owner's. A cached
+-- generic plan would lock every partition of the ledger at each call, and
+-- so wait while retention holds any owner's bucket (its expiry takes
+-- ACCESS EXCLUSIVE on it).
 
 -- effect_claim (migrations 007, 025, 027).
 CREATE OR REPLACE FUNCTION onceflow.effect_claim(key text, scope text DEFAULT '', event_id text DEFAULT NULL)
 RETURNS onceflow.effect_state
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -239,6 +248,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_lease_claim(key text, scope text, eve
 RETURNS onceflow.effect_lease_state
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -331,6 +341,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_lease_record(key text, scope text, re
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -380,6 +391,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_lease_claim_many(keys text[], scopes 
 RETURNS TABLE (i integer, status text, attempts integer, result_code integer, result jsonb, claimed_by text, lease_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -536,6 +548,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_record(key text, scope text DEFAULT '
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 BEGIN
@@ -560,6 +573,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_lease_release(key text, scope text, o
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 BEGIN
@@ -576,6 +590,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_window_age(key text, scope text)
 RETURNS interval
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
     SELECT now() - COALESCE(e.unheld_at, e.created_at)
       FROM onceflow.effects e
@@ -587,6 +602,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_hold(key text, scope text, reason tex
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -614,6 +630,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_resolve(key text, scope text, result_
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -638,6 +655,7 @@ CREATE OR REPLACE FUNCTION onceflow.effect_unhold(key text, scope text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $fn$
 #variable_conflict use_column
 DECLARE
