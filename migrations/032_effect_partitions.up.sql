@@ -401,6 +401,8 @@ DECLARE
     v_scopes text[] := '{}';
     v_keys   text[] := '{}';
     v_owner  text;
+    v_owners text[];
+    v_ins    text;
     v_s      text[];
     v_k      text[];
     v_new    integer;
@@ -450,6 +452,8 @@ BEGIN
     SELECT array_agg(f.free ORDER BY f.ord) INTO v_free
       FROM (SELECT u.ord, pg_try_advisory_xact_lock(3839, onceflow.effect_lock_id(u.scope, u.key)) AS free
               FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)) f;
+    -- Each claim's owner, once (effect_owner is not inlined).
+    v_owners := ARRAY(SELECT onceflow.effect_owner(u.scope) FROM unnest(scopes) WITH ORDINALITY AS u(scope, ord) ORDER BY u.ord);
     -- The inserters' locks of the free keys, in one order (lock id), so
     -- that two groups with keys in common cannot deadlock on them.
     PERFORM pg_advisory_xact_lock(x'0e1e'::integer, s.h)
@@ -459,19 +463,21 @@ BEGIN
     -- The claims, per owner (the probe's partitions pruned by it): new
     -- keys, intents nobody holds, this owner's own, and those whose
     -- lease has expired (effect_lease_claim's rules).
-    FOR v_owner IN SELECT DISTINCT onceflow.effect_owner(u.scope) FROM unnest(scopes) AS u(scope) LOOP
+    FOR v_owner IN SELECT DISTINCT o FROM unnest(v_owners) AS o LOOP
+        -- The owner new rows get (effect_owner of an owner is itself).
+        v_ins := onceflow.effect_insert_owner(v_owner);
         -- The existing rows of the group's keys, locked in (scope, key)
         -- order: the answers read below are current.
         PERFORM 1 FROM onceflow.effects e
           JOIN (SELECT DISTINCT u.scope, u.key FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
-                 WHERE v_free[u.ord] AND onceflow.effect_owner(u.scope) = v_owner) q
+                 WHERE v_free[u.ord] AND v_owners[u.ord] = v_owner) q
             ON e.owner = v_owner AND e.scope = q.scope AND e.idempotency_key = q.key
          ORDER BY e.scope, e.idempotency_key
            FOR UPDATE OF e;
         IF v_owner <> '' THEN
             PERFORM 1 FROM onceflow.effects e
               JOIN (SELECT DISTINCT u.scope, u.key FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
-                     WHERE v_free[u.ord] AND onceflow.effect_owner(u.scope) = v_owner) q
+                     WHERE v_free[u.ord] AND v_owners[u.ord] = v_owner) q
                 ON e.owner = '' AND e.scope = q.scope AND e.idempotency_key = q.key
              ORDER BY e.scope, e.idempotency_key
                FOR UPDATE OF e;
@@ -479,7 +485,7 @@ BEGIN
         WITH req AS (
             SELECT DISTINCT ON (u.scope, u.key) u.key, u.scope, u.event_id, u.owner, u.lease
               FROM unnest(keys, scopes, event_ids, owners, leases) WITH ORDINALITY AS u(key, scope, event_id, owner, lease, ord)
-             WHERE v_free[u.ord] AND onceflow.effect_owner(u.scope) = v_owner
+             WHERE v_free[u.ord] AND v_owners[u.ord] = v_owner
              ORDER BY u.scope, u.key, u.ord
         ), upd AS (
             UPDATE onceflow.effects AS e
@@ -494,7 +500,7 @@ BEGIN
             RETURNING e.scope, e.idempotency_key
         ), ins AS (
             INSERT INTO onceflow.effects (scope, idempotency_key, event_id, status, attempts, claimed_by, lease_until, owner)
-            SELECT q.scope, q.key, q.event_id, 'intent', 1, q.owner, now() + q.lease, onceflow.effect_insert_owner(q.scope) FROM req q
+            SELECT q.scope, q.key, q.event_id, 'intent', 1, q.owner, now() + q.lease, v_ins FROM req q
              WHERE NOT EXISTS (SELECT 1 FROM onceflow.effects e
                                 WHERE e.owner = v_owner AND e.scope = q.scope AND e.idempotency_key = q.key)
                AND NOT EXISTS (SELECT 1 FROM onceflow.effects e
@@ -529,7 +535,7 @@ BEGIN
       FROM unnest(keys, scopes) WITH ORDINALITY AS u(key, scope, ord)
       LEFT JOIN LATERAL (SELECT x.status, x.attempts, x.result_code, x.result, x.claimed_by, x.lease_until
                            FROM onceflow.effects x
-                          WHERE x.owner = onceflow.effect_owner(u.scope) AND x.scope = u.scope AND x.idempotency_key = u.key
+                          WHERE x.owner = v_owners[u.ord] AND x.scope = u.scope AND x.idempotency_key = u.key
                          UNION ALL
                          SELECT x.status, x.attempts, x.result_code, x.result, x.claimed_by, x.lease_until
                            FROM onceflow.effects x
