@@ -21,6 +21,8 @@ ALTER TABLE onceflow.effects DROP CONSTRAINT effects_legacy_owner;
 ALTER TABLE onceflow.effects DROP COLUMN owner;
 DROP FUNCTION onceflow.effects_drop_bucket(text, timestamptz);
 DROP FUNCTION onceflow.effects_expire_bucket(text, text, timestamptz);
+DROP FUNCTION onceflow.effects_keep_bucket_rows(text, text, timestamptz);
+DROP FUNCTION onceflow.effects_inbox_lanes(text);
 DROP FUNCTION onceflow.effects_ensure_buckets(text, bigint, timestamptz);
 DROP FUNCTION onceflow.effects_bucket_width(bigint);
 DROP TABLE onceflow.effects_buckets;

@@ -770,6 +770,8 @@ CREATE TABLE IF NOT EXISTS onceflow.effects_buckets (
     from_at      timestamptz NOT NULL,
     to_at        timestamptz NOT NULL,
     relname      name        NOT NULL UNIQUE,
+    -- When effects_keep_bucket_rows last moved the rows to keep out.
+    kept_at      timestamptz,
     truncated_at timestamptz,
     PRIMARY KEY (owner, from_at)
 );
@@ -844,15 +846,69 @@ BEGIN
 END
 $fn$;
 
+-- The inbox partitions of consumer p_consumer, as a condition on alias i:
+-- each of its lanes with its name, constants the planner prunes every
+-- other partition with.
+CREATE OR REPLACE FUNCTION onceflow.effects_inbox_lanes(p_consumer text)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT string_agg(format('(i.lane = %L AND i.consumer = %L)', l.lane, p_consumer), ' OR ')
+      FROM (SELECT 'legacy' UNION SELECT DISTINCT x.lane FROM onceflow.inbox_lanes x WHERE x.consumer = p_consumer) AS l(lane)
+$fn$;
+
 -- Retention's first step on an expired bucket of owner p_owner (consumer
--- p_consumer's scopes): the rows it must keep move to the legacy partition
--- (owner ''), where the probe of a key still finds them, and the bucket is
--- truncated. Kept: every row not done (intent, held), every row without an
+-- p_consumer's scopes), without a lock on the bucket: the rows it must keep
+-- move to the legacy partition (owner ''), where the probe of a key still
+-- finds them. Kept: every row not done (intent, held), every row without an
 -- event, and every done row whose event still has an inbox row of
 -- p_consumer (a permanent class, a longer TTL, a parked, dead, held or late
--- row; the probe reads only the consumer's lanes' partitions). ACCESS
--- EXCLUSIVE on the bucket only, waited for at most 100 ms (the caller
--- retries); the bucket is read once, each done row probes the inbox.
+-- row; the probe reads only the consumer's lanes' partitions, one index
+-- descent each). The bucket is read once and each done row probes the
+-- inbox: the long part, done here under row locks only (a claim of a key
+-- being moved waits for it, then finds the row in the legacy partition).
+CREATE OR REPLACE FUNCTION onceflow.effects_keep_bucket_rows(p_owner text, p_consumer text, p_from timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_name  name;
+    v_moved bigint;
+BEGIN
+    SELECT b.relname INTO v_name FROM onceflow.effects_buckets b
+     WHERE b.owner = p_owner AND b.from_at = p_from AND b.truncated_at IS NULL;
+    IF v_name IS NULL THEN
+        RAISE EXCEPTION 'onceflow.effects_keep_bucket_rows: no bucket % % to expire', p_owner, p_from USING ERRCODE = '22023';
+    END IF;
+    EXECUTE format($q$
+        WITH moved AS (
+            DELETE FROM onceflow.%I e
+             WHERE e.status <> 'done' OR e.event_id IS NULL
+                OR EXISTS (SELECT 1 FROM onceflow.inbox i WHERE (%s) AND i.event_id = e.event_id)
+            RETURNING e.idempotency_key, e.event_id, e.status, e.attempts, e.result_code, e.result, e.created_at, e.completed_at,
+                e.scope, e.claimed_by, e.lease_until, e.held_at, e.held_reason, e.unheld_at
+        )
+        INSERT INTO onceflow.effects_legacy (idempotency_key, event_id, status, attempts, result_code, result, created_at, completed_at,
+            scope, claimed_by, lease_until, held_at, held_reason, unheld_at, owner)
+        SELECT m.idempotency_key, m.event_id, m.status, m.attempts, m.result_code, m.result, m.created_at, m.completed_at,
+            m.scope, m.claimed_by, m.lease_until, m.held_at, m.held_reason, m.unheld_at, ''
+          FROM moved m$q$, v_name, onceflow.effects_inbox_lanes(p_consumer));
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    UPDATE onceflow.effects_buckets SET kept_at = now() WHERE owner = p_owner AND from_at = p_from;
+    RETURN v_moved;
+END
+$fn$;
+
+-- Retention's second step: the bucket is locked (ACCESS EXCLUSIVE on it
+-- only, waited for at most 100 ms: the caller retries) and truncated,
+-- after the rows to keep that the first step could not see moved out too:
+-- rows not done or without an event, and done rows completed since an
+-- hour before the first step whose event has an inbox row (a row made done
+-- by a transaction that committed its inbox row after the first step read
+-- it; a transaction open longer than that hour is not covered). Without a
+-- first step, every done row probes the inbox here, under the lock.
 CREATE OR REPLACE FUNCTION onceflow.effects_expire_bucket(p_owner text, p_consumer text, p_from timestamptz)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -861,17 +917,13 @@ SET lock_timeout = '100ms'
 AS $fn$
 DECLARE
     v_name  name;
-    v_lanes text;
+    v_kept  timestamptz;
     v_moved bigint;
 BEGIN
-    SELECT b.relname INTO v_name FROM onceflow.effects_buckets b WHERE b.owner = p_owner AND b.from_at = p_from;
+    SELECT b.relname, b.kept_at INTO v_name, v_kept FROM onceflow.effects_buckets b WHERE b.owner = p_owner AND b.from_at = p_from;
     IF v_name IS NULL THEN
         RAISE EXCEPTION 'onceflow.effects_expire_bucket: no bucket % %', p_owner, p_from USING ERRCODE = '22023';
     END IF;
-    -- The consumer's inbox partitions: each of its lanes with its name,
-    -- constants the planner prunes every other partition with.
-    SELECT string_agg(format('(i.lane = %L AND i.consumer = %L)', l.lane, p_consumer), ' OR ') INTO v_lanes
-      FROM (SELECT 'legacy' UNION SELECT DISTINCT x.lane FROM onceflow.inbox_lanes x WHERE x.consumer = p_consumer) AS l(lane);
     EXECUTE format('LOCK TABLE onceflow.%I IN ACCESS EXCLUSIVE MODE', v_name);
     EXECUTE format($q$
         INSERT INTO onceflow.effects_legacy (idempotency_key, event_id, status, attempts, result_code, result, created_at, completed_at,
@@ -880,7 +932,9 @@ BEGIN
             e.scope, e.claimed_by, e.lease_until, e.held_at, e.held_reason, e.unheld_at, ''
           FROM onceflow.%I e
          WHERE e.status <> 'done' OR e.event_id IS NULL
-            OR EXISTS (SELECT 1 FROM onceflow.inbox i WHERE (%s) AND i.event_id = e.event_id)$q$, v_name, v_lanes);
+            OR ((%L::timestamptz IS NULL OR e.completed_at >= %L::timestamptz - interval '1 hour')
+                AND EXISTS (SELECT 1 FROM onceflow.inbox i WHERE (%s) AND i.event_id = e.event_id))$q$,
+        v_name, v_kept, v_kept, onceflow.effects_inbox_lanes(p_consumer));
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     EXECUTE format('TRUNCATE onceflow.%I', v_name);
     UPDATE onceflow.effects_buckets SET truncated_at = now() WHERE owner = p_owner AND from_at = p_from;
@@ -918,6 +972,7 @@ $fn$;
 
 -- The consumer's role runs these with the owner's rights (deploy/sql/roles.sql).
 REVOKE ALL ON FUNCTION onceflow.effects_ensure_buckets(text, bigint, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION onceflow.effects_keep_bucket_rows(text, text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION onceflow.effects_expire_bucket(text, text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION onceflow.effects_drop_bucket(text, timestamptz) FROM PUBLIC;
 

@@ -257,6 +257,7 @@ BEGIN
         EXECUTE format('GRANT SELECT, DELETE ON onceflow.effects_legacy, onceflow.effects_default TO %I', v_consumer);
         EXECUTE format('GRANT SELECT ON onceflow.effects_buckets TO %I', v_consumer);
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.effects_ensure_buckets(text, bigint, timestamptz), '
+                       'onceflow.effects_keep_bucket_rows(text, text, timestamptz), '
                        'onceflow.effects_expire_bucket(text, text, timestamptz), '
                        'onceflow.effects_drop_bucket(text, timestamptz) TO %I', v_consumer);
     END IF;

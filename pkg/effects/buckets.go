@@ -39,6 +39,7 @@ SELECT c.reltuples::bigint FROM onceflow.effects_buckets b
   JOIN pg_class c ON c.relname = b.relname AND c.relnamespace = 'onceflow'::regnamespace
  WHERE b.owner = $1 AND b.from_at = $2`
 	qCountBucket  = `SELECT count(*) FROM onceflow.effects WHERE owner = $1 AND created_at >= $2 AND created_at < $3`
+	qKeepBucket   = `SELECT onceflow.effects_keep_bucket_rows($1, $2, $3)`
 	qExpireBucket = `SELECT onceflow.effects_expire_bucket($1, $2, $3)`
 	qDropBucket   = `SELECT onceflow.effects_drop_bucket($1, $2)`
 )
@@ -88,12 +89,28 @@ func BucketRows(ctx context.Context, db dbtx.DB, consumer string, b Bucket) (int
 	return n, nil
 }
 
-// ExpireBucket moves the rows of consumer's bucket that retention keeps
-// into the legacy partition and truncates the bucket
-// (onceflow.effects_expire_bucket: waits at most 100 ms for its lock, then
-// fails with SQLSTATE 55P03). Kept: every row not done (an intent, a held
-// effect), every row without an event id, and every done row whose event
-// still has an inbox row of consumer. It returns how many rows it moved.
+// KeepBucketRows moves the rows of consumer's expired bucket that
+// retention keeps into the legacy partition, under row locks only
+// (onceflow.effects_keep_bucket_rows): every row not done (an intent, a
+// held effect), every row without an event id, and every done row whose
+// event still has an inbox row of consumer. It reads the whole bucket and
+// probes the inbox for each done row: run it before ExpireBucket, which
+// then holds its lock only briefly. It returns how many rows it moved.
+func KeepBucketRows(ctx context.Context, db dbtx.DB, consumer string, b Bucket) (int64, error) {
+	var n int64
+	if err := db.QueryRow(ctx, qKeepBucket, ConsumerScopePrefix(consumer), consumer, b.From).Scan(&n); err != nil {
+		return 0, fmt.Errorf("keep rows of effects bucket %s: %w", b.From.UTC().Format(time.RFC3339), err)
+	}
+	return n, nil
+}
+
+// ExpireBucket locks consumer's bucket, moves into the legacy partition the
+// rows to keep that KeepBucketRows could not see (rows not done or without
+// an event; done rows completed since an hour before it ran whose event
+// has an inbox row; every done row whose event has one when it did not
+// run), and truncates the bucket (onceflow.effects_expire_bucket: waits at
+// most 100 ms for its lock, then fails with SQLSTATE 55P03). It returns
+// how many rows it moved.
 func ExpireBucket(ctx context.Context, db dbtx.DB, consumer string, b Bucket) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, qExpireBucket, ConsumerScopePrefix(consumer), consumer, b.From).Scan(&n); err != nil {

@@ -217,3 +217,93 @@ func TestNewKeyOnlyInReadCommitted(t *testing.T) {
 		t.Fatal("a new key was claimed in REPEATABLE READ")
 	}
 }
+
+// TestExpireBucketCatchesLateCommits: the rows to keep that appear after
+// KeepBucketRows read the bucket (a done row whose inbox row committed
+// since, an intent) are moved by ExpireBucket under its lock; a done row
+// completed long before, whose inbox row is gone, goes with the bucket.
+func TestExpireBucketCatchesLateCommits(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDBUnlessShort(t)
+	ctx := context.Background()
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	exec(`SELECT onceflow.effects_ensure_buckets('inbox/c1/', 86400, now() - interval '3 days')`)
+	ins := func(key, status, completed string) {
+		t.Helper()
+		exec(`INSERT INTO onceflow.effects (owner, scope, idempotency_key, event_id, status, attempts, completed_at, created_at)
+		      VALUES ('inbox/c1/', $1, $2, 'e-' || $2, $3, 1, now() - $4::interval, now() - interval '3 days')`, partScope, key, status, completed)
+	}
+	ins("old-done", "done", "3 days")
+	buckets, err := effects.Buckets(ctx, db.Pool, "c1")
+	if err != nil || len(buckets) == 0 {
+		t.Fatalf("buckets %v, %v", buckets, err)
+	}
+	b := buckets[0]
+	if n, err := effects.KeepBucketRows(ctx, db.Pool, "c1", b); err != nil || n != 0 {
+		t.Fatalf("first step: %d, %v; want nothing to keep", n, err)
+	}
+	// Meanwhile: an event's effect recorded with its inbox row, an intent.
+	ins("late-done", "done", "1 second")
+	ins("late-intent", "intent", "0 seconds")
+	exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status)
+	      VALUES ('c1', 'e-late-done', 'src', 'x', 't', 0, 0, 'processed')`)
+	if n, err := effects.ExpireBucket(ctx, db.Pool, "c1", b); err != nil || n != 2 {
+		t.Fatalf("second step moved %d, %v; want 2", n, err)
+	}
+	var kept string
+	if err := db.Pool.QueryRow(ctx, `SELECT string_agg(idempotency_key, ',' ORDER BY idempotency_key) FROM onceflow.effects_legacy`).Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	if kept != "late-done,late-intent" {
+		t.Errorf("kept %s, want late-done,late-intent", kept)
+	}
+}
+
+// TestClaimsOfAnotherConsumerDoNotWaitForABucket: while retention holds one
+// consumer's bucket (ACCESS EXCLUSIVE, as its expiry does), another
+// consumer's claims go on, past the fifth call of a session too (the
+// functions plan for their arguments; a cached generic plan would lock
+// every partition of the ledger and wait).
+func TestClaimsOfAnotherConsumerDoNotWaitForABucket(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDBUnlessShort(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `SELECT onceflow.effects_ensure_buckets('inbox/c1/', 86400)`); err != nil {
+		t.Fatal(err)
+	}
+	var bucket string
+	if err := db.Pool.QueryRow(ctx, `SELECT relname FROM onceflow.effects_buckets WHERE owner = 'inbox/c1/' ORDER BY from_at LIMIT 1`).Scan(&bucket); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `LOCK TABLE onceflow.`+pgx.Identifier{bucket}.Sanitize()+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `SET lock_timeout = '2s'`); err != nil {
+		t.Fatal(err)
+	}
+	other := effects.ConsumerScope("c2", "http", "pay")
+	for i := range 10 {
+		key := fmt.Sprintf("event:o%d", i)
+		if _, err := effects.ClaimLease(ctx, conn, other, key, "", "a", time.Minute); err != nil {
+			t.Fatalf("claim %d of another consumer while c1's bucket is locked: %v", i, err)
+		}
+		if _, err := effects.RecordLease(ctx, conn, other, key, effects.Result{Code: 200}); err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+}

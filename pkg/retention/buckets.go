@@ -111,8 +111,9 @@ func pruneBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer str
 // pruneEffectBuckets makes consumer's current and next effects buckets and
 // removes its expired ones: a bucket expires when its end is older than the
 // policy's longest TTL (that is not permanent) and one bucket width. The
-// rows it must keep move to the legacy partition (effects.ExpireBucket),
-// then it is truncated, then dropped; a bucket whose lock was not had in
+// rows it must keep move to the legacy partition (effects.KeepBucketRows,
+// then effects.ExpireBucket for those that changed meanwhile), then it is
+// truncated, then dropped; a bucket whose lock was not had in
 // bucketTries tries is left for the next pass. A bucket that could not be
 // made now is not an error: its rows go to the default partition (pruned
 // row by row), and the next pass tries again.
@@ -140,6 +141,13 @@ func pruneEffectBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consum
 			if err != nil {
 				return err
 			}
+			// The long part (the bucket read, an inbox probe per done row)
+			// under row locks only; then the lock, for the rest.
+			kept, err := effects.KeepBucketRows(ctx, conn, consumer, b)
+			st.EffectsKept += kept
+			if err != nil {
+				return err
+			}
 			var moved int64
 			ok, err := withLockRetry(ctx, func() error {
 				var err error
@@ -153,7 +161,7 @@ func pruneEffectBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consum
 				st.BucketsBusy++
 				continue
 			}
-			st.Effects += max(0, n-moved)
+			st.Effects += max(0, n-kept-moved)
 			st.EffectsKept += moved
 			st.EffectsBuckets++
 		}
