@@ -31,16 +31,17 @@
 --      go on);
 --   3. CREATE UNIQUE INDEX CONCURRENTLY of the partitioned table's key:
 --      SHARE UPDATE EXCLUSIVE (writes go on);
---   4. one transaction renames the table to onceflow.effects_legacy, creates
---      the partitioned onceflow.effects with the same columns, grants,
---      checks and indexes, attaches the old table as the partition of owner
---      '' (the validated check spares the scan, the existing indexes become
---      the partition's) and creates the default partition: ACCESS
---      EXCLUSIVE on the old table for catalog work only;
---   5. the buckets' table and functions; new rows get their scope's owner:
---      no lock on the ledger.
+--   4. the buckets' table and functions: no lock on the ledger;
+--   5. last, one transaction renames the table to onceflow.effects_legacy,
+--      creates the partitioned onceflow.effects with the same columns,
+--      grants, checks and indexes, attaches the old table as the partition
+--      of owner '' (the validated check spares the scan, the existing
+--      indexes become the partition's), creates the default partition, and
+--      new rows get their scope's owner: ACCESS EXCLUSIVE on the old table
+--      for catalog work only. Until it commits, every step may be run
+--      again (IF NOT EXISTS, checks of the table's kind).
 -- No caller runs an INSERT ... ON CONFLICT against the partitioned table:
--- a claim under way at step 4 waits for its lock and goes on with the
+-- a claim under way at step 5 waits for its lock and goes on with the
 -- functions of step 1b. A process that reads the ledger with its own
 -- statements (effects.Do's replay read, the Python fence) keeps working
 -- between the steps.
@@ -691,79 +692,6 @@ END $$;
 
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS effects_legacy_key ON onceflow.effects (owner, scope, idempotency_key, created_at);
 
-DO $$
-DECLARE
-    r record;
-BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.effects'::regclass) <> 'r' THEN
-        RETURN;
-    END IF;
-    -- The concurrently built index becomes a constraint, which the parent's
-    -- unique constraint takes as the partition's (else ATTACH builds one).
-    ALTER TABLE onceflow.effects ADD CONSTRAINT effects_legacy_key UNIQUE USING INDEX effects_legacy_key;
-    ALTER TABLE onceflow.effects RENAME TO effects_legacy;
-    ALTER TABLE onceflow.effects_legacy RENAME CONSTRAINT effects_pkey TO effects_legacy_pkey;
-    ALTER INDEX onceflow.effects_created_at RENAME TO effects_legacy_created_at;
-    ALTER INDEX onceflow.effects_event_id RENAME TO effects_legacy_event_id;
-    ALTER INDEX onceflow.effects_held RENAME TO effects_legacy_held;
-
-    CREATE TABLE onceflow.effects (
-        idempotency_key text        NOT NULL,
-        event_id        text,
-        status          text        NOT NULL DEFAULT 'intent',
-        attempts        integer     NOT NULL DEFAULT 0,
-        result_code     integer,
-        result          jsonb,
-        created_at      timestamptz NOT NULL DEFAULT now(),
-        completed_at    timestamptz,
-        scope           text        NOT NULL DEFAULT '',
-        claimed_by      text,
-        lease_until     timestamptz,
-        held_at         timestamptz,
-        held_reason     text,
-        unheld_at       timestamptz,
-        -- A row written without an owner (an operator's insert, a test)
-        -- lands in the legacy partition, which is pruned row by row.
-        owner           text        NOT NULL DEFAULT '',
-        CONSTRAINT effects_status CHECK (status IN ('intent', 'done', 'held')),
-        CONSTRAINT effects_scope_length CHECK (octet_length(scope) <= 512),
-        CONSTRAINT effects_claimed_by_length CHECK (octet_length(claimed_by) <= 512),
-        CONSTRAINT effects_held_reason_length CHECK (octet_length(held_reason) <= 2048),
-        -- Not a primary key: the legacy partition keeps its own,
-        -- (scope, idempotency_key). The probe of a key descends this
-        -- index once per partition of its owner.
-        CONSTRAINT effects_key UNIQUE (owner, scope, idempotency_key, created_at)
-    ) PARTITION BY RANGE (owner, created_at);
-    CREATE INDEX effects_created_at ON onceflow.effects (created_at);
-    CREATE INDEX effects_event_id ON onceflow.effects (event_id, scope);
-    CREATE INDEX effects_held ON onceflow.effects (scope, held_at) WHERE status = 'held';
-
-    -- The old table's grants, table and column level, carry over.
-    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
-              WHERE c.oid = 'onceflow.effects_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
-    LOOP
-        EXECUTE format('GRANT %s ON onceflow.effects TO %s', r.privilege_type, r.grantee::regrole);
-    END LOOP;
-    FOR r IN SELECT att.attname, a.grantee, a.privilege_type FROM pg_attribute att, aclexplode(att.attacl) a
-              WHERE att.attrelid = 'onceflow.effects_legacy'::regclass AND att.attacl IS NOT NULL AND NOT att.attisdropped
-                AND a.grantee <> 0
-    LOOP
-        EXECUTE format('GRANT %s (%I) ON onceflow.effects TO %s', r.privilege_type, r.attname, r.grantee::regrole);
-    END LOOP;
-
-    ALTER TABLE onceflow.effects ATTACH PARTITION onceflow.effects_legacy FOR VALUES FROM ('', MINVALUE) TO ('', MAXVALUE);
-
-    -- Rows no bucket takes (a consumer whose pruner made no bucket yet, or
-    -- not in time): pruned row by row.
-    CREATE TABLE onceflow.effects_default PARTITION OF onceflow.effects DEFAULT;
-    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
-              WHERE c.oid = 'onceflow.effects_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
-                AND a.privilege_type IN ('SELECT', 'DELETE')
-    LOOP
-        EXECUTE format('GRANT %s ON onceflow.effects_default TO %s', r.privilege_type, r.grantee::regrole);
-    END LOOP;
-END $$;
-
 -- The time-bucket partitions of each consumer owner.
 CREATE TABLE IF NOT EXISTS onceflow.effects_buckets (
     owner        text        NOT NULL,
@@ -976,11 +904,86 @@ REVOKE ALL ON FUNCTION onceflow.effects_keep_bucket_rows(text, text, timestamptz
 REVOKE ALL ON FUNCTION onceflow.effects_expire_bucket(text, text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION onceflow.effects_drop_bucket(text, timestamptz) FROM PUBLIC;
 
--- Last: a new row's owner is its scope's from now on.
-CREATE OR REPLACE FUNCTION onceflow.effect_insert_owner(scope text)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-    SELECT onceflow.effect_owner(scope)
-$fn$;
+-- Last, the swap: one transaction; a failure leaves the plain table, and
+-- the file can be run again from the start.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.effects'::regclass) <> 'r' THEN
+        RETURN;
+    END IF;
+    -- The concurrently built index becomes a constraint, which the parent's
+    -- unique constraint takes as the partition's (else ATTACH builds one).
+    ALTER TABLE onceflow.effects ADD CONSTRAINT effects_legacy_key UNIQUE USING INDEX effects_legacy_key;
+    ALTER TABLE onceflow.effects RENAME TO effects_legacy;
+    ALTER TABLE onceflow.effects_legacy RENAME CONSTRAINT effects_pkey TO effects_legacy_pkey;
+    ALTER INDEX onceflow.effects_created_at RENAME TO effects_legacy_created_at;
+    ALTER INDEX onceflow.effects_event_id RENAME TO effects_legacy_event_id;
+    ALTER INDEX onceflow.effects_held RENAME TO effects_legacy_held;
+
+    CREATE TABLE onceflow.effects (
+        idempotency_key text        NOT NULL,
+        event_id        text,
+        status          text        NOT NULL DEFAULT 'intent',
+        attempts        integer     NOT NULL DEFAULT 0,
+        result_code     integer,
+        result          jsonb,
+        created_at      timestamptz NOT NULL DEFAULT now(),
+        completed_at    timestamptz,
+        scope           text        NOT NULL DEFAULT '',
+        claimed_by      text,
+        lease_until     timestamptz,
+        held_at         timestamptz,
+        held_reason     text,
+        unheld_at       timestamptz,
+        -- A row written without an owner (an operator's insert, a test)
+        -- lands in the legacy partition, which is pruned row by row.
+        owner           text        NOT NULL DEFAULT '',
+        CONSTRAINT effects_status CHECK (status IN ('intent', 'done', 'held')),
+        CONSTRAINT effects_scope_length CHECK (octet_length(scope) <= 512),
+        CONSTRAINT effects_claimed_by_length CHECK (octet_length(claimed_by) <= 512),
+        CONSTRAINT effects_held_reason_length CHECK (octet_length(held_reason) <= 2048),
+        -- Not a primary key: the legacy partition keeps its own,
+        -- (scope, idempotency_key). The probe of a key descends this
+        -- index once per partition of its owner.
+        CONSTRAINT effects_key UNIQUE (owner, scope, idempotency_key, created_at)
+    ) PARTITION BY RANGE (owner, created_at);
+    CREATE INDEX effects_created_at ON onceflow.effects (created_at);
+    CREATE INDEX effects_event_id ON onceflow.effects (event_id, scope);
+    CREATE INDEX effects_held ON onceflow.effects (scope, held_at) WHERE status = 'held';
+
+    -- The old table's grants, table and column level, carry over.
+    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+              WHERE c.oid = 'onceflow.effects_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT %s ON onceflow.effects TO %s', r.privilege_type, r.grantee::regrole);
+    END LOOP;
+    FOR r IN SELECT att.attname, a.grantee, a.privilege_type FROM pg_attribute att, aclexplode(att.attacl) a
+              WHERE att.attrelid = 'onceflow.effects_legacy'::regclass AND att.attacl IS NOT NULL AND NOT att.attisdropped
+                AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT %s (%I) ON onceflow.effects TO %s', r.privilege_type, r.attname, r.grantee::regrole);
+    END LOOP;
+
+    ALTER TABLE onceflow.effects ATTACH PARTITION onceflow.effects_legacy FOR VALUES FROM ('', MINVALUE) TO ('', MAXVALUE);
+
+    -- Rows no bucket takes (a consumer whose pruner made no bucket yet, or
+    -- not in time): pruned row by row.
+    CREATE TABLE onceflow.effects_default PARTITION OF onceflow.effects DEFAULT;
+    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+              WHERE c.oid = 'onceflow.effects_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
+                AND a.privilege_type IN ('SELECT', 'DELETE')
+    LOOP
+        EXECUTE format('GRANT %s ON onceflow.effects_default TO %s', r.privilege_type, r.grantee::regrole);
+    END LOOP;
+    -- From now on a new row's owner is its scope's (the same transaction as
+    -- the table: no row of a consumer's scope gets owner '' after it).
+    CREATE OR REPLACE FUNCTION onceflow.effect_insert_owner(scope text)
+    RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+        SELECT onceflow.effect_owner(scope)
+    $fn$;
+END $$;
