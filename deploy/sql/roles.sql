@@ -249,6 +249,18 @@ BEGIN
                        'onceflow.inbox_expire_bucket(text, text, timestamptz), '
                        'onceflow.inbox_drop_bucket(text, text, timestamptz) TO %I', v_consumer);
     END IF;
+    -- The partitioned effects ledger (migration 032): retention deletes row
+    -- by row only in the legacy and default partitions, and makes,
+    -- truncates and drops a consumer's bucket partitions through functions
+    -- that run with the owner's rights.
+    IF to_regclass('onceflow.effects_buckets') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT, DELETE ON onceflow.effects_legacy, onceflow.effects_default TO %I', v_consumer);
+        EXECUTE format('GRANT SELECT ON onceflow.effects_buckets TO %I', v_consumer);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.effects_ensure_buckets(text, bigint, timestamptz), '
+                       'onceflow.effects_keep_bucket_rows(text, text, timestamptz), '
+                       'onceflow.effects_expire_bucket(text, text, timestamptz), '
+                       'onceflow.effects_drop_bucket(text, timestamptz) TO %I', v_consumer);
+    END IF;
     -- The effects ledger's protocol functions (effects.Do, and fences from
     -- other languages, run them with the caller's rights).
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p

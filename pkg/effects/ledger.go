@@ -257,7 +257,7 @@ func LookupScoped(ctx context.Context, db dbtx.DB, scope, key string) (e Entry, 
 		sum     *string
 	)
 	err = db.QueryRow(ctx, `SELECT scope, idempotency_key, event_id, status, attempts, result_code, result::text
-	  FROM onceflow.effects WHERE scope = $1 AND idempotency_key = $2`, scope, key).
+	  FROM onceflow.effects WHERE owner = onceflow.effect_row_owner($1, $2) AND scope = $1 AND idempotency_key = $2`, scope, key).
 		Scan(&e.Scope, &e.Key, &eventID, &e.Status, &e.Attempts, &code, &sum)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, false, nil

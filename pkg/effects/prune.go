@@ -26,24 +26,39 @@ func DeleteDone(ctx context.Context, db dbtx.DB, scopePrefix string, eventIDs []
 	return tag.RowsAffected(), nil
 }
 
-// qDeleteDoneOfInboxBucket deletes the done rows, in the scopes under $6,
+// qDeleteDoneOfInboxBucket deletes the done rows, in the scopes under $5,
 // of the events whose processed, not late, inbox rows are in consumer $1's
-// bucket ($2 lane, [$3, $4) event_at; partition-pruned to it).
+// bucket ($2 lane, [$3, $4) event_at; partition-pruned to it), from the
+// legacy and default partitions of the ledger only: the rows in an effects
+// bucket go with their own bucket.
 const qDeleteDoneOfInboxBucket = `
-DELETE FROM onceflow.effects e
- WHERE e.status = 'done' AND starts_with(e.scope, $5) AND e.event_id IS NOT NULL
-   AND EXISTS (SELECT 1 FROM onceflow.inbox i
-                WHERE i.lane = $2 AND i.consumer = $1 AND i.event_at >= $3 AND i.event_at < $4
-                  AND i.event_id = e.event_id AND i.status = 'processed' AND NOT i.late)`
+WITH legacy AS (
+    DELETE FROM onceflow.effects_legacy e
+     WHERE e.status = 'done' AND starts_with(e.scope, $5) AND e.event_id IS NOT NULL
+       AND EXISTS (SELECT 1 FROM onceflow.inbox i
+                    WHERE i.lane = $2 AND i.consumer = $1 AND i.event_at >= $3 AND i.event_at < $4
+                      AND i.event_id = e.event_id AND i.status = 'processed' AND NOT i.late)
+    RETURNING 1
+), dflt AS (
+    DELETE FROM onceflow.effects_default e
+     WHERE e.status = 'done' AND e.owner = $5 AND e.event_id IS NOT NULL
+       AND EXISTS (SELECT 1 FROM onceflow.inbox i
+                    WHERE i.lane = $2 AND i.consumer = $1 AND i.event_at >= $3 AND i.event_at < $4
+                      AND i.event_id = e.event_id AND i.status = 'processed' AND NOT i.late)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM legacy) + (SELECT count(*) FROM dflt)`
 
 // DeleteDoneOfInboxBucket deletes the done ledger rows (in the scopes under
-// scopePrefix) of the events whose inbox rows retention is about to remove
-// with their time bucket (inbox.ExpireBucket), and returns how many it
-// deleted.
+// scopePrefix, a consumer's ConsumerScopePrefix) of the events whose inbox
+// rows retention is about to remove with their time bucket
+// (inbox.ExpireBucket), and returns how many it deleted. It deletes only
+// in the partitions pruned row by row, legacy and default: the consumer's
+// effects buckets are removed whole (ExpireBucket).
 func DeleteDoneOfInboxBucket(ctx context.Context, db dbtx.DB, scopePrefix, consumer, lane string, from, to time.Time) (int64, error) {
-	tag, err := db.Exec(ctx, qDeleteDoneOfInboxBucket, consumer, lane, from, to, scopePrefix)
-	if err != nil {
+	var n int64
+	if err := db.QueryRow(ctx, qDeleteDoneOfInboxBucket, consumer, lane, from, to, scopePrefix).Scan(&n); err != nil {
 		return 0, fmt.Errorf("prune effects: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }

@@ -47,7 +47,9 @@ const (
 )
 
 // pruneBuckets removes consumer's expired time buckets: for each, the done
-// effects of its processed events are deleted, its parked, held, dead and
+// effects of its processed events are deleted from the effects partitions
+// pruned row by row (legacy, default; the effects buckets go whole, see
+// pruneEffectBuckets), its parked, held, dead and
 // late rows move to the legacy partition, it is truncated, then dropped.
 // A bucket whose lock was not had in bucketTries tries is left for the next
 // pass (a truncated one is only dropped then).
@@ -96,6 +98,74 @@ func pruneBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer str
 			st.InboxBuckets++
 		}
 		ok, err := withLockRetry(ctx, func() error { return inbox.DropBucket(ctx, conn, consumer, b) })
+		if err != nil {
+			return err
+		}
+		if !ok {
+			st.BucketsBusy++
+		}
+	}
+	return nil
+}
+
+// pruneEffectBuckets makes consumer's current and next effects buckets and
+// removes its expired ones: a bucket expires when its end is older than the
+// policy's longest TTL (that is not permanent) and one bucket width. The
+// rows it must keep move to the legacy partition (effects.KeepBucketRows,
+// then effects.ExpireBucket for those that changed meanwhile), then it is
+// truncated, then dropped; a bucket whose lock was not had in
+// bucketTries tries is left for the next pass. A bucket that could not be
+// made now is not an error: its rows go to the default partition (pruned
+// row by row), and the next pass tries again.
+func pruneEffectBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer string, st *Stats) error {
+	keep := p.policy.maxTTL()
+	if keep == 0 {
+		return nil
+	}
+	if _, err := withLockRetry(ctx, func() error {
+		_, err := effects.EnsureBuckets(ctx, conn, consumer, keep)
+		return err
+	}); err != nil {
+		return err
+	}
+	buckets, err := effects.Buckets(ctx, conn, consumer)
+	if err != nil {
+		return err
+	}
+	for _, b := range buckets {
+		if !b.To.Before(p.now.Add(-(keep + b.Width()))) {
+			continue
+		}
+		if !b.Truncated {
+			n, err := effects.BucketRows(ctx, conn, consumer, b)
+			if err != nil {
+				return err
+			}
+			// The long part (the bucket read, an inbox probe per done row)
+			// under row locks only; then the lock, for the rest.
+			kept, err := effects.KeepBucketRows(ctx, conn, consumer, b)
+			st.EffectsKept += kept
+			if err != nil {
+				return err
+			}
+			var moved int64
+			ok, err := withLockRetry(ctx, func() error {
+				var err error
+				moved, err = effects.ExpireBucket(ctx, conn, consumer, b)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if !ok {
+				st.BucketsBusy++
+				continue
+			}
+			st.Effects += max(0, n-kept-moved)
+			st.EffectsKept += moved
+			st.EffectsBuckets++
+		}
+		ok, err := withLockRetry(ctx, func() error { return effects.DropBucket(ctx, conn, consumer, b) })
 		if err != nil {
 			return err
 		}

@@ -210,6 +210,17 @@ func (r *Policy) ttlOf(eventType string) time.Duration {
 	return c.ttl
 }
 
+// maxTTL is the longest TTL of a class that is not permanent (0: none).
+func (r *Policy) maxTTL() time.Duration {
+	var m time.Duration
+	for _, c := range r.Classes {
+		if !c.permanent {
+			m = max(m, c.ttl)
+		}
+	}
+	return m
+}
+
 func (r *Policy) minTTL() time.Duration {
 	var m time.Duration
 	for _, c := range r.Classes {
@@ -280,6 +291,15 @@ type Stats struct {
 	// analyzed bucket, see inbox.BucketRows); BucketsBusy the expired ones
 	// left for the next pass because their lock was not had in time.
 	InboxBuckets, BucketsBusy int
+	// EffectsBuckets counts the effects ledger's time-bucket partitions
+	// removed whole (their rows, but those kept, are counted in Effects:
+	// the planner's estimate of an analyzed bucket, see
+	// effects.BucketRows); EffectsKept the rows moved out of them into the
+	// legacy partition (intents, held effects, rows without an event, done
+	// effects whose event still has an inbox row). An expired effects
+	// bucket whose lock was not had in time counts in BucketsBusy.
+	EffectsBuckets int
+	EffectsKept    int64
 	// Skipped is true when another replica held the pruning lock.
 	Skipped bool
 	// OutboxNotPermitted is true when the database role may not delete
@@ -473,6 +493,12 @@ func pruneEvents(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer stri
 		if err != nil {
 			return err
 		}
+	}
+
+	// The consumer's expired effects buckets, whole (after the inbox rows:
+	// a done effect whose event's inbox row is still there is kept).
+	if err := pruneEffectBuckets(ctx, conn, p, consumer, st); err != nil {
+		return err
 	}
 
 	// Published outbox rows, when this role may delete them.

@@ -527,3 +527,139 @@ func TestPruneBuckets(t *testing.T) {
 		t.Fatalf("moved-1: %d rows, want 1", n)
 	}
 }
+
+// TestPruneEffectBuckets: an expired effects bucket of a consumer is
+// removed whole (truncated, then dropped) once its end is older than the
+// policy's longest TTL and a bucket width, after the rows retention keeps
+// moved to the legacy partition: an intent, a held effect, a done row
+// without an event, and a done row whose event still has an inbox row (a
+// permanent class). Done rows whose inbox row is gone go with the bucket.
+// The kept keys are still found by a claim (done replays its result, held
+// is refused, the intent is claimed again); another consumer's bucket of
+// the same time and the consumer's current bucket keep every row.
+func TestPruneEffectBuckets(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDBUnlessShort(t)
+	ctx := context.Background()
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	count := func(q string, args ...any) int {
+		t.Helper()
+		var n int
+		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return n
+	}
+	// The longest TTL is 24h: buckets of 3 hours, expired once they ended
+	// more than 27 hours ago.
+	r, err := retention.Parse([]byte(`{"classes": [{"match": "pay.*", "keep": "permanent"}, {"match": "*", "keep": "24h"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := retention.Options{Consumer: "c1"}
+	if _, err := retention.Prune(ctx, db.Pool, r, o); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(`SELECT count(*) FROM onceflow.effects_buckets WHERE owner = 'inbox/c1/'`); n != 2 {
+		t.Fatalf("%d effects buckets after the first pass, want the current and the next", n)
+	}
+	// pay.x's event is kept for good in the inbox.
+	exec(`SELECT onceflow.inbox_lane('c1', 'pay.x')`)
+	exec(`SELECT onceflow.inbox_ensure_buckets('c1', 'permanent')`)
+	exec(`INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, lane)
+	      VALUES ('c1', 'e-perm', 'src', 'pay.x', 't', 0, 0, 'processed', 'permanent')`)
+
+	scope := effects.ConsumerScope("c1", "http", "pay")
+	exec(`SELECT onceflow.effects_ensure_buckets('inbox/c1/', 86400, now() - interval '3 days')`)
+	exec(`SELECT onceflow.effects_ensure_buckets('inbox/c2/', 86400, now() - interval '3 days')`)
+	ins := func(owner, scope, key, event, status string, ago string) {
+		t.Helper()
+		exec(`INSERT INTO onceflow.effects (owner, scope, idempotency_key, event_id, status, attempts, result_code, result, held_reason, created_at)
+		      VALUES ($1, $2, $3, NULLIF($4, ''), $5, 1, CASE WHEN $5 = 'done' THEN 200 + length($3) END,
+		              CASE WHEN $5 = 'done' THEN jsonb_build_object('key', $3) END, CASE WHEN $5 = 'held' THEN 'past the window' END,
+		              now() - $6::interval)`, owner, scope, key, event, status, ago)
+	}
+	ins("inbox/c1/", scope, "done-gone", "e-gone", "done", "3 days")
+	ins("inbox/c1/", scope, "done-perm", "e-perm", "done", "3 days")
+	ins("inbox/c1/", scope, "intent", "e-intent", "intent", "3 days")
+	ins("inbox/c1/", scope, "held", "e-held", "held", "3 days")
+	ins("inbox/c1/", scope, "no-event", "", "done", "3 days")
+	ins("inbox/c1/", scope, "fresh", "e-fresh", "done", "1 minute")
+	ins("inbox/c2/", effects.ConsumerScope("c2", "http", "pay"), "other", "e-other", "done", "3 days")
+	exec(`INSERT INTO onceflow.effects (owner, scope, idempotency_key, event_id, status, attempts, result_code, created_at)
+	      SELECT 'inbox/c1/', $1, 'bulk-' || g, 'e-bulk-' || g, 'done', 1, 200, now() - interval '3 days'
+	        FROM generate_series(1, 1000) g`, scope)
+	var old string
+	if err := db.Pool.QueryRow(ctx, `SELECT e.tableoid::regclass::text FROM onceflow.effects e WHERE e.idempotency_key = 'done-gone'`).Scan(&old); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(old, "onceflow.effects_b_") {
+		t.Fatalf("the old rows lie in %s, not in a bucket", old)
+	}
+
+	st, err := retention.Prune(ctx, db.Pool, r, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bucket of 3 days ago and the next one made with it (empty).
+	if st.EffectsBuckets != 2 || st.EffectsKept != 4 || st.BucketsBusy != 0 {
+		t.Fatalf("pruned %+v, want 2 effects buckets, 4 rows kept", st)
+	}
+	if n := count(`SELECT count(*) FROM pg_class WHERE oid = to_regclass($1)`, old); n != 0 {
+		t.Errorf("the expired bucket's table %s is still there", old)
+	}
+	if n := count(`SELECT count(*) FROM onceflow.effects_buckets WHERE owner = 'inbox/c1/' AND to_at < now() - interval '1 day'`); n != 0 {
+		t.Errorf("%d expired buckets still recorded", n)
+	}
+	if n, want := count(`SELECT count(*) FROM pg_inherits WHERE inhparent = 'onceflow.effects'::regclass`),
+		count(`SELECT count(*) + 2 FROM onceflow.effects_buckets`); n != want {
+		t.Errorf("%d partitions, want %d (the buckets, legacy, default)", n, want)
+	}
+	for _, k := range []string{"done-perm", "intent", "held", "no-event"} {
+		if n := count(`SELECT count(*) FROM onceflow.effects_legacy WHERE owner = '' AND scope = $1 AND idempotency_key = $2`, scope, k); n != 1 {
+			t.Errorf("%s: %d rows in the legacy partition, want 1 (kept out of the expired bucket)", k, n)
+		}
+	}
+	if n := count(`SELECT count(*) FROM onceflow.effects WHERE idempotency_key = 'done-gone' OR idempotency_key LIKE 'bulk-%'`); n != 0 {
+		t.Errorf("%d done rows whose inbox row is gone are left", n)
+	}
+	for _, k := range []string{"fresh", "other"} {
+		if n := count(`SELECT count(*) FROM onceflow.effects WHERE idempotency_key = $1`, k); n != 1 {
+			t.Errorf("%s: %d rows, want 1", k, n)
+		}
+	}
+	// No dead row versions: the expired rows went with their table.
+	if n := count(`SELECT coalesce(sum(n_dead_tup), 0)::int FROM pg_stat_user_tables
+	                WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'onceflow.effects'::regclass)`); n != 0 {
+		t.Errorf("%d dead tuples in the ledger's partitions", n)
+	}
+
+	// The kept keys are found where they moved: done replays its result
+	// (both protocols), held is refused, the intent is claimed again.
+	for _, k := range []string{"done-perm", "no-event"} {
+		c, err := effects.ClaimLease(ctx, db.Pool, scope, k, "", "me", time.Minute)
+		if err != nil || c.Status != effects.StatusDone || c.Result.Code != 200+len(k) || !strings.Contains(string(c.Result.Summary), k) {
+			t.Errorf("lease claim of %s: %+v, %v; want its recorded result", k, c, err)
+		}
+		var status string
+		var code int
+		if err := db.Pool.QueryRow(ctx, `SELECT status, result_code FROM onceflow.effect_claim($1, $2)`, k, scope).Scan(&status, &code); err != nil ||
+			status != "done" || code != 200+len(k) {
+			t.Errorf("session claim of %s: %s %d, %v; want done", k, status, code, err)
+		}
+	}
+	if _, err := effects.ClaimLease(ctx, db.Pool, scope, "held", "e-held", "me", time.Minute); !errors.Is(err, effects.ErrHeld) {
+		t.Errorf("claim of the held effect: %v, want ErrHeld", err)
+	}
+	if c, err := effects.ClaimLease(ctx, db.Pool, scope, "intent", "e-intent", "me", time.Minute); err != nil || c.Status != effects.StatusClaimed || c.Attempts != 2 {
+		t.Errorf("claim of the intent: %+v, %v; want claimed, attempt 2", c, err)
+	}
+	if n := count(`SELECT count(*) FROM onceflow.effects WHERE scope = $1 AND idempotency_key IN ('done-perm', 'no-event', 'held', 'intent')`, scope); n != 4 {
+		t.Errorf("%d rows of the kept keys after the claims, want 4", n)
+	}
+}

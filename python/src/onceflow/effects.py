@@ -91,12 +91,19 @@ _CLAIM = (
 )
 _RECORD = "SELECT onceflow.effect_lease_record(%s, %s, %s, %s, %s)"
 _RELEASE = "SELECT onceflow.effect_lease_release(%s, %s, %s)"
-_KEPT = "SELECT result_code, result FROM onceflow.effects WHERE scope = %s AND idempotency_key = %s AND status = 'done'"
+# The row of a key lies in one partition of its owner's or in the legacy one
+# (migration 032): effect_row_owner names which, so the read probes only
+# those partitions.
+_KEPT = (
+    "SELECT result_code, result FROM onceflow.effects"
+    " WHERE owner = onceflow.effect_row_owner(%(scope)s, %(key)s) AND scope = %(scope)s AND idempotency_key = %(key)s"
+    " AND status = 'done'"
+)
 _AGE = "SELECT onceflow.effect_window_age(%s, %s)"
 _HOLD = "SELECT onceflow.effect_hold(%s, %s, %s)"
 _HELD_ROW = (
     "SELECT attempts, onceflow.effect_window_age(idempotency_key, scope) FROM onceflow.effects"
-    " WHERE scope = %s AND idempotency_key = %s"
+    " WHERE owner = onceflow.effect_row_owner(%(scope)s, %(key)s) AND scope = %(scope)s AND idempotency_key = %(key)s"
 )
 _SQLSTATE_HELD = "OFH01"  # a claim of a held key is refused (migration 025)
 
@@ -210,7 +217,7 @@ class Fence:
             with self._open() as conn:
                 row = conn.execute(_RECORD, args).fetchone()
                 if row is None or not row[0]:
-                    kept = conn.execute(_KEPT, (self.scope, self.key)).fetchone()
+                    kept = conn.execute(_KEPT, {"scope": self.scope, "key": self.key}).fetchone()
                 if not conn.autocommit:
                     conn.commit()
         except psycopg.Error as err:
@@ -231,7 +238,7 @@ class Fence:
                 cur = await conn.execute(_RECORD, args)
                 row = await cur.fetchone()
                 if row is None or not row[0]:
-                    cur = await conn.execute(_KEPT, (self.scope, self.key))
+                    cur = await conn.execute(_KEPT, {"scope": self.scope, "key": self.key})
                     kept = await cur.fetchone()
                 if not conn.autocommit:
                     await conn.commit()
@@ -295,7 +302,7 @@ def _refused_sync(conn: psycopg.Connection[Any], f: Fence) -> EffectHeldError:
     try:
         if not conn.autocommit:
             conn.rollback()
-        row = conn.execute(_HELD_ROW, (f.scope, f.key)).fetchone()
+        row = conn.execute(_HELD_ROW, {"scope": f.scope, "key": f.key}).fetchone()
         if not conn.autocommit:
             conn.commit()
     except psycopg.Error as err:
@@ -308,7 +315,7 @@ async def _refused_async(conn: psycopg.AsyncConnection[Any], f: Fence) -> Effect
     try:
         if not conn.autocommit:
             await conn.rollback()
-        cur = await conn.execute(_HELD_ROW, (f.scope, f.key))
+        cur = await conn.execute(_HELD_ROW, {"scope": f.scope, "key": f.key})
         row = await cur.fetchone()
         if not conn.autocommit:
             await conn.commit()
