@@ -103,7 +103,7 @@ func peers(tb testing.TB, rep *report, n, wmN int) {
 	rep.measure()(figure{Name: "peers: onceflow default mode vs Watermill", Value: mark.rate(), Unit: "events/s", CeilingName: "Watermill", Ceiling: wm.rate(),
 		Target: ">= 5x", Met: met(mark.rate() >= 5*wm.rate())})
 	rep.measure()(figure{Name: "peers: onceflow default mode vs Debezium", Value: mark.rate(), Unit: "events/s", CeilingName: "Debezium", Ceiling: dbz.rate(),
-		Target: ">= 1.5x", Met: met(mark.rate() >= 1.5*dbz.rate())})
+		Target: ">= 3x", Met: met(mark.rate() >= 3*dbz.rate())})
 	rep.measure()(figure{Name: "peers: onceflow -delete-on-publish vs Debezium", Value: del.rate(), Unit: "events/s", CeilingName: "Debezium", Ceiling: dbz.rate()})
 }
 
