@@ -138,12 +138,12 @@ func TestQueuePlansIgnoreStaleStatistics(t *testing.T) {
 	var seqscan string
 	b := &pgx.Batch{}
 	b.Queue(qIndexPlans)
-	b.Queue(`SELECT current_setting('enable_seqscan') || current_setting('enable_bitmapscan')`).QueryRow(func(r pgx.Row) error { return r.Scan(&seqscan) })
+	b.Queue(`SELECT current_setting('enable_seqscan') || current_setting('enable_bitmapscan') || current_setting('jit')`).QueryRow(func(r pgx.Row) error { return r.Scan(&seqscan) })
 	if err := db.Pool.SendBatch(ctx, b).Close(); err != nil {
 		t.Fatal(err)
 	}
-	if seqscan != "offoff" {
-		t.Errorf("the statement after qIndexPlans in one batch ran with enable_seqscan, enable_bitmapscan = %s, want offoff", seqscan)
+	if seqscan != "offoffoff" {
+		t.Errorf("the statement after qIndexPlans in one batch ran with enable_seqscan, enable_bitmapscan, jit = %s, want offoffoff", seqscan)
 	}
 	if err := db.Pool.QueryRow(ctx, `SELECT current_setting('enable_seqscan') || current_setting('enable_bitmapscan')`).Scan(&seqscan); err != nil {
 		t.Fatal(err)

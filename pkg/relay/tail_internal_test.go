@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,5 +124,59 @@ func TestTailSweepStopsAtTheBatch(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("row %d published %d times", id, n)
 		}
+	}
+}
+
+// TestReaderStatementsAreNotJITCompiled: the reader's transaction and its
+// idle poll's batch turn JIT compilation off. The sweep's cost estimate is
+// far above jit_above_cost, and compiling it took 17–23 ms of a 3.5–4 ms
+// tail (about a third of the drain's rate). Here the threshold is lowered
+// to 0, so that with JIT on the server would compile the sweep whatever
+// its estimate: the plan must have no JIT section.
+func TestReaderStatementsAreNotJITCompiled(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	var available bool
+	if err := db.Pool.QueryRow(ctx, `SELECT pg_jit_available()`).Scan(&available); err != nil {
+		t.Fatal(err)
+	}
+	if !available {
+		t.Fatal("this PostgreSQL has no JIT provider (llvmjit), so the check cannot tell; the Debian postgresql package has it")
+	}
+	rd := testReader(t, Config{DB: db.Pool, BatchMaxRows: 100, BatchMaxBytes: 4 << 20})
+	sweep, args := rd.lay.sharded(qSweep, qSweepShard, int64(0), int64(math.MaxInt64-1))
+	plan := func(begin string) string {
+		t.Helper()
+		var out string
+		if err := pgx.BeginTxFunc(ctx, db.Pool, pgx.TxOptions{BeginQuery: begin}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL jit_above_cost = 0`); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sweep, args...).Scan(&out)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	// The check itself: JIT compiles the sweep when it is allowed to.
+	if p := plan(`BEGIN ISOLATION LEVEL REPEATABLE READ`); !strings.Contains(p, `"JIT"`) {
+		t.Fatalf("with jit_above_cost 0 and JIT on, the sweep was not compiled: the check cannot tell (plan %.300s)", p)
+	}
+	if p := plan(qBeginWalk); strings.Contains(p, `"JIT"`) {
+		t.Errorf("the sweep in a transaction begun by qBeginWalk was JIT-compiled: %.300s", p)
+	}
+	var jit string
+	b := &pgx.Batch{}
+	b.Queue(qIndexPlans)
+	b.Queue(`SELECT current_setting('jit')`).QueryRow(func(r pgx.Row) error { return r.Scan(&jit) })
+	if err := db.Pool.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if jit != "off" {
+		t.Errorf("the idle poll's batch (after qIndexPlans) runs with jit = %s, want off", jit)
 	}
 }
