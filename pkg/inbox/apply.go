@@ -297,11 +297,22 @@ func (a *applier) allKnown(ctx context.Context, items []item) (bool, error) {
 		return false, err
 	}
 	var n int
-	if err := a.cfg.Pool.QueryRow(ctx, q, a.cfg.ConsumerName, keys).Scan(&n); err != nil {
+	if err := a.cfg.Pool.QueryRow(ctx, q, probeMode, a.cfg.ConsumerName, keys).Scan(&n); err != nil {
 		return false, fmt.Errorf("probe inbox: %w", err)
 	}
 	return n == len(seen), nil
 }
+
+// probeMode runs the statements that probe the consumer's inbox partitions
+// for a batch's keys (qInsertBatch, qKnown) as unnamed statements, which
+// PostgreSQL plans for their arguments at every execution. A prepared
+// statement switches to a generic plan after five executions, and one made
+// while the partitions were nearly empty reads each of them whole (a
+// sequential scan, hashed) at every batch from then on, however large they
+// grow: a drain of 100k events into a fresh consumer's inbox fell from
+// 36k to 3–4k events/s in some runs (session 13, auto_explain). Planning a
+// batch's statement costs well under a millisecond.
+const probeMode = pgx.QueryExecModeCacheDescribe
 
 // batchLanes are the lanes of a batch's valid items (by item index; ""
 // for a malformed one) and the lanes the dedup probe covers.
@@ -386,7 +397,10 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.Query(ctx, q, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
+	// Planned for its arguments at every batch (probeMode): the probe of
+	// the consumer's partitions must not run a plan made when they were
+	// empty.
+	rows, err := tx.Query(ctx, q, probeMode, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
 		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
@@ -478,5 +479,61 @@ func TestReplayUsesGuardSettings(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[m3 bad-m4]" {
 		t.Fatalf("replay applied %v, want [m3 bad-m4]", got)
+	}
+}
+
+// TestProbeNeverRunsAGenericPlan: the statements that probe the consumer's
+// partitions for a batch's keys (the insert, and the read-only check of a
+// batch of redeliveries) are planned for their arguments at every batch. As
+// prepared statements they switched to a generic plan after five
+// executions, and the one made while the partitions were nearly empty read
+// each partition whole at every later batch (drains of 100k events fell
+// from 36k to 3–4k events/s). One connection applies twelve batches and
+// twelve redeliveries; no statement of its session that reads the inbox's
+// partitions may have run a generic plan.
+func TestProbeNeverRunsAGenericPlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupApply(t, nil)
+	pc, err := pgxpool.ParseConfig(s.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s.app.cfg.Pool = pool
+	var seq, off int64
+	for b := range 12 {
+		var batch []*kgo.Record
+		for range 5 {
+			seq++
+			off++
+			batch = append(batch, rec(fmt.Sprintf("g-%d", seq), seq, off))
+		}
+		if _, err := s.app.applyTx(ctx, items(batch...)); err != nil {
+			t.Fatalf("batch %d: %v", b, err)
+		}
+		// The same records again: the read-only probe of redeliveries.
+		if _, err := s.app.applyTx(ctx, items(batch...)); err != nil {
+			t.Fatalf("redelivery of batch %d: %v", b, err)
+		}
+	}
+	var generic, statements int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), count(*) FROM pg_prepared_statements
+		WHERE statement LIKE '%FROM onceflow.inbox k%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&generic, &statements); err != nil {
+		t.Fatal(err)
+	}
+	if generic > 0 {
+		var which []string
+		rows, err := pool.Query(ctx, `SELECT left(regexp_replace(statement, '\s+', ' ', 'g'), 200) FROM pg_prepared_statements
+			WHERE statement LIKE '%FROM onceflow.inbox k%' AND statement NOT LIKE '%pg_prepared_statements%' AND generic_plans > 0`)
+		if err == nil {
+			which, _ = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		t.Fatalf("%d prepared statement(s) probing the inbox ran %d generic plan(s): %q", statements, generic, which)
 	}
 }
