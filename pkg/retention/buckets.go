@@ -71,6 +71,7 @@ func pruneBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer str
 		if ttl == 0 || b.To.After(p.now.Add(-ttl)) {
 			continue
 		}
+		var rows int64 // the bucket's rows before its expiry
 		if !b.Truncated {
 			n, err := inbox.BucketRows(ctx, conn, consumer, b)
 			if err != nil {
@@ -81,28 +82,17 @@ func pruneBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer str
 			if err != nil {
 				return err
 			}
-			var moved int64
-			ok, err := withLockRetry(ctx, func() error {
-				var err error
-				moved, err = inbox.ExpireBucket(ctx, conn, consumer, b)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			if !ok {
-				st.BucketsBusy++
-				continue
-			}
-			st.Inbox += max(0, n-moved)
+			rows = n
+		}
+		expired, moved, err := expireAndDrop(ctx, st, b.Truncated,
+			func() (int64, error) { return inbox.ExpireBucket(ctx, conn, consumer, b) },
+			func() error { return inbox.DropBucket(ctx, conn, consumer, b) })
+		if expired {
+			st.Inbox += max(0, rows-moved)
 			st.InboxBuckets++
 		}
-		ok, err := withLockRetry(ctx, func() error { return inbox.DropBucket(ctx, conn, consumer, b) })
 		if err != nil {
 			return err
-		}
-		if !ok {
-			st.BucketsBusy++
 		}
 	}
 	return nil
@@ -136,6 +126,7 @@ func pruneEffectBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consum
 		if !b.To.Before(p.now.Add(-(keep + b.Width()))) {
 			continue
 		}
+		var rows int64 // the bucket's rows before its expiry, less those kept already
 		if !b.Truncated {
 			n, err := effects.BucketRows(ctx, conn, consumer, b)
 			if err != nil {
@@ -148,32 +139,49 @@ func pruneEffectBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consum
 			if err != nil {
 				return err
 			}
-			var moved int64
-			ok, err := withLockRetry(ctx, func() error {
-				var err error
-				moved, err = effects.ExpireBucket(ctx, conn, consumer, b)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			if !ok {
-				st.BucketsBusy++
-				continue
-			}
-			st.Effects += max(0, n-kept-moved)
+			rows = n - kept
+		}
+		expired, moved, err := expireAndDrop(ctx, st, b.Truncated,
+			func() (int64, error) { return effects.ExpireBucket(ctx, conn, consumer, b) },
+			func() error { return effects.DropBucket(ctx, conn, consumer, b) })
+		if expired {
+			st.Effects += max(0, rows-moved)
 			st.EffectsKept += moved
 			st.EffectsBuckets++
 		}
-		ok, err := withLockRetry(ctx, func() error { return effects.DropBucket(ctx, conn, consumer, b) })
 		if err != nil {
 			return err
 		}
-		if !ok {
-			st.BucketsBusy++
-		}
 	}
 	return nil
+}
+
+// expireAndDrop empties a bucket by expire (its locked step, which returns
+// the rows it moved out) and then drops it, each retried on lock waits
+// (withLockRetry); a bucket truncated already is only dropped. A step whose
+// lock was not had in bucketTries tries leaves the bucket for the next pass
+// and counts in st.BucketsBusy (a bucket not emptied is not dropped).
+// expired tells whether expire ran now.
+func expireAndDrop(ctx context.Context, st *Stats, truncated bool, expire func() (int64, error), drop func() error) (expired bool, moved int64, err error) {
+	if !truncated {
+		ok, err := withLockRetry(ctx, func() error {
+			var err error
+			moved, err = expire()
+			return err
+		})
+		if err != nil || !ok {
+			if err == nil {
+				st.BucketsBusy++
+			}
+			return false, 0, err
+		}
+		expired = true
+	}
+	ok, err := withLockRetry(ctx, drop)
+	if err == nil && !ok {
+		st.BucketsBusy++
+	}
+	return expired, moved, err
 }
 
 // withLockRetry runs f until it does not fail for a lock wait (SQLSTATE
