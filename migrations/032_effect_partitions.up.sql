@@ -70,13 +70,6 @@ AS $fn$
     SELECT coalesce(substring(scope FROM '^inbox/[^/]*/'), '')
 $fn$;
 
--- A new key is inserted only in a READ COMMITTED transaction: the probe
--- of the key's partitions must see the rows committed while it waited for
--- the key's lock, which a REPEATABLE READ or SERIALIZABLE snapshot taken
--- before the wait does not (an INSERT ... ON CONFLICT raised a
--- serialization failure there; a probe would miss the row and insert the
--- key twice). SQLSTATE 0A000: retrying in the same isolation would fail
--- again.
 -- The owner column of the row of (scope, key): the scope's owner when the
 -- row lies in one of its partitions, '' when it lies in the legacy one,
 -- NULL when there is none. Two probes, each one index descent per
@@ -104,6 +97,13 @@ BEGIN
 END
 $fn$;
 
+-- A new key is inserted only in a READ COMMITTED transaction: the probe
+-- of the key's partitions must see the rows committed while it waited for
+-- the key's lock, which a REPEATABLE READ or SERIALIZABLE snapshot taken
+-- before the wait does not (an INSERT ... ON CONFLICT raised a
+-- serialization failure there; a probe would miss the row and insert the
+-- key twice). SQLSTATE 0A000: retrying in the same isolation would fail
+-- again.
 CREATE OR REPLACE FUNCTION onceflow.effect_new_key_check(fn text)
 RETURNS void
 LANGUAGE plpgsql STABLE
