@@ -246,6 +246,10 @@ func (n *Node) signalWait(sig syscall.Signal, cancel <-chan struct{}) error {
 	}
 }
 
+// ErrExitedDuringStart is WaitReady's error when the node's process ended
+// before it answered.
+var ErrExitedDuringStart = errors.New("kafka exited during start")
+
 // WaitReady calls ping (a metadata request by the caller's client) every
 // 200ms until it succeeds, the process exits or ctx ends.
 func (n *Node) WaitReady(ctx context.Context, ping func(context.Context) error) error {
@@ -260,7 +264,7 @@ func (n *Node) WaitReady(ctx context.Context, ping func(context.Context) error) 
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("kafka exited during start: see %s", n.LogHint())
+			return fmt.Errorf("%w: see %s", ErrExitedDuringStart, n.LogHint())
 		case <-ctx.Done():
 			return fmt.Errorf("kafka did not answer (%v): see %s", last, n.LogHint())
 		case <-time.After(200 * time.Millisecond):

@@ -34,6 +34,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	deploysql "github.com/onceflow/onceflow/deploy/sql"
+	"github.com/onceflow/onceflow/internal/kafkanode"
 	"github.com/onceflow/onceflow/internal/pgtemp"
 	"github.com/onceflow/onceflow/internal/procs"
 	"github.com/onceflow/onceflow/internal/tcpproxy"
@@ -286,6 +287,7 @@ func (r *run) setup(ctx context.Context) error {
 	type started struct {
 		kc           *cluster
 		diskErr, err error
+		retried      error // the first try's error, when the cluster was started twice
 	}
 	kafkaCh := make(chan started, 1)
 	var diskSize int64
@@ -293,15 +295,31 @@ func (r *run) setup(ctx context.Context) error {
 		diskSize = brokerDiskSize
 	}
 	go func() {
-		kc, diskErr, err := startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize,
-			slices.Contains(r.cfg.Kinds, KindBrokerPartition) || slices.Contains(r.cfg.Kinds, KindBrokerCtrlPartition))
-		kafkaCh <- started{kc, diskErr, err}
+		peers := slices.Contains(r.cfg.Kinds, KindBrokerPartition) || slices.Contains(r.cfg.Kinds, KindBrokerCtrlPartition)
+		kc, diskErr, err := startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka"), diskSize, peers)
+		var retried error
+		if errors.Is(err, kafkanode.ErrExitedDuringStart) {
+			// A broker whose JVM ended while starting (seen once in CI: a
+			// NullPointerException in Kafka's own startup, its log gone
+			// with the run) is not the soak's subject: the whole cluster is
+			// started once more, on new ports and in a new directory (the
+			// first one's logs stay).
+			if kc != nil {
+				kc.stop()
+			}
+			retried = err
+			kc, diskErr, err = startCluster(ctx, r.cfg.ServicesScript, filepath.Join(r.work, "kafka-again"), diskSize, peers)
+		}
+		kafkaCh <- started{kc, diskErr, err, retried}
 	}()
 	kafkaJoined := false
 	joinKafka := func() started {
 		kafkaJoined = true
 		k := <-kafkaCh
 		r.kc = k.kc // stopped by teardown
+		if k.retried != nil {
+			r.printf("  kafka      a broker exited while the cluster started; started it again: %v\n", k.retried)
+		}
 		return k
 	}
 	defer func() {
