@@ -537,3 +537,67 @@ func TestProbeNeverRunsAGenericPlan(t *testing.T) {
 		t.Fatalf("%d prepared statement(s) probing the inbox ran %d generic plan(s): %q", statements, generic, which)
 	}
 }
+
+// TestProbeReadsOnlyTheBatchKeys: the dedup probes (the insert's and the
+// read-only check of redeliveries) find a batch's keys one by one, however
+// stale the partitions' statistics. With statistics taken while the inbox
+// was empty (a fresh consumer draining a backlog: autovacuum analyzes a
+// minute later at best), a probe of "event_id = ANY(batch)" was planned as
+// a scan of every row of the consumer with the keys as a filter, so each
+// batch read the whole inbox (31 ms a batch at 100k rows in the consumer
+// drain, growing with the inbox; session 14). The probes may read no more
+// inbox rows than the batch has keys.
+func TestProbeReadsOnlyTheBatchKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupApply(t, nil)
+	consumer := s.app.cfg.ConsumerName
+	if _, err := s.db.Pool.Exec(ctx, `VACUUM ANALYZE onceflow.inbox`); err != nil {
+		t.Fatal(err)
+	}
+	const inboxRows, batch = 100_000, 500
+	if _, err := s.db.Pool.Exec(ctx, `
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status)
+SELECT $1, 'old-' || g, 's' || (g % 100), g, 't', 'topic', 0, g, 'processed' FROM generate_series(1, $2::int) g`, consumer, inboxRows); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := s.app.lanes.probeLanes(ctx, s.db.Pool, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Half the batch is known (redeliveries), half is new.
+	ids := make([]string, batch)
+	sources, types, producers, lanes := make([]string, batch), make([]string, batch), make([]string, batch), make([]string, batch)
+	seqs, offsets := make([]int64, batch), make([]int64, batch)
+	for i := range ids {
+		if i%2 == 0 {
+			ids[i] = fmt.Sprintf("old-%d", 1000+i)
+		} else {
+			ids[i] = fmt.Sprintf("new-%d", i)
+		}
+		sources[i], types[i], lanes[i] = "s", "t", "legacy"
+		seqs[i], offsets[i] = int64(inboxRows+i+1), int64(inboxRows+i+1)
+	}
+	known, err := withLanes(qKnown, probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert, err := withLanes(qInsertBatch, probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		q    string
+		args []any
+	}{
+		{"read-only probe (qKnown)", known, []any{consumer, ids}},
+		{"insert's probe (qInsertBatch)", insert, []any{consumer, "topic", int32(0), ids, sources, seqs, types, offsets,
+			"g", int64(inboxRows + batch + 1), nil, producers, lanes}},
+	} {
+		read := testkit.RowsRead(t, s.db.Pool, "inbox", c.q, c.args...)
+		if read > batch {
+			t.Errorf("%s read %v inbox rows for a batch of %d keys (inbox of %d rows)", c.name, read, batch, inboxRows)
+		}
+	}
+}

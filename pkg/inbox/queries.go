@@ -62,8 +62,9 @@ WITH next_offset AS (
     ON CONFLICT (group_id, topic, kafka_partition)
     DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()
 ), known AS (
-    SELECT k.event_id FROM onceflow.inbox k
-    WHERE {probe k} AND k.event_id = ANY($4::text[])
+    SELECT k.event_id FROM unnest($4::text[]) AS b(event_id)
+    CROSS JOIN LATERAL (SELECT k.event_id FROM onceflow.inbox k
+                        WHERE {probe k} AND k.event_id = b.event_id LIMIT 1) AS k
 )
 INSERT INTO onceflow.inbox
     (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer, lane)
@@ -79,7 +80,9 @@ RETURNING event_id`
 // redeliveries. (A malformed record dead-lettered under the older key form
 // is not known here; the transaction's qInsertDead finds it.)
 const qKnown = `
-SELECT count(*) FROM onceflow.inbox i WHERE {probe i} AND i.event_id = ANY($2::text[])`
+SELECT count(*) FROM (SELECT DISTINCT b FROM unnest($2::text[]) AS b) AS b(event_id)
+CROSS JOIN LATERAL (SELECT 1 FROM onceflow.inbox i
+                    WHERE {probe i} AND i.event_id = b.event_id LIMIT 1) AS i`
 
 // qInsertDead records a dead letter (a malformed record, or an event whose
 // handler kept failing), keeping headers and payload for replay, in the
