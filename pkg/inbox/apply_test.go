@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -598,6 +599,74 @@ SELECT $1, 'old-' || g, 's' || (g % 100), g, 't', 'topic', 0, g, 'processed' FRO
 		read := testkit.RowsRead(t, s.db.Pool, "inbox", c.q, c.args...)
 		if read > batch {
 			t.Errorf("%s read %v inbox rows for a batch of %d keys (inbox of %d rows)", c.name, read, batch, inboxRows)
+		}
+	}
+}
+
+// TestProbeReadsOnlyItsConsumersPartitions: the batch probes read the
+// probing consumer's partitions only, never another consumer name's
+// buckets of the same lanes (many services may share one database). Written
+// as one filter "(lane = 'l1' AND consumer = $1 OR …)", PostgreSQL factored
+// the consumer out of the arms and pruned by lane alone: every consumer's
+// buckets of those lanes were read for every id.
+func TestProbeReadsOnlyItsConsumersPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupApply(t, nil)
+	consumer := s.app.cfg.ConsumerName
+	for _, c := range []string{consumer, "other"} {
+		if _, err := s.db.Pool.Exec(ctx, `INSERT INTO onceflow.inbox_lanes (consumer, event_type, lane) VALUES ($1, 't', 'ttl-86400s')`, c); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range []string{"ttl-86400s", "permanent"} {
+			if _, err := s.db.Pool.Exec(ctx, `SELECT onceflow.inbox_ensure_buckets($1, $2)`, c, l); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	others := map[string]bool{}
+	rows, err := s.db.Pool.Query(ctx, `SELECT relname FROM onceflow.inbox_buckets WHERE consumer = 'other'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(names) < 2 {
+		t.Fatalf("other consumer's buckets: %v, %v", names, err)
+	}
+	for _, n := range names {
+		others[n] = true
+	}
+	probe, err := s.app.lanes.probeLanes(ctx, s.db.Pool, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(probe, "ttl-86400s") {
+		t.Fatalf("probe lanes %v, want the ttl lane", probe)
+	}
+	ids := []string{"a", "b", "c"}
+	known, err := withLanes(qKnown, probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert, err := withLanes(qInsertBatch, probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	three := func(v string) []string { return []string{v, v, v} }
+	for _, c := range []struct {
+		name string
+		q    string
+		args []any
+	}{
+		{"read-only probe (qKnown)", known, []any{consumer, ids}},
+		{"insert's probe (qInsertBatch)", insert, []any{consumer, "topic", int32(0), ids, three("s"), []int64{1, 2, 3}, three("t"),
+			[]int64{1, 2, 3}, "g", int64(4), nil, three(""), three("ttl-86400s")}},
+	} {
+		read := testkit.ExplainAnalyze(t, s.db.Pool, c.q, c.args...).Relations()
+		for rel := range read {
+			if others[rel] {
+				t.Errorf("%s read %s, a partition of another consumer (read: %v)", c.name, rel, read)
+			}
 		}
 	}
 }

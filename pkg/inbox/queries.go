@@ -23,11 +23,16 @@ FROM (SELECT DISTINCT hashtext($1 || E'\n' || k) AS h FROM unnest($2::text[]) AS
 // withLanes writes the partitions a dedup probe covers into a statement:
 // "{probe x}" becomes "(x.lane = 'l1' AND x.consumer = $1 OR ...)" for each
 // lane, constants the planner prunes the other lanes' partitions with, and
-// each arm with both keys, which prunes the other consumers' partitions
-// when the statement starts (an array parameter prunes nothing in a
-// generic plan, which would then read every partition of every consumer).
-// $1 is the consumer in every statement that has a probe. The lanes come
-// from onceflow.inbox_lane, which makes only these forms.
+// each arm with both keys. PostgreSQL factors the common "consumer = $1"
+// out of the arms, and the lane alone (the first column of the partition
+// key) prunes only the other lanes: the same lanes' partitions of every
+// other consumer name are read too. "{lookup e}" is the look-up of one id,
+// the expression e, as a subquery of one arm per lane, each with lane and
+// consumer side by side (UNION ALL, LIMIT 1: the first arm that has it
+// ends the look-up), which prunes to the consumer's own partitions of the
+// lane; the batch probes use it. $1 is the consumer in every statement
+// that has a probe. The lanes come from onceflow.inbox_lane, which makes
+// only these forms.
 func withLanes(q string, lanes []string) (string, error) {
 	for _, l := range lanes {
 		if !laneName.MatchString(l) {
@@ -41,8 +46,23 @@ func withLanes(q string, lanes []string) (string, error) {
 		}
 		q = strings.ReplaceAll(q, "{probe "+alias+"}", "("+strings.Join(arms, " OR ")+")")
 	}
-	return q, nil
+	var err error
+	q = lookup.ReplaceAllStringFunc(q, func(m string) string {
+		id := lookup.FindStringSubmatch(m)[1]
+		if len(lanes) == 0 {
+			err = fmt.Errorf("inbox: a look-up needs at least one lane")
+			return m
+		}
+		arms := make([]string, len(lanes))
+		for j, l := range lanes {
+			arms[j] = fmt.Sprintf("SELECT 1 FROM onceflow.inbox x WHERE x.lane = '%s' AND x.consumer = $1 AND x.event_id = %s", l, id)
+		}
+		return "(" + strings.Join(arms, " UNION ALL ") + " LIMIT 1)"
+	})
+	return q, err
 }
+
+var lookup = regexp.MustCompile(`\{lookup ([a-z_]+\.[a-z_]+)\}`)
 
 var laneName = regexp.MustCompile(`^(legacy|permanent|ttl-[0-9]+s)$`)
 
@@ -62,9 +82,8 @@ WITH next_offset AS (
     ON CONFLICT (group_id, topic, kafka_partition)
     DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()
 ), known AS (
-    SELECT k.event_id FROM unnest($4::text[]) AS b(event_id)
-    CROSS JOIN LATERAL (SELECT k.event_id FROM onceflow.inbox k
-                        WHERE {probe k} AND k.event_id = b.event_id LIMIT 1) AS k
+    SELECT b.event_id FROM unnest($4::text[]) AS b(event_id)
+    CROSS JOIN LATERAL {lookup b.event_id} AS k
 )
 INSERT INTO onceflow.inbox
     (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer, lane)
@@ -81,8 +100,7 @@ RETURNING event_id`
 // is not known here; the transaction's qInsertDead finds it.)
 const qKnown = `
 SELECT count(*) FROM (SELECT DISTINCT b FROM unnest($2::text[]) AS b) AS b(event_id)
-CROSS JOIN LATERAL (SELECT 1 FROM onceflow.inbox i
-                    WHERE {probe i} AND i.event_id = b.event_id LIMIT 1) AS i`
+CROSS JOIN LATERAL {lookup b.event_id} AS i`
 
 // qInsertDead records a dead letter (a malformed record, or an event whose
 // handler kept failing), keeping headers and payload for replay, in the
