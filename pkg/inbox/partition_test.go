@@ -300,3 +300,48 @@ func TestMigrationKeepsDedupRows(t *testing.T) {
 		t.Fatalf("legacy partition has %d rows (%v), want %d", legacy, err, n)
 	}
 }
+
+// TestEnsureBucketsPastDefaultRows: when the default partition already has
+// rows of a lane's current range (the bucket was missing when they were
+// inserted), that bucket cannot be made, but the next one still is: the
+// next range's rows go to their own bucket, not to the default partition
+// after them (migration 033; before, the call ended at the current bucket).
+func TestEnsureBucketsPastDefaultRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	const lane = "ttl-86400s"
+	if _, err := db.Pool.Exec(ctx, `
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, lane)
+VALUES ('c1', 'early', 's', 1, 't', 'topic', 0, 1, 'processed', $1)`, lane); err != nil {
+		t.Fatal(err)
+	}
+	if part := where(t, db, "early"); part != "onceflow.inbox_default "+lane {
+		t.Fatalf("row before any bucket: %s, want the default partition", part)
+	}
+	var end time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT onceflow.inbox_ensure_buckets('c1', $1)`, lane).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	var current, next bool
+	if err := db.Pool.QueryRow(ctx, `
+SELECT EXISTS (SELECT 1 FROM onceflow.inbox_buckets WHERE consumer = 'c1' AND lane = $1 AND to_at = $2),
+       EXISTS (SELECT 1 FROM onceflow.inbox_buckets WHERE consumer = 'c1' AND lane = $1 AND from_at = $2)`, lane, end).Scan(&current, &next); err != nil {
+		t.Fatal(err)
+	}
+	if current {
+		t.Fatal("the current bucket was made although the default partition has rows of its range")
+	}
+	if !next {
+		t.Fatalf("no next bucket (from %s) after the current one could not be made", end)
+	}
+	// A row of the next range lands in its bucket.
+	if _, err := db.Pool.Exec(ctx, `
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, lane, event_at)
+VALUES ('c1', 'later', 's', 2, 't', 'topic', 0, 2, 'processed', $1, $2::timestamptz + interval '1 second')`, lane, end); err != nil {
+		t.Fatal(err)
+	}
+	if part := where(t, db, "later"); strings.Contains(part, "inbox_default") {
+		t.Fatalf("row of the next range: %s, want its bucket", part)
+	}
+}
