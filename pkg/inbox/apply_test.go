@@ -579,14 +579,7 @@ SELECT $1, 'old-' || g, 's' || (g % 100), g, 't', 'topic', 0, g, 'processed' FRO
 		sources[i], types[i], lanes[i] = "s", "t", "legacy"
 		seqs[i], offsets[i] = int64(inboxRows+i+1), int64(inboxRows+i+1)
 	}
-	known, err := withLanes(qKnown, probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	insert, err := withLanes(qInsertBatch, probe)
-	if err != nil {
-		t.Fatal(err)
-	}
+	known, insert := probeStatements(t, probe)
 	for _, c := range []struct {
 		name string
 		q    string
@@ -644,14 +637,7 @@ func TestProbeReadsOnlyItsConsumersPartitions(t *testing.T) {
 		t.Fatalf("probe lanes %v, want the ttl lane", probe)
 	}
 	ids := []string{"a", "b", "c"}
-	known, err := withLanes(qKnown, probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	insert, err := withLanes(qInsertBatch, probe)
-	if err != nil {
-		t.Fatal(err)
-	}
+	known, insert := probeStatements(t, probe)
 	three := func(v string) []string { return []string{v, v, v} }
 	for _, c := range []struct {
 		name string
@@ -669,4 +655,18 @@ func TestProbeReadsOnlyItsConsumersPartitions(t *testing.T) {
 			}
 		}
 	}
+}
+
+// probeStatements are the read-only probe and the batch insert written for
+// the lanes.
+func probeStatements(t *testing.T, lanes []string) (known, insert string) {
+	t.Helper()
+	known, err := withLanes(qKnown, lanes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if insert, err = withLanes(qInsertBatch, lanes); err != nil {
+		t.Fatal(err)
+	}
+	return known, insert
 }
