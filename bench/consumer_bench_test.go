@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -157,6 +158,12 @@ func consumerDrain(b testing.TB, rep *report, n int, full bool) {
 // also grouped by the partition they landed on.
 func prefill(b testing.TB, topic string, n int) ([]string, [][]benchRow) {
 	b.Helper()
+	return prefillIDs(b, topic, n, "bench-")
+}
+
+// prefillIDs is prefill with event ids prefix0, prefix1, ….
+func prefillIDs(b testing.TB, topic string, n int, prefix string) ([]string, [][]benchRow) {
+	b.Helper()
 	cl := testkit.Client(b, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(5*time.Millisecond),
 		kgo.MaxBufferedRecords(100_000), kgo.ProducerBatchMaxBytes(1<<20))
 	pad := strings.Repeat("x", benchPayload-len(`{"pad":""}`))
@@ -171,7 +178,7 @@ func prefill(b testing.TB, topic string, n int) ([]string, [][]benchRow) {
 	for i := range n {
 		src := i % benchSources
 		seqs[src]++
-		ev := envelope.Envelope{EventID: fmt.Sprintf("bench-%d", i), Source: fmt.Sprintf("src-%d", src), Seq: seqs[src],
+		ev := envelope.Envelope{EventID: prefix + strconv.Itoa(i), Source: fmt.Sprintf("src-%d", src), Seq: seqs[src],
 			EventType: "bench.event", Payload: payload}
 		ids[i] = ev.EventID
 		wg.Add(1)

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -354,6 +355,23 @@ func cpuOf(pid int) float64 {
 		return math.NaN()
 	}
 	return s
+}
+
+// postmasterPid is the pid of the PostgreSQL server pool connects to (the
+// parent of any backend, e.g. this connection's), or 0 when it is not on
+// this machine.
+func postmasterPid(tb testing.TB, pool *pgxpool.Pool) int {
+	tb.Helper()
+	var backend int
+	if err := pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		tb.Fatal(err)
+	}
+	if _, _, pm, err := procStat(backend); err == nil {
+		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pm)); err == nil && strings.HasPrefix(string(comm), "postgres") {
+			return pm
+		}
+	}
+	return 0
 }
 
 // cpuTree is the CPU seconds of pid, its reaped children (cutime) and its

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestBenchSmoke runs the whole harness with tiny sizes (make bench-smoke;
@@ -74,8 +75,10 @@ func TestBenchSmoke(t *testing.T) {
 			[]string{"relay drain, no snapshot held", "held snapshot: relay drain"}},
 		{"snapshot-producer", func(t *testing.T) { producerHeldSnapshot(t, rep, sz.SnapshotProducerEvents) },
 			[]string{"producer enqueue, no snapshot held", "held snapshot: producer enqueue"}},
-		{"retention", func(t *testing.T) { retentionPass(t, rep, sz.RetentionRows, 500_000_000) },
-			[]string{"retention: a pass expiring", "retention: consumer apply rate during the pass"}},
+		{"retention", func(t *testing.T) {
+			full := retentionPass(t, rep, sz.RetentionRows, 500*time.Millisecond, 0)
+			retentionPass(t, rep, sz.RetentionRows, 500*time.Millisecond, full/2)
+		}, []string{"retention: a pass expiring", "retention: consumer apply rate during the pass, as fast", "retention: consumer apply rate during the pass, offered half"}},
 		{"tracing", func(t *testing.T) { tracingOverhead(t, rep, sz) },
 			[]string{"tracing off: enqueue", "tracing default (global provider, no SDK): enqueue", "tracing on, 1 trace in 10 sampled: enqueue",
 				"tracing on, every span exported: enqueue", "tracing off: consumer drain", "tracing on, every span exported: consumer drain",
