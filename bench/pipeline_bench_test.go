@@ -253,15 +253,8 @@ type cpuSample map[string]float64
 
 func (p *pipe) cpu(tb testing.TB) cpuSample {
 	s := cpuSample{"relay": cpuOf(p.relay.Cmd.Process.Pid), "consumer": cpuOf(p.consumer.Cmd.Process.Pid)}
-	// The postmaster is the parent of any backend, e.g. this connection's.
-	var backend int
-	if err := p.db.Pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
-		tb.Fatal(err)
-	}
-	if _, _, pm, err := procStat(backend); err == nil {
-		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pm)); err == nil && strings.HasPrefix(string(comm), "postgres") {
-			s["postgres"] = cpuTree(pm)
-		}
+	if pm := postmasterPid(tb, p.db.Pool); pm > 0 {
+		s["postgres"] = cpuTree(pm)
 	}
 	if k := kafkaPid(); k > 0 {
 		s["kafka"] = cpuOf(k)

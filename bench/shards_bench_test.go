@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -57,14 +56,8 @@ func relayShardsDrain(b testing.TB, rep *report, events, shards int, one float64
 	}
 	cpu := func() cpuSample {
 		s := cpuSample{"relays": cpuOf(os.Getpid())}
-		var backend int
-		if err := db.Pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
-			b.Fatal(err)
-		}
-		if _, _, pm, err := procStat(backend); err == nil {
-			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pm)); err == nil && strings.HasPrefix(string(comm), "postgres") {
-				s["postgres"] = cpuTree(pm)
-			}
+		if pm := postmasterPid(b, db.Pool); pm > 0 {
+			s["postgres"] = cpuTree(pm)
 		}
 		if k := kafkaPid(); k > 0 {
 			s["kafka"] = cpuOf(k)
