@@ -156,8 +156,14 @@ func (h *housekeeper) stats(ctx context.Context) error {
 // under steady load it keeps up as long as one call deletes more than
 // PruneInterval's worth of published rows. Every shard's leader prunes
 // whichever batches are due (a batch another is pruning is skipped).
+//
+// First it keeps the outbox's partitions (partitions): the rows of an
+// id-range partition go with it, a TRUNCATE and a DROP, not row by row.
 func (h *housekeeper) prune(ctx context.Context) error {
 	retention := max(h.cfg.Retention, 0).Seconds()
+	if err := h.partitions(ctx, retention); err != nil {
+		return err
+	}
 	for range 100 {
 		var rows, batches int64
 		if err := h.cfg.DB.QueryRow(ctx, qPrune, retention, h.cfg.PruneBatchRows).Scan(&rows, &batches); err != nil {
@@ -169,6 +175,64 @@ func (h *housekeeper) prune(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// partitions makes the outbox's partitions ahead of its ids, empties the
+// partitions whose rows are all published and older than the retention
+// (retention seconds), and drops the emptied ones. Each step waits at most
+// 100 ms for its lock (SQLSTATE 55P03 then): a partition it could not lock
+// is left for the next pass.
+func (h *housekeeper) partitions(ctx context.Context, retention float64) error {
+	if _, err := h.cfg.DB.Exec(ctx, qEnsurePartitions); err != nil && !lockTimeout(err) {
+		return fmt.Errorf("make outbox partitions: %w", err)
+	}
+	due, err := h.partitionList(ctx, qPartitionsDue)
+	if err != nil {
+		return err
+	}
+	for _, from := range due {
+		var rows *int64
+		if err := h.cfg.DB.QueryRow(ctx, qExpirePartition, from, retention).Scan(&rows); err != nil {
+			if lockTimeout(err) {
+				continue
+			}
+			return fmt.Errorf("expire outbox partition from id %d: %w", from, err)
+		}
+		if rows != nil {
+			h.m.pruned.Add(float64(*rows))
+			h.log.InfoContext(ctx, "outbox partition emptied", slog.Int64("from_id", from), slog.Int64("rows", *rows))
+		}
+	}
+	emptied, err := h.partitionList(ctx, qPartitionsTruncated)
+	if err != nil {
+		return err
+	}
+	for _, from := range emptied {
+		if _, err := h.cfg.DB.Exec(ctx, qDropPartition, from); err != nil && !lockTimeout(err) {
+			return fmt.Errorf("drop outbox partition from id %d: %w", from, err)
+		}
+	}
+	return nil
+}
+
+// partitionList runs q, a list of partitions' first ids.
+func (h *housekeeper) partitionList(ctx context.Context, q string) ([]int64, error) {
+	rows, err := h.cfg.DB.Query(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("list outbox partitions: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("list outbox partitions: %w", err)
+	}
+	return ids, nil
+}
+
+// lockTimeout reports whether err is a lock wait that ran out (SQLSTATE
+// 55P03).
+func lockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
 }
 
 // reserveTopics registers the relay's checkpoint topic as reserved, so that

@@ -261,11 +261,17 @@ SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM r)`
 // The batch holding the highest id ever published is kept with its rows
 // (each pruned batch's last_id is below one still in the log): recovery's
 // restore check reads that id (qOutboxLastID).
+//
+// Only the rows of the legacy and the default partitions are pruned so
+// (migration 034): a batch with an id in one of the id-range partitions
+// goes with its partition (qExpirePartition).
 const qPrune = `
 WITH l AS (
     SELECT batch, published_at, ids FROM onceflow.outbox_published
      WHERE published_at < now() - make_interval(secs => $1)
        AND last_id < (SELECT max(last_id) FROM onceflow.outbox_published)
+       AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_partitions x
+                        WHERE x.relname LIKE 'outbox\_p\_%' AND int8range(x.from_id, x.to_id) && int8range(first_id, last_id, '[]'))
      ORDER BY published_at, batch
      LIMIT $2
        FOR UPDATE SKIP LOCKED
@@ -280,6 +286,35 @@ WITH l AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM b)`
+
+// Partitions of the outbox (migration 034; housekeeping.go, partitions).
+
+// qEnsurePartitions makes the id-range partitions ahead of the id sequence.
+const qEnsurePartitions = `SELECT onceflow.outbox_ensure_partitions()`
+
+// qPartitionsDue lists the partitions whose every id has been drawn (by
+// the sequence, or, on a logical-replication subscriber, by the publisher:
+// the table's highest id) and that are not emptied yet, oldest first:
+// retention's candidates.
+const qPartitionsDue = `
+SELECT p.from_id FROM onceflow.outbox_partitions p
+ WHERE p.truncated_at IS NULL AND (p.relname = 'outbox_legacy' OR p.relname LIKE 'outbox\_p\_%')
+   AND p.to_id - 1 <= greatest(coalesce(pg_sequence_last_value('onceflow.outbox_id_seq'::regclass), 0),
+                               coalesce((SELECT max(o.id) FROM onceflow.outbox o), 0))
+ ORDER BY p.from_id`
+
+// qExpirePartition empties partition $1 when its rows may go (retention
+// $2 seconds): the rows it removed, NULL when it may not go yet.
+const qExpirePartition = `SELECT onceflow.outbox_expire_partition($1, make_interval(secs => $2))`
+
+// qPartitionsTruncated lists the emptied partitions still attached.
+const qPartitionsTruncated = `
+SELECT p.from_id FROM onceflow.outbox_partitions p
+ WHERE p.truncated_at IS NOT NULL AND (p.relname = 'outbox_legacy' OR p.relname LIKE 'outbox\_p\_%')
+ ORDER BY p.from_id`
+
+// qDropPartition drops the emptied partition $1.
+const qDropPartition = `SELECT onceflow.outbox_drop_partition($1)`
 
 // qStats counts unpublished rows: all of them, those held behind a
 // set-aside row, the age of the oldest one not held, and the open set-aside

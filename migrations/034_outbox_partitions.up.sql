@@ -1,0 +1,512 @@
+---- tern: disable-tx ----
+-- The outbox becomes a table partitioned by RANGE (id), so that retention
+-- removes published rows a whole partition at a time (TRUNCATE, then DROP)
+-- instead of deleting them row by row (docs/relay.md, "Storage layout:
+-- the partitioned outbox").
+--
+--   onceflow.outbox_legacy     the table before this migration, ids below a
+--                              bound chosen at step 1 (five partition widths
+--                              above the highest id drawn then): new rows
+--                              keep landing in it until the ids reach the
+--                              bound.
+--   onceflow.outbox_p_<from>   one partition per id range [from, from +
+--                              width), width 1,000,000 ids (a call of
+--                              outbox_ensure_partitions may give another for
+--                              the ranges it makes); the relay's housekeeping
+--                              keeps at least one unused partition ahead of
+--                              the id sequence (outbox_ensure_partitions).
+--   onceflow.outbox_default    ids no partition takes (the housekeeping fell
+--                              behind): pruned row by row, as before.
+-- onceflow.outbox_partitions lists the ranges (legacy included).
+--
+-- Keys. The partition key is id, so id stays the primary key. (source,
+-- topic, seq) was already enforced by the trigger outbox_check_seq (it
+-- locks the stream's counter and refuses a seq that does not continue it);
+-- it keeps a plain index to probe. event_id is checked by a new statement
+-- trigger, outbox_event_id_check: for each distinct event_id of the
+-- statement it locks and updates the event's slot row in
+-- onceflow.outbox_event_slots (65,536 rows, by a hash of the event_id, in
+-- slot order), then probes every partition for another row of the event_id
+-- and raises 23505 (constraint outbox_event_id_key, as the old unique
+-- index did) when it finds one. The slot's row lock makes a second
+-- inserter of the event_id wait for the first's commit; under READ
+-- COMMITTED its probe, a later statement, then sees the first's row. Under
+-- REPEATABLE READ or SERIALIZABLE the probe cannot see a row committed
+-- after the snapshot, but the lock of a slot row updated by a transaction
+-- that committed after the snapshot fails with a serialization failure
+-- (40001): the producer retries, and its retry's probe sees the row.
+--
+-- The steps run in separate transactions (this file runs without an
+-- enclosing one), each taking one short lock; producers and the relay keep
+-- running:
+--   1. the slot table, the functions, the event_id trigger on the plain
+--      table (SHARE ROW EXCLUSIVE on onceflow.outbox) and the check
+--      id < bound NOT VALID (ACCESS EXCLUSIVE, a catalog update only);
+--   2. VALIDATE the check: SHARE UPDATE EXCLUSIVE (a scan; reads and
+--      writes go on);
+--   3. CREATE INDEX CONCURRENTLY of the plain indexes on event_id and on
+--      (source, topic, seq) the partitioned table's indexes adopt: SHARE
+--      UPDATE EXCLUSIVE (writes go on);
+--   4. last, one transaction renames the table to onceflow.outbox_legacy,
+--      creates the partitioned onceflow.outbox with the same columns,
+--      checks, grants, indexes and triggers, moves the id sequence to it,
+--      attaches the old table as the partition of the ids below the bound
+--      (the validated check spares the scan, the existing indexes become
+--      the partition's), and creates the default partition and the first
+--      range above the bound: ACCESS EXCLUSIVE on the old table for
+--      catalog work only. Until it commits, every step may be run again.
+
+SET lock_timeout = '10s';
+
+-- Step 1.
+
+-- Every insert of an event_id locks and updates the row of its slot.
+-- fillfactor 50: the updates stay on their page (HOT).
+CREATE TABLE IF NOT EXISTS onceflow.outbox_event_slots (
+    slot    integer PRIMARY KEY,
+    touched bigint  NOT NULL DEFAULT 0
+) WITH (fillfactor = 50);
+INSERT INTO onceflow.outbox_event_slots (slot) SELECT g FROM generate_series(0, 65535) g ON CONFLICT DO NOTHING;
+
+-- The ranges of the outbox's partitions. truncated_at: retention emptied
+-- the partition, which a later pass drops.
+CREATE TABLE IF NOT EXISTS onceflow.outbox_partitions (
+    from_id      bigint      PRIMARY KEY,
+    to_id        bigint      NOT NULL,
+    relname      name        NOT NULL UNIQUE,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    truncated_at timestamptz,
+    CONSTRAINT outbox_partitions_range CHECK (to_id > from_id)
+);
+
+-- The default of the partitioned outbox's id: the transaction's xid first,
+-- then the id (the relay's scan floor relies on every id being drawn by a
+-- transaction that already has its xid, migration 024). The plain table's
+-- identity drew the id first, and outbox_assign_seq drew it again; on the
+-- partitioned table a second draw could move the row to another partition,
+-- which PostgreSQL refuses in a BEFORE trigger.
+CREATE OR REPLACE FUNCTION onceflow.outbox_next_id()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    PERFORM pg_current_xact_id();
+    RETURN nextval('onceflow.outbox_id_seq');
+END
+$fn$;
+-- Every role that may insert into the outbox calls it (the column's
+-- default runs with the inserter's rights); it only draws an id.
+GRANT EXECUTE ON FUNCTION onceflow.outbox_next_id() TO PUBLIC;
+
+-- event_id unique among the outbox's rows (see the top of this file). The
+-- probe reads every partition's index on event_id once per new row (on
+-- the plain table of step 1 to 3 the unique index does it: no probe).
+CREATE OR REPLACE FUNCTION onceflow.outbox_event_id_check()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $fn$
+DECLARE
+    v_slots integer[];
+    v_dup   text;
+BEGIN
+    -- An event_id's slot: 16 bits of its hash.
+    SELECT array_agg(DISTINCT (hashtextextended(n.event_id, 0) & 65535)::integer)
+      INTO v_slots FROM outbox_new n;
+    -- Locked in slot order (no deadlock between two statements), then
+    -- updated: the update is what a REPEATABLE READ inserter of the same
+    -- slot that started before this transaction commits trips on.
+    UPDATE onceflow.outbox_event_slots s SET touched = s.touched + 1
+      FROM (SELECT l.slot FROM onceflow.outbox_event_slots l WHERE l.slot = ANY (v_slots)
+             ORDER BY l.slot FOR NO KEY UPDATE) l
+     WHERE s.slot = l.slot;
+    IF TG_TABLE_NAME <> 'outbox' OR (SELECT c.relkind FROM pg_class c WHERE c.oid = TG_RELID) <> 'p' THEN
+        RETURN NULL;
+    END IF;
+    SELECT n.event_id INTO v_dup FROM outbox_new n
+     WHERE EXISTS (SELECT 1 FROM onceflow.outbox o WHERE o.event_id = n.event_id AND o.id <> n.id)
+     ORDER BY n.id LIMIT 1;
+    IF v_dup IS NOT NULL THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "outbox_event_id_key"'
+            USING ERRCODE = '23505', CONSTRAINT = 'outbox_event_id_key', SCHEMA = 'onceflow', TABLE = 'outbox',
+                  DETAIL = format('Key (event_id)=(%s) already exists.', v_dup);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- outbox_assign_seq (migration 029), with one change at its end: on the
+-- partitioned table a redrawn id must stay in the partition the row was
+-- routed to (PostgreSQL refuses to move a row in a BEFORE trigger); when
+-- it would not, the statement fails with a serialization failure, which
+-- the producer retries. It happens only when the row's id is not above the
+-- id of its stream's last row (a concurrent producer of the stream drew a
+-- later id and committed first) and the redrawn id is in the next range.
+CREATE OR REPLACE FUNCTION onceflow.outbox_assign_seq()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_bitmapscan TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    v_last   bigint;
+    v_top    bigint;
+    v_top_id bigint;
+    v_why    text;
+    v_id     bigint;
+    v_fresh  boolean := pg_current_xact_id_if_assigned() IS NULL;
+BEGIN
+    -- A row without a source or topic fails the outbox's own NOT NULL
+    -- constraint: leave it to that, with its usual error.
+    IF NEW.source IS NULL OR NEW.topic IS NULL THEN
+        RETURN NEW;
+    END IF;
+    v_why := onceflow.source_refusal(NEW.source, NULL);
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION 'onceflow.outbox: %', v_why USING ERRCODE = '42501';
+    END IF;
+    SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
+     WHERE c.source = NEW.source AND c.topic = NEW.topic
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO onceflow.source_seq AS c (source, topic, last_seq)
+        VALUES (NEW.source, NEW.topic,
+                coalesce((SELECT l.last_seq FROM onceflow.source_seq_legacy l WHERE l.source = NEW.source), 0))
+        ON CONFLICT (source, topic) DO NOTHING;
+        SELECT c.last_seq INTO STRICT v_last FROM onceflow.source_seq c
+         WHERE c.source = NEW.source AND c.topic = NEW.topic
+           FOR UPDATE;
+    END IF;
+    -- The counter is current as of the end of the last statement; this
+    -- statement's earlier rows of the stream come after it.
+    v_last := greatest(v_last, coalesce((SELECT m.last_seq FROM onceflow.source_seq_moves m
+                          WHERE m.source = NEW.source AND m.topic = NEW.topic
+                          ORDER BY m.last_seq DESC LIMIT 1), 0));
+    -- Only rows above the counter can be this statement's: the bound keeps
+    -- the walk off the entries of rows deleted (published and pruned, or
+    -- -delete-on-publish) that an old snapshot keeps in the index.
+    SELECT o.seq, o.id INTO v_top, v_top_id FROM onceflow.outbox o
+     WHERE o.source = NEW.source AND o.topic = NEW.topic AND o.seq > v_last
+     ORDER BY o.seq DESC
+     LIMIT 1;
+    IF NOT FOUND THEN
+        -- The row holding the counter's seq (gone once deleted): the new
+        -- row's id must come after its id, as onceflow.outbox_check_seq
+        -- checks.
+        SELECT o.id INTO v_top_id FROM onceflow.outbox o
+         WHERE o.source = NEW.source AND o.topic = NEW.topic AND o.seq = v_last;
+    END IF;
+    NEW.seq := greatest(v_last, v_top) + 1;
+    -- An id drawn before the transaction had an xid (the plain table's
+    -- identity draws it before this trigger runs) is drawn again, now that
+    -- the counter's lock gave the transaction one: the relay's scan floor
+    -- relies on every id being drawn by a transaction that already has its
+    -- xid (migration 024). The partitioned table's default
+    -- (onceflow.outbox_next_id) takes the xid first.
+    IF NEW.id IS NULL OR NEW.id <= v_top_id OR v_fresh THEN
+        PERFORM pg_current_xact_id();
+        v_id := nextval('onceflow.outbox_id_seq');
+        IF TG_TABLE_NAME <> 'outbox'
+           AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_partitions p
+                            WHERE p.relname = TG_TABLE_NAME AND v_id >= p.from_id AND v_id < p.to_id) THEN
+            RAISE EXCEPTION 'onceflow.outbox: the row''s id had to be drawn again and the new one, %, lies in another partition than %; run the transaction again', v_id, TG_TABLE_NAME
+                USING ERRCODE = '40001';
+        END IF;
+        NEW.id := v_id;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+-- Creates the partitions of the id ranges above the newest one until one
+-- lies wholly above the ids drawn so far (at least one spare), each p_width
+-- ids wide (NULL: the newest range's width, 1,000,000 above the legacy
+-- partition); returns how many it made. Attaching a partition takes SHARE
+-- UPDATE EXCLUSIVE on onceflow.outbox and ACCESS EXCLUSIVE on the default
+-- partition, each waited for at most 100 ms: the caller tries again at its
+-- next pass. A range the default partition already holds rows of is not
+-- made (they stay there, pruned row by row); the next one is.
+CREATE OR REPLACE FUNCTION onceflow.outbox_ensure_partitions(p_width bigint DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $fn$
+DECLARE
+    v_from bigint;
+    v_w    bigint;
+    v_last bigint;
+    v_end  bigint;
+    v_name text;
+    v_made integer := 0;
+BEGIN
+    IF p_width IS NOT NULL AND p_width < 1 THEN
+        RAISE EXCEPTION 'onceflow.outbox_ensure_partitions: width must be positive, got %', p_width USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = 'onceflow.outbox'::regclass) <> 'p' THEN
+        RETURN 0;
+    END IF;
+    PERFORM pg_advisory_xact_lock(x'0b0e'::integer, 0);
+    SELECT p.to_id, CASE WHEN p.from_id = -9223372036854775808 THEN 1000000 ELSE p.to_id - p.from_id END
+      INTO v_from, v_w
+      FROM onceflow.outbox_partitions p ORDER BY p.to_id DESC LIMIT 1;
+    v_w := coalesce(p_width, v_w);
+    -- The ids drawn: the sequence's, or the table's highest id where rows
+    -- come with their ids (a logical-replication subscriber).
+    v_last := greatest(coalesce(pg_sequence_last_value('onceflow.outbox_id_seq'::regclass), 0),
+                       coalesce((SELECT max(o.id) FROM onceflow.outbox o), 0));
+    -- Until the newest range starts above the last id drawn; above the
+    -- legacy partition, one range at least.
+    v_end := greatest(v_last + v_w, CASE WHEN NOT EXISTS (SELECT 1 FROM onceflow.outbox_partitions p WHERE p.from_id > -9223372036854775808)
+                                         THEN v_from END);
+    WHILE v_from <= v_end AND v_made < 100 LOOP
+        v_name := 'outbox_p_' || v_from;
+        BEGIN
+            EXECUTE format('CREATE TABLE onceflow.%I (LIKE onceflow.outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS, CONSTRAINT %I CHECK (id >= %s AND id < %s))',
+                           v_name, v_name || '_range', v_from, v_from + v_w);
+            EXECUTE format('ALTER TABLE onceflow.outbox ATTACH PARTITION onceflow.%I FOR VALUES FROM (%s) TO (%s)', v_name, v_from, v_from + v_w);
+        EXCEPTION WHEN check_violation THEN
+            -- The default partition holds ids of this range: the next
+            -- range is still made, so the ids leave it from then on. The
+            -- range is recorded as taken by the default partition.
+            v_name := 'outbox_default';
+        END;
+        IF v_name <> 'outbox_default' THEN
+            INSERT INTO onceflow.outbox_partitions (from_id, to_id, relname) VALUES (v_from, v_from + v_w, v_name);
+            v_made := v_made + 1;
+        ELSE
+            INSERT INTO onceflow.outbox_partitions (from_id, to_id, relname, truncated_at)
+            VALUES (v_from, v_from + v_w, 'outbox_default@' || v_from, now());
+        END IF;
+        v_from := v_from + v_w;
+    END LOOP;
+    RETURN v_made;
+END
+$fn$;
+
+-- Retention of the partition of range [p_from, …): truncated when every id
+-- of its range has been drawn, none of its rows is queued or set aside
+-- unresolved, and every publish-log batch holding one of its ids was
+-- published before now() - p_keep; the log rows of the batches whose ids
+-- all lie in emptied ranges go with it (except the batch holding the
+-- highest id ever published, which recovery reads). The conditions are
+-- checked under the partition's ACCESS EXCLUSIVE lock (waited for at most
+-- 100 ms: the caller retries), which a producer's insert into it holds
+-- until it commits. Returns the rows truncated, NULL when the partition may
+-- not go yet.
+CREATE OR REPLACE FUNCTION onceflow.outbox_expire_partition(p_from bigint, p_keep interval)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+SET enable_seqscan = off
+AS $fn$
+DECLARE
+    p      record;
+    v_rows bigint;
+    v_top  bigint;
+BEGIN
+    SELECT * INTO p FROM onceflow.outbox_partitions x WHERE x.from_id = p_from AND x.relname NOT LIKE 'outbox\_default@%';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'onceflow.outbox_expire_partition: no partition from %', p_from USING ERRCODE = '22023';
+    END IF;
+    IF greatest(coalesce(pg_sequence_last_value('onceflow.outbox_id_seq'::regclass), 0),
+                coalesce((SELECT max(o.id) FROM onceflow.outbox o), 0)) < p.to_id - 1 THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('LOCK TABLE onceflow.%I IN ACCESS EXCLUSIVE MODE', p.relname);
+    IF EXISTS (SELECT 1 FROM onceflow.outbox_pending q WHERE q.id >= p.from_id AND q.id < p.to_id)
+       OR EXISTS (SELECT 1 FROM onceflow.outbox_set_aside a
+                   WHERE a.outbox_id >= p.from_id AND a.outbox_id < p.to_id AND a.resolved_at IS NULL)
+       OR EXISTS (SELECT 1 FROM onceflow.outbox_published l
+                   WHERE int8range(l.first_id, l.last_id, '[]') && int8range(p.from_id, p.to_id)
+                     AND l.published_at >= now() - p_keep) THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('SELECT count(*) FROM onceflow.%I', p.relname) INTO v_rows;
+    EXECUTE format('TRUNCATE onceflow.%I', p.relname);
+    UPDATE onceflow.outbox_partitions x SET truncated_at = now() WHERE x.from_id = p_from;
+    SELECT max(l.last_id) INTO v_top FROM onceflow.outbox_published l;
+    DELETE FROM onceflow.outbox_published l
+     WHERE int8range(l.first_id, l.last_id, '[]') && int8range(p.from_id, p.to_id)
+       AND l.last_id < v_top
+       AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_partitions x
+                        WHERE x.truncated_at IS NULL AND int8range(x.from_id, x.to_id) && int8range(l.first_id, l.last_id, '[]'));
+    RETURN v_rows;
+END
+$fn$;
+
+-- Drops the truncated partition of range [p_from, …) (ACCESS EXCLUSIVE on
+-- onceflow.outbox, waited for at most 100 ms: the caller retries, and a
+-- partition left truncated is dropped by a later pass). Refused when rows
+-- came back into it (a producer's insert that drew its id before the
+-- truncation committed after it): retention truncates it again later.
+CREATE OR REPLACE FUNCTION onceflow.outbox_drop_partition(p_from bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $fn$
+DECLARE
+    v_name name;
+    v_rows boolean;
+BEGIN
+    SELECT x.relname INTO v_name FROM onceflow.outbox_partitions x
+     WHERE x.from_id = p_from AND x.truncated_at IS NOT NULL AND x.relname NOT LIKE 'outbox\_default@%';
+    IF v_name IS NULL THEN
+        RAISE EXCEPTION 'onceflow.outbox_drop_partition: no truncated partition from %', p_from USING ERRCODE = '22023';
+    END IF;
+    LOCK TABLE onceflow.outbox IN ACCESS EXCLUSIVE MODE;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM onceflow.%I)', v_name) INTO v_rows;
+    IF v_rows THEN
+        UPDATE onceflow.outbox_partitions x SET truncated_at = NULL WHERE x.from_id = p_from;
+        RETURN;
+    END IF;
+    EXECUTE format('DROP TABLE onceflow.%I', v_name);
+    -- The range stays listed (as dropped) while it is the lowest: the
+    -- newest range's end is where the next partition starts.
+    UPDATE onceflow.outbox_partitions x SET relname = 'outbox_dropped@' || x.from_id WHERE x.from_id = p_from;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION onceflow.outbox_ensure_partitions(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION onceflow.outbox_expire_partition(bigint, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION onceflow.outbox_drop_partition(bigint) FROM PUBLIC;
+
+-- The bound of the legacy partition, five widths above the ids drawn so
+-- far (the bound is fixed now, and the ids drawn until step 4 must stay
+-- below it), and the check, not yet validated.
+DO $$
+DECLARE
+    v_bound bigint;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.outbox'::regclass) <> 'r' THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM onceflow.outbox_partitions WHERE relname = 'outbox_legacy') THEN
+        v_bound := (greatest(coalesce(pg_sequence_last_value('onceflow.outbox_id_seq'::regclass), 0),
+                             coalesce((SELECT max(id) FROM onceflow.outbox), 0)) / 1000000 + 5) * 1000000;
+        INSERT INTO onceflow.outbox_partitions (from_id, to_id, relname) VALUES (-9223372036854775808, v_bound, 'outbox_legacy');
+    END IF;
+    SELECT to_id INTO v_bound FROM onceflow.outbox_partitions WHERE relname = 'outbox_legacy';
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'onceflow.outbox'::regclass AND tgname = 'outbox_event_id_check') THEN
+        CREATE TRIGGER outbox_event_id_check AFTER INSERT ON onceflow.outbox
+            REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_event_id_check();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'onceflow.outbox'::regclass AND conname = 'outbox_legacy_id_range') THEN
+        EXECUTE format('ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_legacy_id_range CHECK (id < %s) NOT VALID', v_bound);
+    END IF;
+END $$;
+
+-- Step 2.
+ALTER TABLE onceflow.outbox VALIDATE CONSTRAINT outbox_legacy_id_range;
+
+-- Step 3: an index left invalid by an interrupted run is built again.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('onceflow.outbox_legacy_event_id') AND NOT indisvalid) THEN
+        DROP INDEX onceflow.outbox_legacy_event_id;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('onceflow.outbox_legacy_stream') AND NOT indisvalid) THEN
+        DROP INDEX onceflow.outbox_legacy_stream;
+    END IF;
+END $$;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_legacy_event_id ON onceflow.outbox (event_id);
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_legacy_stream ON onceflow.outbox (source, topic, seq);
+
+-- Step 4: the swap, one transaction; a failure leaves the plain table, and
+-- the file can be run again from the start.
+DO $$
+DECLARE
+    r        record;
+    v_last   bigint;
+    v_called boolean;
+    v_bound  bigint;
+    v_notify "char";
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.outbox'::regclass) <> 'r' THEN
+        RETURN;
+    END IF;
+    LOCK TABLE onceflow.outbox IN ACCESS EXCLUSIVE MODE;
+    SELECT to_id INTO STRICT v_bound FROM onceflow.outbox_partitions WHERE relname = 'outbox_legacy';
+    SELECT s.last_value, s.is_called INTO v_last, v_called FROM onceflow.outbox_id_seq s;
+    SELECT t.tgenabled INTO v_notify FROM pg_trigger t WHERE t.tgrelid = 'onceflow.outbox'::regclass AND t.tgname = 'outbox_notify';
+    CREATE TEMPORARY TABLE outbox_034_seq_acl ON COMMIT DROP AS
+        SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+         WHERE c.oid = 'onceflow.outbox_id_seq'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0;
+
+    ALTER TABLE onceflow.outbox RENAME TO outbox_legacy;
+    ALTER TABLE onceflow.outbox_legacy RENAME CONSTRAINT outbox_pkey TO outbox_legacy_pkey;
+    -- The triggers move to the partitioned table (a partition may not have
+    -- triggers with transition tables).
+    DROP TRIGGER outbox_assign_seq ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_check_seq ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_event_id_check ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_guard ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_pending_insert ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_pending_delete ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_pending_truncate ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_notify ON onceflow.outbox_legacy;
+    -- The identity's sequence goes with the identity: a plain one of the
+    -- same name takes over where it stood.
+    ALTER TABLE onceflow.outbox_legacy ALTER COLUMN id DROP IDENTITY;
+    CREATE SEQUENCE onceflow.outbox_id_seq AS bigint CACHE 1;
+    PERFORM setval('onceflow.outbox_id_seq', v_last, v_called);
+
+    CREATE TABLE onceflow.outbox (LIKE onceflow.outbox_legacy INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+        PARTITION BY RANGE (id);
+    ALTER TABLE onceflow.outbox DROP CONSTRAINT outbox_legacy_id_range;
+    ALTER TABLE onceflow.outbox ALTER COLUMN id SET DEFAULT onceflow.outbox_next_id();
+    ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+    ALTER SEQUENCE onceflow.outbox_id_seq OWNED BY onceflow.outbox.id;
+    -- Not unique: outbox_event_id_check and outbox_check_seq keep the keys.
+    CREATE INDEX outbox_event_id ON onceflow.outbox (event_id);
+    CREATE INDEX outbox_stream ON onceflow.outbox (source, topic, seq);
+
+    CREATE TRIGGER outbox_assign_seq BEFORE INSERT ON onceflow.outbox
+        FOR EACH ROW WHEN (NEW.seq IS NULL) EXECUTE FUNCTION onceflow.outbox_assign_seq();
+    CREATE TRIGGER outbox_check_seq AFTER INSERT ON onceflow.outbox
+        REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_check_seq();
+    CREATE TRIGGER outbox_event_id_check AFTER INSERT ON onceflow.outbox
+        REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_event_id_check();
+    CREATE TRIGGER outbox_guard AFTER INSERT ON onceflow.outbox
+        REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_guard();
+    CREATE TRIGGER outbox_pending_insert AFTER INSERT ON onceflow.outbox
+        REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_pending_insert();
+    CREATE TRIGGER outbox_pending_delete AFTER DELETE ON onceflow.outbox
+        REFERENCING OLD TABLE AS outbox_old FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_pending_delete();
+    CREATE TRIGGER outbox_pending_truncate AFTER TRUNCATE ON onceflow.outbox
+        FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_pending_truncate();
+    CREATE TRIGGER outbox_notify AFTER INSERT ON onceflow.outbox
+        FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_notify();
+    IF v_notify = 'D' THEN
+        ALTER TABLE onceflow.outbox DISABLE TRIGGER outbox_notify;
+    END IF;
+
+    -- The old table's grants, table and column level, and the sequence's,
+    -- carry over.
+    FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+              WHERE c.oid = 'onceflow.outbox_legacy'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT %s ON onceflow.outbox TO %s', r.privilege_type, r.grantee::regrole);
+    END LOOP;
+    FOR r IN SELECT att.attname, a.grantee, a.privilege_type FROM pg_attribute att, aclexplode(att.attacl) a
+              WHERE att.attrelid = 'onceflow.outbox_legacy'::regclass AND att.attacl IS NOT NULL AND NOT att.attisdropped
+                AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT %s (%I) ON onceflow.outbox TO %s', r.privilege_type, r.attname, r.grantee::regrole);
+    END LOOP;
+    FOR r IN SELECT * FROM outbox_034_seq_acl LOOP
+        EXECUTE format('GRANT %s ON SEQUENCE onceflow.outbox_id_seq TO %s', r.privilege_type, r.grantee::regrole);
+    END LOOP;
+
+    EXECUTE format('ALTER TABLE onceflow.outbox ATTACH PARTITION onceflow.outbox_legacy FOR VALUES FROM (MINVALUE) TO (%s)', v_bound);
+    CREATE TABLE onceflow.outbox_default PARTITION OF onceflow.outbox DEFAULT;
+    PERFORM onceflow.outbox_ensure_partitions();
+END $$;
