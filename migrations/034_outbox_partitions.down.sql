@@ -2,12 +2,14 @@
 -- Back to one plain onceflow.outbox. One transaction holds ACCESS EXCLUSIVE
 -- on onceflow.outbox throughout (producers and the relay wait): the legacy
 -- partition is detached (or, if retention dropped it, made again), the rows
--- of every other partition are copied into it (its unique constraints on
--- event_id and (source, topic, seq), kept through the partitioned time,
--- check them), and it becomes onceflow.outbox
--- again, with its identity (a sequence of the same name, where the
--- partitioned table's stood), grants and triggers. Then the functions of
--- migration 029 come back and the objects of 034 go.
+-- of every other partition are copied into it (its unique constraint on
+-- (source, topic, seq), kept through the partitioned time, checks them),
+-- the key table goes and the legacy table's unique constraint
+-- outbox_event_id_key is built again (a scan of every row, under the same
+-- lock), and it becomes onceflow.outbox again, with its identity (a
+-- sequence of the same name, where the partitioned table's stood), grants
+-- and triggers. Then the functions of migration 029 come back and the
+-- objects of 034 go.
 
 SET lock_timeout = '10s';
 
@@ -27,6 +29,8 @@ BEGIN
     CREATE TEMPORARY TABLE outbox_034_seq_acl ON COMMIT DROP AS
         SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
          WHERE c.oid = 'onceflow.outbox_id_seq'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0;
+    -- Its primary key holds the name outbox_event_id_key.
+    DROP TABLE onceflow.outbox_keys;
 
     IF to_regclass('onceflow.outbox_legacy') IS NOT NULL THEN
         ALTER TABLE onceflow.outbox DETACH PARTITION onceflow.outbox_legacy;
@@ -37,7 +41,6 @@ BEGIN
         CREATE TABLE onceflow.outbox_legacy (LIKE onceflow.outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
         ALTER TABLE onceflow.outbox_legacy ALTER COLUMN id DROP DEFAULT;
         ALTER TABLE onceflow.outbox_legacy ADD CONSTRAINT outbox_legacy_pkey PRIMARY KEY (id),
-            ADD CONSTRAINT outbox_event_id_key UNIQUE (event_id),
             ADD CONSTRAINT outbox_source_topic_seq_key UNIQUE (source, topic, seq);
         FOR r IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
                   WHERE c.oid = 'onceflow.outbox'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
@@ -53,6 +56,7 @@ BEGIN
     END IF;
     INSERT INTO onceflow.outbox_legacy SELECT * FROM onceflow.outbox;
     DROP TABLE onceflow.outbox;
+    ALTER TABLE onceflow.outbox_legacy ADD CONSTRAINT outbox_event_id_key UNIQUE (event_id);
 
     ALTER TABLE onceflow.outbox_legacy RENAME TO outbox;
     ALTER TABLE onceflow.outbox RENAME CONSTRAINT outbox_legacy_pkey TO outbox_pkey;
@@ -82,7 +86,10 @@ BEGIN
 END $$;
 
 -- A run of the up file that stopped before its last step.
-DROP TRIGGER IF EXISTS outbox_event_id_check ON onceflow.outbox;
+DROP TRIGGER IF EXISTS outbox_keys_insert ON onceflow.outbox;
+DROP TRIGGER IF EXISTS outbox_keys_delete ON onceflow.outbox;
+DROP TRIGGER IF EXISTS outbox_keys_truncate ON onceflow.outbox;
+DROP TABLE IF EXISTS onceflow.outbox_keys;
 ALTER TABLE onceflow.outbox DROP CONSTRAINT IF EXISTS outbox_legacy_id_range;
 DROP INDEX IF EXISTS onceflow.outbox_legacy_event_id;
 DROP INDEX IF EXISTS onceflow.outbox_legacy_stream;
@@ -90,10 +97,10 @@ DROP INDEX IF EXISTS onceflow.outbox_legacy_stream;
 DROP FUNCTION IF EXISTS onceflow.outbox_drop_partition(bigint);
 DROP FUNCTION IF EXISTS onceflow.outbox_expire_partition(bigint, interval);
 DROP FUNCTION IF EXISTS onceflow.outbox_ensure_partitions(bigint);
-DROP FUNCTION IF EXISTS onceflow.outbox_event_id_check();
-DROP FUNCTION IF EXISTS onceflow.outbox_next_id();
+DROP FUNCTION IF EXISTS onceflow.outbox_keys_insert();
+DROP FUNCTION IF EXISTS onceflow.outbox_keys_delete();
+DROP FUNCTION IF EXISTS onceflow.outbox_keys_truncate();
 DROP TABLE IF EXISTS onceflow.outbox_partitions;
-DROP TABLE IF EXISTS onceflow.outbox_event_slots;
 
 -- outbox_assign_seq as migration 029 left it.
 CREATE OR REPLACE FUNCTION onceflow.outbox_assign_seq()
@@ -160,5 +167,67 @@ BEGIN
         NEW.id := nextval('onceflow.outbox_id_seq');
     END IF;
     RETURN NEW;
+END
+$function$;
+
+-- outbox_check_seq as migration 029 left it.
+CREATE OR REPLACE FUNCTION onceflow.outbox_check_seq()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_bitmapscan TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    r      record;
+    v_last bigint;
+    v_prev bigint;
+    v_moved bigint;
+BEGIN
+    -- Per stream the statement wrote, in the lock order: its seqs in id
+    -- order, and whether each is one more than the one before.
+    FOR r IN SELECT x.source, x.topic, min(x.seq) AS lo, max(x.seq) AS hi, min(x.id) AS first_id,
+                    bool_and(x.next) AS in_order
+               FROM (SELECT n.source, n.topic, n.seq, n.id,
+                            coalesce(n.seq = lag(n.seq) OVER (PARTITION BY n.source, n.topic ORDER BY n.id) + 1, true) AS next
+                       FROM outbox_new n) x
+              GROUP BY x.source, x.topic
+              ORDER BY x.source, x.topic LOOP
+        SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
+         WHERE c.source = r.source AND c.topic = r.topic
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            INSERT INTO onceflow.source_seq AS c (source, topic, last_seq)
+            VALUES (r.source, r.topic,
+                    coalesce((SELECT l.last_seq FROM onceflow.source_seq_legacy l WHERE l.source = r.source), 0))
+            ON CONFLICT (source, topic) DO NOTHING;
+            SELECT c.last_seq INTO STRICT v_last FROM onceflow.source_seq c
+             WHERE c.source = r.source AND c.topic = r.topic
+               FOR UPDATE;
+        END IF;
+        -- The counter's newest move (migration 029): the stream's last seq is
+        -- the greater of it and the locked row's value.
+        SELECT m.last_seq INTO v_moved FROM onceflow.source_seq_moves m
+         WHERE m.source = r.source AND m.topic = r.topic
+         ORDER BY m.last_seq DESC LIMIT 1;
+        v_last := greatest(v_last, v_moved);
+        SELECT o.id INTO v_prev FROM onceflow.outbox o
+         WHERE o.source = r.source AND o.topic = r.topic AND o.seq = v_last;
+        IF r.lo <> v_last + 1 OR NOT r.in_order OR v_prev >= r.first_id THEN
+            RAISE EXCEPTION 'onceflow.outbox: source % on topic %: the rows carry seqs % to %, but the stream''s next seqs are % on, in id order',
+                quote_literal(r.source), quote_literal(r.topic), r.lo, r.hi, v_last + 1
+                USING ERRCODE = '23514',
+                      HINT = 'Leave seq out: the database gives each row its seq (onceflow.next_seqs tells a batch its seqs).';
+        END IF;
+        -- Move the counter: the new value in, the previous move out by its
+        -- exact key. The row in source_seq is only locked, never updated.
+        INSERT INTO onceflow.source_seq_moves (source, topic, last_seq) VALUES (r.source, r.topic, r.hi);
+        IF v_moved IS NOT NULL THEN
+            DELETE FROM onceflow.source_seq_moves m
+             WHERE m.source = r.source AND m.topic = r.topic AND m.last_seq = v_moved;
+        END IF;
+    END LOOP;
+    RETURN NULL;
 END
 $function$;

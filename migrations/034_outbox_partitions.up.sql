@@ -19,29 +19,50 @@
 --                              behind): pruned row by row, as before.
 -- onceflow.outbox_partitions lists the ranges (legacy included).
 --
--- Keys. The partition key is id, so id stays the primary key. (source,
--- topic, seq) was already enforced by the trigger outbox_check_seq (it
--- locks the stream's counter and refuses a seq that does not continue it);
--- it keeps a plain index to probe. event_id is checked by a new statement
--- trigger, outbox_event_id_check: for each distinct event_id of the
--- statement it locks and updates the event's slot row in
--- onceflow.outbox_event_slots (65,536 rows, by a hash of the event_id, in
--- slot order), then probes every partition for another row of the event_id
--- and raises 23505 (constraint outbox_event_id_key, as the old unique
--- index did) when it finds one. The slot's row lock makes a second
--- inserter of the event_id wait for the first's commit; under READ
--- COMMITTED its probe, a later statement, then sees the first's row. Under
--- REPEATABLE READ or SERIALIZABLE the probe cannot see a row committed
--- after the snapshot, but the lock of a slot row updated by a transaction
--- that committed after the snapshot fails with a serialization failure
--- (40001): the producer retries, and its retry's probe sees the row.
+-- Keys. The partition key is id, so id stays the primary key, drawn by the
+-- column's identity as before. (source, topic, seq) was already enforced by
+-- the trigger outbox_check_seq (it locks the stream's counter and refuses a
+-- seq that does not continue it); it keeps a plain index to probe.
+--
+-- event_id is unique through a narrow table that is not partitioned,
+-- onceflow.outbox_keys (event_id, id), whose primary key is the constraint
+-- outbox_event_id_key (the name the plain table's unique constraint had, so
+-- a duplicate still fails with SQLSTATE 23505 on outbox_event_id_key). The
+-- statement trigger outbox_keys_insert copies the event_id and id of every
+-- row an INSERT into onceflow.outbox adds; outbox_keys_delete removes them
+-- when the rows are deleted, and retention deletes the keys of a range it
+-- truncates (outbox_expire_partition). A native unique index waits for an
+-- inserter of the same key still in flight and sees keys committed after
+-- the inserter's snapshot, so this holds under READ COMMITTED, REPEATABLE
+-- READ and SERIALIZABLE alike, whatever partitions the rows' ids fall in.
+--
+-- The rows from before the migration get their keys by a backfill (step
+-- 1b), not by a probe of the legacy partition at every insert: a probe
+-- reads a snapshot, and a producer whose snapshot is older than a legacy
+-- row's commit would not see that row (a REPEATABLE READ transaction that
+-- took its snapshot before the swap and inserts after it), while the key
+-- table's unique index sees every committed key. The backfill runs while
+-- producers insert: the trigger exists before it starts (step 1), so every
+-- row it cannot see has its key already, and it skips keys that are there
+-- (ON CONFLICT DO NOTHING, which also waits for an inserter in flight). It
+-- holds the advisory lock 0b0e/1, which outbox_keys_delete takes shared
+-- before deleting keys, so a row deleted (pruned) while the backfill runs
+-- does not leave a key behind. Once the swap commits, the legacy partition's
+-- own unique constraint on event_id is dropped: every one of its event_ids
+-- is in onceflow.outbox_keys, and a duplicate of a row landing in the
+-- legacy partition then fails on outbox_event_id_key too, not on a
+-- partition's constraint of another name.
 --
 -- The steps run in separate transactions (this file runs without an
 -- enclosing one), each taking one short lock; producers and the relay keep
 -- running:
---   1. the slot table, the functions, the event_id trigger on the plain
---      table (SHARE ROW EXCLUSIVE on onceflow.outbox) and the check
---      id < bound NOT VALID (ACCESS EXCLUSIVE, a catalog update only);
+--   1. the key table, the partitions' table, the functions, the key
+--      triggers on the plain table (SHARE ROW EXCLUSIVE on onceflow.outbox,
+--      which waits for the inserts in flight) and the check id < bound NOT
+--      VALID (ACCESS EXCLUSIVE, a catalog update only);
+--   1b. the backfill of the keys of the rows already there: ACCESS SHARE on
+--      onceflow.outbox, ROW EXCLUSIVE on onceflow.outbox_keys (reads and
+--      writes go on; a prune's delete of rows waits for it to commit);
 --   2. VALIDATE the check: SHARE UPDATE EXCLUSIVE (a scan; reads and
 --      writes go on);
 --   3. CREATE INDEX CONCURRENTLY of the plain indexes on event_id and on
@@ -49,24 +70,28 @@
 --      UPDATE EXCLUSIVE (writes go on);
 --   4. last, one transaction renames the table to onceflow.outbox_legacy,
 --      creates the partitioned onceflow.outbox with the same columns,
---      checks, grants, indexes and triggers, moves the id sequence to it,
---      attaches the old table as the partition of the ids below the bound
---      (the validated check spares the scan, the existing indexes become
---      the partition's), and creates the default partition and the first
---      range above the bound: ACCESS EXCLUSIVE on the old table for
---      catalog work only. Until it commits, every step may be run again.
+--      identity, checks, grants, indexes and triggers, attaches the old
+--      table as the partition of the ids below the bound (the validated
+--      check spares the scan, the existing indexes become the partition's),
+--      drops its unique constraint on event_id, gives the key table's
+--      primary key the name outbox_event_id_key, and creates the default
+--      partition and the first range above the bound: ACCESS EXCLUSIVE on
+--      the old table for catalog work only. Until it commits, every step
+--      may be run again.
 
 SET lock_timeout = '10s';
 
 -- Step 1.
 
--- Every insert of an event_id locks and updates the row of its slot.
--- fillfactor 50: the updates stay on their page (HOT).
-CREATE TABLE IF NOT EXISTS onceflow.outbox_event_slots (
-    slot    integer PRIMARY KEY,
-    touched bigint  NOT NULL DEFAULT 0
-) WITH (fillfactor = 50);
-INSERT INTO onceflow.outbox_event_slots (slot) SELECT g FROM generate_series(0, 65535) g ON CONFLICT DO NOTHING;
+-- The key table. Its primary key is named outbox_keys_pkey until the swap
+-- (the plain table's unique index holds the name outbox_event_id_key until
+-- then). The index on id serves retention's delete of a range's keys.
+CREATE TABLE IF NOT EXISTS onceflow.outbox_keys (
+    event_id text   NOT NULL,
+    id       bigint NOT NULL,
+    CONSTRAINT outbox_keys_pkey PRIMARY KEY (event_id)
+);
+CREATE INDEX IF NOT EXISTS outbox_keys_id ON onceflow.outbox_keys (id);
 
 -- The ranges of the outbox's partitions. truncated_at: retention emptied
 -- the partition, which a later pass drops.
@@ -79,73 +104,66 @@ CREATE TABLE IF NOT EXISTS onceflow.outbox_partitions (
     CONSTRAINT outbox_partitions_range CHECK (to_id > from_id)
 );
 
--- The default of the partitioned outbox's id: the transaction's xid first,
--- then the id (the relay's scan floor relies on every id being drawn by a
--- transaction that already has its xid, migration 024). The plain table's
--- identity drew the id first, and outbox_assign_seq drew it again; on the
--- partitioned table a second draw could move the row to another partition,
--- which PostgreSQL refuses in a BEFORE trigger.
-CREATE OR REPLACE FUNCTION onceflow.outbox_next_id()
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-BEGIN
-    PERFORM pg_current_xact_id();
-    RETURN nextval('onceflow.outbox_id_seq');
-END
-$fn$;
--- Every role that may insert into the outbox calls it (the column's
--- default runs with the inserter's rights); it only draws an id.
-GRANT EXECUTE ON FUNCTION onceflow.outbox_next_id() TO PUBLIC;
-
--- event_id unique among the outbox's rows (see the top of this file). The
--- probe reads every partition's index on event_id once per new row (on
--- the plain table of step 1 to 3 the unique index does it: no probe).
-CREATE OR REPLACE FUNCTION onceflow.outbox_event_id_check()
+-- The keys of an INSERT's rows (see the top of this file). Producers hold
+-- no privilege on onceflow.outbox_keys: the function runs with its
+-- owner's rights.
+CREATE OR REPLACE FUNCTION onceflow.outbox_keys_insert()
 RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET enable_bitmapscan = off
 AS $fn$
-DECLARE
-    v_slots integer[];
-    v_dup   text;
 BEGIN
-    -- An event_id's slot: 16 bits of its hash.
-    SELECT array_agg(DISTINCT (hashtextextended(n.event_id, 0) & 65535)::integer)
-      INTO v_slots FROM outbox_new n;
-    -- Locked in slot order (no deadlock between two statements), then
-    -- updated: the update is what a REPEATABLE READ inserter of the same
-    -- slot that started before this transaction commits trips on.
-    UPDATE onceflow.outbox_event_slots s SET touched = s.touched + 1
-      FROM (SELECT l.slot FROM onceflow.outbox_event_slots l WHERE l.slot = ANY (v_slots)
-             ORDER BY l.slot FOR NO KEY UPDATE) l
-     WHERE s.slot = l.slot;
-    IF TG_TABLE_NAME <> 'outbox' OR (SELECT c.relkind FROM pg_class c WHERE c.oid = TG_RELID) <> 'p' THEN
-        RETURN NULL;
-    END IF;
-    SELECT n.event_id INTO v_dup FROM outbox_new n
-     WHERE EXISTS (SELECT 1 FROM onceflow.outbox o WHERE o.event_id = n.event_id AND o.id <> n.id)
-     ORDER BY n.id LIMIT 1;
-    IF v_dup IS NOT NULL THEN
-        RAISE EXCEPTION 'duplicate key value violates unique constraint "outbox_event_id_key"'
-            USING ERRCODE = '23505', CONSTRAINT = 'outbox_event_id_key', SCHEMA = 'onceflow', TABLE = 'outbox',
-                  DETAIL = format('Key (event_id)=(%s) already exists.', v_dup);
-    END IF;
+    INSERT INTO onceflow.outbox_keys (event_id, id) SELECT n.event_id, n.id FROM outbox_new n;
     RETURN NULL;
 END
 $fn$;
+REVOKE ALL ON FUNCTION onceflow.outbox_keys_insert() FROM PUBLIC;
 
--- outbox_assign_seq (migration 029), with one change at its end: on the
--- partitioned table a redrawn id must stay in the partition the row was
--- routed to (PostgreSQL refuses to move a row in a BEFORE trigger); when
--- it would not, the statement fails with a serialization failure, which
--- the producer retries. It happens only when the row's id is not above the
--- id of its stream's last row (a concurrent producer of the stream drew a
--- later id and committed first) and the redrawn id is in the next range.
+-- The keys of a DELETE's rows (the row-by-row prune, -delete-on-publish):
+-- the event_ids are free again. The shared advisory lock waits for the
+-- backfill of step 1b, if one runs, to commit, so that this statement sees
+-- the keys it added.
+CREATE OR REPLACE FUNCTION onceflow.outbox_keys_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(x'0b0e'::integer, 1);
+    DELETE FROM onceflow.outbox_keys k USING outbox_old o WHERE k.event_id = o.event_id AND k.id = o.id;
+    RETURN NULL;
+END
+$fn$;
+REVOKE ALL ON FUNCTION onceflow.outbox_keys_delete() FROM PUBLIC;
+
+-- A TRUNCATE of the whole outbox empties the key table too.
+CREATE OR REPLACE FUNCTION onceflow.outbox_keys_truncate()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    TRUNCATE onceflow.outbox_keys;
+    RETURN NULL;
+END
+$fn$;
+REVOKE ALL ON FUNCTION onceflow.outbox_keys_truncate() FROM PUBLIC;
+
+-- outbox_assign_seq (migration 029), with two changes:
+--  - on the partitioned table a redrawn id must stay in the partition the
+--    row was routed to (PostgreSQL refuses to move a row in a BEFORE
+--    trigger); when it would not, the statement fails with a serialization
+--    failure, which the producer retries. It happens only when the id is
+--    drawn again (the transaction had no xid yet, or a concurrent producer
+--    of the stream drew a later id and committed first) and the new id is
+--    in the next range: rare, at a range's end;
+--  - the look-up of the stream's last row asks only whether it has an id
+--    at or above the new row's (the only case that matters: the id is
+--    drawn again), so that PostgreSQL skips every partition below the new
+--    row's id instead of probing each one's index.
 CREATE OR REPLACE FUNCTION onceflow.outbox_assign_seq()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -195,20 +213,19 @@ BEGIN
      WHERE o.source = NEW.source AND o.topic = NEW.topic AND o.seq > v_last
      ORDER BY o.seq DESC
      LIMIT 1;
-    IF NOT FOUND THEN
-        -- The row holding the counter's seq (gone once deleted): the new
-        -- row's id must come after its id, as onceflow.outbox_check_seq
-        -- checks.
+    IF NOT FOUND AND NEW.id IS NOT NULL THEN
+        -- The row holding the counter's seq (gone once deleted), when its
+        -- id is not below the new row's: then the id is drawn again, as
+        -- onceflow.outbox_check_seq requires the stream's ids to rise.
         SELECT o.id INTO v_top_id FROM onceflow.outbox o
-         WHERE o.source = NEW.source AND o.topic = NEW.topic AND o.seq = v_last;
+         WHERE o.source = NEW.source AND o.topic = NEW.topic AND o.seq = v_last AND o.id >= NEW.id;
     END IF;
     NEW.seq := greatest(v_last, v_top) + 1;
-    -- An id drawn before the transaction had an xid (the plain table's
-    -- identity draws it before this trigger runs) is drawn again, now that
-    -- the counter's lock gave the transaction one: the relay's scan floor
-    -- relies on every id being drawn by a transaction that already has its
-    -- xid (migration 024). The partitioned table's default
-    -- (onceflow.outbox_next_id) takes the xid first.
+    -- An id drawn before the transaction had an xid (the identity draws it
+    -- before this trigger runs) is drawn again, now that the counter's lock
+    -- gave the transaction one: the relay's scan floor relies on every id
+    -- being drawn by a transaction that already has its xid (migration
+    -- 024).
     IF NEW.id IS NULL OR NEW.id <= v_top_id OR v_fresh THEN
         PERFORM pg_current_xact_id();
         v_id := nextval('onceflow.outbox_id_seq');
@@ -223,6 +240,71 @@ BEGIN
     RETURN NEW;
 END
 $function$;
+
+-- outbox_check_seq (migration 029), with one change: whether the row
+-- holding the counter's seq has an id at or above the statement's first
+-- row of the stream is asked with that bound on id, so that PostgreSQL
+-- skips every partition below it instead of probing each one's index.
+CREATE OR REPLACE FUNCTION onceflow.outbox_check_seq()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_bitmapscan TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    r      record;
+    v_last bigint;
+    v_moved bigint;
+BEGIN
+    -- Per stream the statement wrote, in the lock order: its seqs in id
+    -- order, and whether each is one more than the one before.
+    FOR r IN SELECT x.source, x.topic, min(x.seq) AS lo, max(x.seq) AS hi, min(x.id) AS first_id,
+                    bool_and(x.next) AS in_order
+               FROM (SELECT n.source, n.topic, n.seq, n.id,
+                            coalesce(n.seq = lag(n.seq) OVER (PARTITION BY n.source, n.topic ORDER BY n.id) + 1, true) AS next
+                       FROM outbox_new n) x
+              GROUP BY x.source, x.topic
+              ORDER BY x.source, x.topic LOOP
+        SELECT c.last_seq INTO v_last FROM onceflow.source_seq c
+         WHERE c.source = r.source AND c.topic = r.topic
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            INSERT INTO onceflow.source_seq AS c (source, topic, last_seq)
+            VALUES (r.source, r.topic,
+                    coalesce((SELECT l.last_seq FROM onceflow.source_seq_legacy l WHERE l.source = r.source), 0))
+            ON CONFLICT (source, topic) DO NOTHING;
+            SELECT c.last_seq INTO STRICT v_last FROM onceflow.source_seq c
+             WHERE c.source = r.source AND c.topic = r.topic
+               FOR UPDATE;
+        END IF;
+        -- The counter's newest move (migration 029): the stream's last seq is
+        -- the greater of it and the locked row's value.
+        SELECT m.last_seq INTO v_moved FROM onceflow.source_seq_moves m
+         WHERE m.source = r.source AND m.topic = r.topic
+         ORDER BY m.last_seq DESC LIMIT 1;
+        v_last := greatest(v_last, v_moved);
+        IF r.lo <> v_last + 1 OR NOT r.in_order
+           OR EXISTS (SELECT 1 FROM onceflow.outbox o
+                       WHERE o.source = r.source AND o.topic = r.topic AND o.seq = v_last AND o.id >= r.first_id) THEN
+            RAISE EXCEPTION 'onceflow.outbox: source % on topic %: the rows carry seqs % to %, but the stream''s next seqs are % on, in id order',
+                quote_literal(r.source), quote_literal(r.topic), r.lo, r.hi, v_last + 1
+                USING ERRCODE = '23514',
+                      HINT = 'Leave seq out: the database gives each row its seq (onceflow.next_seqs tells a batch its seqs).';
+        END IF;
+        -- Move the counter: the new value in, the previous move out by its
+        -- exact key. The row in source_seq is only locked, never updated.
+        INSERT INTO onceflow.source_seq_moves (source, topic, last_seq) VALUES (r.source, r.topic, r.hi);
+        IF v_moved IS NOT NULL THEN
+            DELETE FROM onceflow.source_seq_moves m
+             WHERE m.source = r.source AND m.topic = r.topic AND m.last_seq = v_moved;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$function$;
+
 
 -- Creates the partitions of the id ranges above the newest one until one
 -- lies wholly above the ids drawn so far (at least one spare), each p_width
@@ -298,8 +380,9 @@ $fn$;
 -- highest id ever published, which recovery reads). The conditions are
 -- checked under the partition's ACCESS EXCLUSIVE lock (waited for at most
 -- 100 ms: the caller retries), which a producer's insert into it holds
--- until it commits. Returns the rows truncated, NULL when the partition may
--- not go yet.
+-- until it commits. The keys of the range's rows are deleted from
+-- onceflow.outbox_keys. Returns the rows truncated, NULL when the partition
+-- may not go yet.
 CREATE OR REPLACE FUNCTION onceflow.outbox_expire_partition(p_from bigint, p_keep interval)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -331,6 +414,9 @@ BEGIN
     END IF;
     EXECUTE format('SELECT count(*) FROM onceflow.%I', p.relname) INTO v_rows;
     EXECUTE format('TRUNCATE onceflow.%I', p.relname);
+    -- The range's event_ids are free again (row by row, but the key
+    -- table's rows are narrow: docs/relay.md gives the time per 1M keys).
+    DELETE FROM onceflow.outbox_keys k WHERE k.id >= p.from_id AND k.id < p.to_id;
     UPDATE onceflow.outbox_partitions x SET truncated_at = now() WHERE x.from_id = p_from;
     SELECT max(l.last_id) INTO v_top FROM onceflow.outbox_published l;
     DELETE FROM onceflow.outbox_published l
@@ -381,7 +467,8 @@ REVOKE ALL ON FUNCTION onceflow.outbox_drop_partition(bigint) FROM PUBLIC;
 
 -- The bound of the legacy partition, five widths above the ids drawn so
 -- far (the bound is fixed now, and the ids drawn until step 4 must stay
--- below it), and the check, not yet validated.
+-- below it), the key triggers on the plain table, and the check, not yet
+-- validated.
 DO $$
 DECLARE
     v_bound bigint;
@@ -395,13 +482,35 @@ BEGIN
         INSERT INTO onceflow.outbox_partitions (from_id, to_id, relname) VALUES (-9223372036854775808, v_bound, 'outbox_legacy');
     END IF;
     SELECT to_id INTO v_bound FROM onceflow.outbox_partitions WHERE relname = 'outbox_legacy';
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'onceflow.outbox'::regclass AND tgname = 'outbox_event_id_check') THEN
-        CREATE TRIGGER outbox_event_id_check AFTER INSERT ON onceflow.outbox
-            REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_event_id_check();
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'onceflow.outbox'::regclass AND tgname = 'outbox_keys_insert') THEN
+        CREATE TRIGGER outbox_keys_insert AFTER INSERT ON onceflow.outbox
+            REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_keys_insert();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'onceflow.outbox'::regclass AND tgname = 'outbox_keys_delete') THEN
+        CREATE TRIGGER outbox_keys_delete AFTER DELETE ON onceflow.outbox
+            REFERENCING OLD TABLE AS outbox_old FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_keys_delete();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'onceflow.outbox'::regclass AND tgname = 'outbox_keys_truncate') THEN
+        CREATE TRIGGER outbox_keys_truncate AFTER TRUNCATE ON onceflow.outbox
+            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_keys_truncate();
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'onceflow.outbox'::regclass AND conname = 'outbox_legacy_id_range') THEN
         EXECUTE format('ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_legacy_id_range CHECK (id < %s) NOT VALID', v_bound);
     END IF;
+END $$;
+
+-- Step 1b: the keys of the rows already there (see the top of this file).
+-- The triggers above exist, committed, so every row this statement cannot
+-- see has its key already.
+DO $$
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'onceflow.outbox'::regclass) <> 'r' THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(x'0b0e'::integer, 1);
+    INSERT INTO onceflow.outbox_keys (event_id, id)
+    SELECT o.event_id, o.id FROM onceflow.outbox o
+    ON CONFLICT (event_id) DO NOTHING;
 END $$;
 
 -- Step 2.
@@ -447,25 +556,28 @@ BEGIN
     -- triggers with transition tables).
     DROP TRIGGER outbox_assign_seq ON onceflow.outbox_legacy;
     DROP TRIGGER outbox_check_seq ON onceflow.outbox_legacy;
-    DROP TRIGGER outbox_event_id_check ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_keys_insert ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_keys_delete ON onceflow.outbox_legacy;
+    DROP TRIGGER outbox_keys_truncate ON onceflow.outbox_legacy;
     DROP TRIGGER outbox_guard ON onceflow.outbox_legacy;
     DROP TRIGGER outbox_pending_insert ON onceflow.outbox_legacy;
     DROP TRIGGER outbox_pending_delete ON onceflow.outbox_legacy;
     DROP TRIGGER outbox_pending_truncate ON onceflow.outbox_legacy;
     DROP TRIGGER outbox_notify ON onceflow.outbox_legacy;
-    -- The identity's sequence goes with the identity: a plain one of the
-    -- same name takes over where it stood.
+    -- The identity's sequence goes with the identity: the partitioned
+    -- table's identity gets a sequence of the same name, set where the old
+    -- one stood.
     ALTER TABLE onceflow.outbox_legacy ALTER COLUMN id DROP IDENTITY;
-    CREATE SEQUENCE onceflow.outbox_id_seq AS bigint CACHE 1;
-    PERFORM setval('onceflow.outbox_id_seq', v_last, v_called);
 
     CREATE TABLE onceflow.outbox (LIKE onceflow.outbox_legacy INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
         PARTITION BY RANGE (id);
     ALTER TABLE onceflow.outbox DROP CONSTRAINT outbox_legacy_id_range;
-    ALTER TABLE onceflow.outbox ALTER COLUMN id SET DEFAULT onceflow.outbox_next_id();
+    ALTER TABLE onceflow.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME onceflow.outbox_id_seq CACHE 1);
+    PERFORM setval('onceflow.outbox_id_seq', v_last, v_called);
     ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
-    ALTER SEQUENCE onceflow.outbox_id_seq OWNED BY onceflow.outbox.id;
-    -- Not unique: outbox_event_id_check and outbox_check_seq keep the keys.
+    -- Not unique: onceflow.outbox_keys keeps event_id unique, and
+    -- outbox_check_seq (source, topic, seq). The index on event_id serves
+    -- look-ups by event_id (one descent per partition).
     CREATE INDEX outbox_event_id ON onceflow.outbox (event_id);
     CREATE INDEX outbox_stream ON onceflow.outbox (source, topic, seq);
 
@@ -473,8 +585,12 @@ BEGIN
         FOR EACH ROW WHEN (NEW.seq IS NULL) EXECUTE FUNCTION onceflow.outbox_assign_seq();
     CREATE TRIGGER outbox_check_seq AFTER INSERT ON onceflow.outbox
         REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_check_seq();
-    CREATE TRIGGER outbox_event_id_check AFTER INSERT ON onceflow.outbox
-        REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_event_id_check();
+    CREATE TRIGGER outbox_keys_insert AFTER INSERT ON onceflow.outbox
+        REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_keys_insert();
+    CREATE TRIGGER outbox_keys_delete AFTER DELETE ON onceflow.outbox
+        REFERENCING OLD TABLE AS outbox_old FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_keys_delete();
+    CREATE TRIGGER outbox_keys_truncate AFTER TRUNCATE ON onceflow.outbox
+        FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_keys_truncate();
     CREATE TRIGGER outbox_guard AFTER INSERT ON onceflow.outbox
         REFERENCING NEW TABLE AS outbox_new FOR EACH STATEMENT EXECUTE FUNCTION onceflow.outbox_guard();
     CREATE TRIGGER outbox_pending_insert AFTER INSERT ON onceflow.outbox
@@ -507,6 +623,12 @@ BEGIN
     END LOOP;
 
     EXECUTE format('ALTER TABLE onceflow.outbox ATTACH PARTITION onceflow.outbox_legacy FOR VALUES FROM (MINVALUE) TO (%s)', v_bound);
+    -- The key table holds every event_id of the legacy partition (step 1b
+    -- and the trigger): its own unique constraint goes, so that a duplicate
+    -- fails on outbox_event_id_key wherever the new row lands, and the key
+    -- table's primary key takes that name.
+    ALTER TABLE onceflow.outbox_legacy DROP CONSTRAINT outbox_event_id_key;
+    ALTER TABLE onceflow.outbox_keys RENAME CONSTRAINT outbox_keys_pkey TO outbox_event_id_key;
     CREATE TABLE onceflow.outbox_default PARTITION OF onceflow.outbox DEFAULT;
     PERFORM onceflow.outbox_ensure_partitions();
 END $$;
