@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -133,6 +134,16 @@ func TestOutboxPartitionsMigrationCarriesRows(t *testing.T) {
 	}
 	if got := text(`SELECT string_agg(DISTINCT tableoid::regclass::text, ',') FROM onceflow.outbox`); got != "onceflow.outbox_legacy" {
 		t.Errorf("rows lie in %s, want all in the legacy partition", got)
+	}
+	// Every row has its key in onceflow.outbox_keys (the backfill and the
+	// trigger), whose primary key is outbox_event_id_key; the legacy
+	// partition's own unique constraint on event_id is gone.
+	if got := text(`SELECT format('%s rows, %s keys, %s without', (SELECT count(*) FROM onceflow.outbox), (SELECT count(*) FROM onceflow.outbox_keys),
+		(SELECT count(*) FROM onceflow.outbox o WHERE NOT EXISTS (SELECT 1 FROM onceflow.outbox_keys k WHERE k.event_id = o.event_id AND k.id = o.id)))`); !strings.HasSuffix(got, " 0 without") || strings.Count(got, text(`SELECT count(*)::text FROM onceflow.outbox`)+" ") != 2 {
+		t.Errorf("keys after the migration: %s", got)
+	}
+	if got := text(`SELECT string_agg(conrelid::regclass::text || '.' || conname, ',' ORDER BY conname) FROM pg_constraint WHERE connamespace = 'onceflow'::regnamespace AND conname LIKE '%event_id_key'`); got != "onceflow.outbox_keys.outbox_event_id_key" {
+		t.Errorf("event_id keys after the migration: %s, want onceflow.outbox_keys.outbox_event_id_key only", got)
 	}
 	// Past the legacy partition's bound: the next rows land in the first
 	// range, keys still checked across both.

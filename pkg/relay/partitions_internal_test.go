@@ -40,12 +40,11 @@ func sqlstate(err error) string {
 const qInsertOne = `INSERT INTO onceflow.outbox (event_id, topic, source, event_type, payload) VALUES ($1, 't', $2, 'e', '{}')`
 
 // Two producers insert the same event_id; their rows' ids lie in two
-// partitions (the legacy one and the first range), so no unique index sees
-// both. Under READ COMMITTED the second waits for the first's commit and
-// fails with a unique violation on outbox_event_id_key; under REPEATABLE
-// READ, when the first committed after the second's snapshot, the second
-// fails with a serialization failure, and its retry with the unique
-// violation. Never two rows.
+// partitions, so no index of the outbox sees both: the key table
+// onceflow.outbox_keys does. At every isolation level the second waits for
+// the first's commit (when the first is still open) and fails with a
+// unique violation on outbox_event_id_key, also when the first committed
+// after the second's snapshot. Never two rows.
 func TestEventIDUniqueAcrossPartitions(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -62,9 +61,10 @@ func TestEventIDUniqueAcrossPartitions(t *testing.T) {
 	}{
 		{"read committed, concurrent", pgx.ReadCommitted, true, "23505"},
 		{"read committed, after", pgx.ReadCommitted, false, "23505"},
-		{"repeatable read, concurrent", pgx.RepeatableRead, true, "40001"},
-		{"repeatable read, committed after the snapshot", pgx.RepeatableRead, false, "40001"},
-		{"serializable, concurrent", pgx.Serializable, true, "40001"},
+		{"repeatable read, concurrent", pgx.RepeatableRead, true, "23505"},
+		{"repeatable read, committed after the snapshot", pgx.RepeatableRead, false, "23505"},
+		{"serializable, concurrent", pgx.Serializable, true, "23505"},
+		{"serializable, committed after the snapshot", pgx.Serializable, false, "23505"},
 	}
 	// Ranges of 10 ids from base on, one boundary per case.
 	base := bound + 1000000
@@ -137,7 +137,7 @@ func TestEventIDUniqueAcrossPartitions(t *testing.T) {
 		if got := sqlstate(err); got != c.wantFirst {
 			t.Errorf("%s: the second insert: %v (SQLSTATE %q), want SQLSTATE %s", c.name, err, got, c.wantFirst)
 		}
-		// Run again, as a producer does after 40001: a unique violation.
+		// Run again: a unique violation again.
 		err = pgx.BeginTxFunc(ctx, db.Pool, pgx.TxOptions{IsoLevel: c.iso}, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, qInsertOne, eventID, b)
 			return err
@@ -155,8 +155,8 @@ func TestEventIDUniqueAcrossPartitions(t *testing.T) {
 			t.Errorf("%s: %d rows of the event_id, in %s; want one, in %s", c.name, n, where, want)
 		}
 	}
-	// The probe's other side: a row of the first range refuses the same
-	// event_id in the legacy partition.
+	// The other way round: a row of a range refuses the same event_id in
+	// the legacy partition, under the same constraint name.
 	if _, err := db.Pool.Exec(ctx, `SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, base+100); err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +166,19 @@ func TestEventIDUniqueAcrossPartitions(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, bound-100); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Pool.Exec(ctx, qInsertOne, "late", "d"); sqlstate(err) != "23505" {
-		t.Errorf("the same event_id in the legacy partition: %v, want a unique violation", err)
+	_, err := db.Pool.Exec(ctx, qInsertOne, "late", "d")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "23505" || pe.ConstraintName != "outbox_event_id_key" {
+		t.Errorf("the same event_id in the legacy partition: %v, want a unique violation of outbox_event_id_key", err)
+	}
+	// Every row has its key, and no key is left without its row.
+	var rows, keys, stray int
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM onceflow.outbox), (SELECT count(*) FROM onceflow.outbox_keys),
+		(SELECT count(*) FROM onceflow.outbox_keys k WHERE NOT EXISTS (SELECT 1 FROM onceflow.outbox o WHERE o.id = k.id AND o.event_id = k.event_id))`).Scan(&rows, &keys, &stray); err != nil {
+		t.Fatal(err)
+	}
+	if rows != keys || stray != 0 {
+		t.Errorf("%d rows, %d keys, %d keys without their row", rows, keys, stray)
 	}
 }
 
@@ -263,6 +274,10 @@ func TestRetentionDropsPublishedPartitions(t *testing.T) {
 	exec(`UPDATE onceflow.outbox_published SET published_at = now() - interval '2 hours'`)
 
 	nameA, nameB, nameC, nameD := "outbox_p_"+itoa(bound+w), "outbox_p_"+itoa(bound+w+100), "outbox_p_"+itoa(bound+w+200), "outbox_p_"+itoa(bound+w+300)
+	var evA string
+	if err := db.Pool.QueryRow(ctx, `SELECT event_id FROM onceflow.outbox WHERE id = $1`, pA[len(pA)-1]).Scan(&evA); err != nil {
+		t.Fatal(err)
+	}
 	before := parts()
 	for _, n := range []string{"outbox_legacy", "outbox_p_" + itoa(bound), nameA, nameB, nameC, nameD} {
 		if !contains(before, n) {
@@ -285,6 +300,14 @@ func TestRetentionDropsPublishedPartitions(t *testing.T) {
 	}
 	if n := one(`SELECT count(*) FROM onceflow.outbox WHERE source IN ('b', 'c', 'd')`); n != 26 {
 		t.Errorf("%d rows of B, C and D left, want 26", n)
+	}
+	// The keys of the emptied ranges went with them: their event_ids are
+	// free again; the kept rows' keys stay.
+	if n := one(`SELECT count(*) FROM onceflow.outbox_keys WHERE id < $1`, bound+w+100); n != 0 {
+		t.Errorf("%d keys of the emptied ranges left", n)
+	}
+	if n := one(`SELECT count(*) FROM onceflow.outbox_keys k JOIN onceflow.outbox o USING (id, event_id) WHERE o.source IN ('b', 'c', 'd')`); n != 26 {
+		t.Errorf("%d keys of B, C and D's rows, want 26", n)
 	}
 	if n := one(`SELECT count(*) FROM onceflow.outbox_published WHERE last_id < $1`, bound+w+100); n != 0 {
 		t.Errorf("%d publish-log rows of the dropped ranges left", n)
@@ -314,6 +337,8 @@ func TestRetentionDropsPublishedPartitions(t *testing.T) {
 	}
 	// Inserts go on.
 	insert(3, "e")
+	// An event_id of an emptied range may be enqueued again.
+	exec(qInsertOne, evA, "again")
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
