@@ -177,11 +177,12 @@ BEGIN
     -- tells it its seqs): the writer holds nothing on the counters, so it
     -- can neither choose a seq (an INSERT naming a seq other than the
     -- stream's next is refused) nor wind back, max out or lock another
-    -- stream's counter outside enqueueing. onceflow.outbox_next_id is the
-    -- default of the partitioned outbox's id (migration 034): it runs with
-    -- the inserter's rights, and draws the id with its owner's.
+    -- stream's counter outside enqueueing. The key table of the
+    -- partitioned outbox (onceflow.outbox_keys, migration 034) is written
+    -- by the outbox's triggers with their owner's rights: the writer holds
+    -- nothing on it.
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
-              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch', 'next_seqs', 'outbox_next_id')
+              WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch', 'next_seqs')
     LOOP
         EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.fn, v_writer);
     END LOOP;
@@ -231,8 +232,10 @@ BEGIN
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.outbox_scan_mark() TO %I', v_relay);
     END IF;
     -- The partitioned outbox (migration 034): the relay's retention makes
-    -- the id-range partitions ahead of the ids, and empties and drops them,
-    -- through functions that run with the owner's rights.
+    -- the id-range partitions ahead of the ids, and empties and drops them
+    -- (with their keys in onceflow.outbox_keys), through functions that run
+    -- with the owner's rights; its row-by-row prune deletes keys through
+    -- the outbox's trigger, with the owner's rights too.
     IF to_regclass('onceflow.outbox_partitions') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT ON onceflow.outbox_partitions TO %I', v_relay);
         EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.outbox_ensure_partitions(bigint), '
