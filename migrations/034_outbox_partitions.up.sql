@@ -65,9 +65,9 @@
 --      writes go on; a prune's delete of rows waits for it to commit);
 --   2. VALIDATE the check: SHARE UPDATE EXCLUSIVE (a scan; reads and
 --      writes go on);
---   3. CREATE INDEX CONCURRENTLY of the plain indexes on event_id and on
---      (source, topic, seq) the partitioned table's indexes adopt: SHARE
---      UPDATE EXCLUSIVE (writes go on);
+--   3. CREATE INDEX CONCURRENTLY of the plain index on (source, topic,
+--      seq) the partitioned table's index adopts: SHARE UPDATE EXCLUSIVE
+--      (writes go on);
 --   4. last, one transaction renames the table to onceflow.outbox_legacy,
 --      creates the partitioned onceflow.outbox with the same columns,
 --      identity, checks, grants, indexes and triggers, attaches the old
@@ -86,8 +86,11 @@ SET lock_timeout = '10s';
 -- The key table. Its primary key is named outbox_keys_pkey until the swap
 -- (the plain table's unique index holds the name outbox_event_id_key until
 -- then). The index on id serves retention's delete of a range's keys.
+-- event_id is compared bytewise (COLLATE "C"): equality is the same as
+-- under the database's collation (a deterministic one), and the index
+-- compares without the locale's string collation.
 CREATE TABLE IF NOT EXISTS onceflow.outbox_keys (
-    event_id text   NOT NULL,
+    event_id text COLLATE "C" NOT NULL,
     id       bigint NOT NULL,
     CONSTRAINT outbox_keys_pkey PRIMARY KEY (event_id)
 );
@@ -132,7 +135,7 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(x'0b0e'::integer, 1);
-    DELETE FROM onceflow.outbox_keys k USING outbox_old o WHERE k.event_id = o.event_id AND k.id = o.id;
+    DELETE FROM onceflow.outbox_keys k USING outbox_old o WHERE k.event_id = o.event_id COLLATE "C" AND k.id = o.id;
     RETURN NULL;
 END
 $fn$;
@@ -796,14 +799,10 @@ ALTER TABLE onceflow.outbox VALIDATE CONSTRAINT outbox_legacy_id_range;
 -- Step 3: an index left invalid by an interrupted run is built again.
 DO $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('onceflow.outbox_legacy_event_id') AND NOT indisvalid) THEN
-        DROP INDEX onceflow.outbox_legacy_event_id;
-    END IF;
     IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('onceflow.outbox_legacy_stream') AND NOT indisvalid) THEN
         DROP INDEX onceflow.outbox_legacy_stream;
     END IF;
 END $$;
-CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_legacy_event_id ON onceflow.outbox (event_id);
 CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_legacy_stream ON onceflow.outbox (source, topic, seq);
 
 -- Step 4: the swap, one transaction; a failure leaves the plain table, and
@@ -853,9 +852,11 @@ BEGIN
     PERFORM setval('onceflow.outbox_id_seq', v_last, v_called);
     ALTER TABLE onceflow.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
     -- Not unique: onceflow.outbox_keys keeps event_id unique, and
-    -- outbox_check_seq (source, topic, seq). The index on event_id serves
-    -- look-ups by event_id (one descent per partition).
-    CREATE INDEX outbox_event_id ON onceflow.outbox (event_id);
+    -- outbox_check_seq (source, topic, seq). The partitions have no index
+    -- on event_id: a look-up by event_id goes through the key table's
+    -- primary key (onceflow.outbox_keys, then the row by id). A second
+    -- index on event_id in every partition cost the producers about 5 %
+    -- (docs/relay.md, "Producer cost").
     CREATE INDEX outbox_stream ON onceflow.outbox (source, topic, seq);
 
     CREATE TRIGGER outbox_assign_seq BEFORE INSERT ON onceflow.outbox

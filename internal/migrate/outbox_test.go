@@ -139,7 +139,7 @@ func TestOutboxPartitionsMigrationCarriesRows(t *testing.T) {
 	// trigger), whose primary key is outbox_event_id_key; the legacy
 	// partition's own unique constraint on event_id is gone.
 	if got := text(`SELECT format('%s rows, %s keys, %s without', (SELECT count(*) FROM onceflow.outbox), (SELECT count(*) FROM onceflow.outbox_keys),
-		(SELECT count(*) FROM onceflow.outbox o WHERE NOT EXISTS (SELECT 1 FROM onceflow.outbox_keys k WHERE k.event_id = o.event_id AND k.id = o.id)))`); !strings.HasSuffix(got, " 0 without") || strings.Count(got, text(`SELECT count(*)::text FROM onceflow.outbox`)+" ") != 2 {
+		(SELECT count(*) FROM onceflow.outbox o WHERE NOT EXISTS (SELECT 1 FROM onceflow.outbox_keys k WHERE k.event_id = o.event_id COLLATE "C" AND k.id = o.id)))`); !strings.HasSuffix(got, " 0 without") || strings.Count(got, text(`SELECT count(*)::text FROM onceflow.outbox`)+" ") != 2 {
 		t.Errorf("keys after the migration: %s", got)
 	}
 	if got := text(`SELECT string_agg(conrelid::regclass::text || '.' || conname, ',' ORDER BY conname) FROM pg_constraint WHERE connamespace = 'onceflow'::regnamespace AND conname LIKE '%event_id_key'`); got != "onceflow.outbox_keys.outbox_event_id_key" {
