@@ -177,10 +177,7 @@ BEGIN
     -- tells it its seqs): the writer holds nothing on the counters, so it
     -- can neither choose a seq (an INSERT naming a seq other than the
     -- stream's next is refused) nor wind back, max out or lock another
-    -- stream's counter outside enqueueing. The key table of the
-    -- partitioned outbox (onceflow.outbox_keys, migration 034) is written
-    -- by the outbox's triggers with their owner's rights: the writer holds
-    -- nothing on it.
+    -- stream's counter outside enqueueing.
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
               WHERE p.pronamespace = 'onceflow'::regnamespace AND p.proname IN ('enqueue', 'enqueue_batch', 'next_seqs')
     LOOP
@@ -197,6 +194,14 @@ BEGIN
                        'SELECT (event_id, seq) ON onceflow.outbox TO %I', v_writer);
         -- Relay: read, prune (and -delete-on-publish). Rows are never updated.
         EXECUTE format('GRANT SELECT, DELETE ON onceflow.outbox TO %I', v_relay);
+    END IF;
+    -- The partitioned outbox's event_ids (migration 034) are indexed in its
+    -- key table only: the writer may look its events up there (whether a
+    -- commit whose outcome it did not learn went through), as it may read
+    -- onceflow.outbox's event_id. The keys themselves are written by the
+    -- outbox's triggers with their owner's rights.
+    IF to_regclass('onceflow.outbox_keys') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT (event_id) ON onceflow.outbox_keys TO %I', v_writer);
     END IF;
     -- Relay: the queue of unpublished ids (filled by a trigger that runs with
     -- its owner's rights: producers need nothing here) and the publish log

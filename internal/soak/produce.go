@@ -320,7 +320,7 @@ func (p *producer) resolve(ctx context.Context, pid uint32, began time.Time, evs
 		var n int
 		err := p.pool.QueryRow(ctx, `SELECT pg_postmaster_start_time() > $2
 		        OR NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2),
-		    (SELECT count(*) FROM onceflow.outbox WHERE event_id = ANY($3))`, int32(pid), began, ids).Scan(&gone, &n)
+		    (SELECT count(*) FROM onceflow.outbox_keys WHERE event_id = ANY($3))`, int32(pid), began, ids).Scan(&gone, &n)
 		if err == nil && gone {
 			switch n {
 			case len(ids):

@@ -436,7 +436,7 @@ func (r *run) enqueueOne(ctx context.Context, src, typ, payload string, viaSQL, 
 	if err := tx.Commit(ctx); err != nil {
 		// The outcome is unknown: ask the database.
 		var committed bool
-		if qerr := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM onceflow.outbox WHERE event_id = $1)`, id).Scan(&committed); qerr != nil || !committed {
+		if qerr := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM onceflow.outbox_keys WHERE event_id = $1)`, id).Scan(&committed); qerr != nil || !committed {
 			return fmt.Errorf("commit: %w", err)
 		}
 	}
