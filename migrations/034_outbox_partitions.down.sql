@@ -8,8 +8,9 @@
 -- outbox_event_id_key is built again (a scan of every row, under the same
 -- lock), and it becomes onceflow.outbox again, with its identity (a
 -- sequence of the same name, where the partitioned table's stood), grants
--- and triggers. Then the functions of migration 029 come back and the
--- objects of 034 go.
+-- and triggers. Then the seq triggers' functions of migration 029 and
+-- onceflow.enqueue and enqueue_batch as migration 033 left them come back,
+-- and the objects of 034 go.
 
 SET lock_timeout = '10s';
 
