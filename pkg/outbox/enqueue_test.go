@@ -321,6 +321,69 @@ func TestEnqueueBatchRowsAndResults(t *testing.T) {
 	}
 }
 
+// onceflow.enqueue takes its seq as enqueue_batch does (onceflow.next_seqs
+// locks the stream's counter, the insert names the seq), so the row trigger
+// outbox_assign_seq, whose look-up of the statement's earlier rows reads
+// every partition of the outbox (migration 034), does not run. Calls in one
+// transaction, in one statement or several, on two streams, get seqs that
+// follow one another, in id order; the counter moves with each call.
+func TestSQLEnqueueNamesItsSeq(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	conn, err := b.db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET track_functions = 'all'`); err != nil {
+		t.Fatal(err)
+	}
+	var assign, next int64
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, q := range []string{
+			`SELECT onceflow.enqueue('orders', 'named-a', 'x', '{}')`,
+			`SELECT onceflow.enqueue('orders', 'named-b', 'x', '{}')`,
+			`SELECT onceflow.enqueue('orders', 'named-a', 'x', '{}') FROM generate_series(1, 3)`,
+			`SELECT onceflow.enqueue_batch('[{"topic":"orders","source":"named-a","event_type":"x","payload":{}}]'::jsonb)`,
+			`SELECT onceflow.enqueue('orders', 'named-a', 'x', '{}')`,
+		} {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return fmt.Errorf("%s: %w", q, err)
+			}
+		}
+		return tx.QueryRow(ctx, `
+			SELECT coalesce(sum(s.calls) FILTER (WHERE s.funcname = 'outbox_assign_seq'), 0),
+			       coalesce(sum(s.calls) FILTER (WHERE s.funcname = 'next_seqs'), 0)
+			  FROM pg_stat_xact_user_functions s WHERE s.schemaname = 'onceflow'`).Scan(&assign, &next)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if assign != 0 || next != 7 {
+		t.Errorf("outbox_assign_seq ran %d times and next_seqs %d times; want 0 and 7 (one per onceflow.enqueue call and the batch)", assign, next)
+	}
+	rows, err := b.db.Pool.Query(ctx, `SELECT source, seq FROM onceflow.outbox WHERE source LIKE 'named-%' ORDER BY source, id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var src string
+		var seq int64
+		err := r.Scan(&src, &seq)
+		return fmt.Sprintf("%s:%d", src, seq), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "named-a:1 named-a:2 named-a:3 named-a:4 named-a:5 named-a:6 named-b:1"; strings.Join(got, " ") != want {
+		t.Errorf("rows in id order per stream: %v, want %s", got, want)
+	}
+	var last int64
+	if err := b.db.Pool.QueryRow(ctx, `SELECT seq FROM onceflow.enqueue('orders', 'named-a', 'x', '{}')`).Scan(&last); err != nil || last != 7 {
+		t.Errorf("next call's seq: %d (%v), want 7", last, err)
+	}
+}
+
 // The SQL function behaves like the Go API for non-Go producers.
 func TestSQLEnqueueFunction(t *testing.T) {
 	t.Parallel()
