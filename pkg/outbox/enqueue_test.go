@@ -321,8 +321,9 @@ func TestEnqueueBatchRowsAndResults(t *testing.T) {
 	}
 }
 
-// onceflow.enqueue takes its seq as enqueue_batch does (onceflow.next_seqs
-// locks the stream's counter, the insert names the seq), so the row trigger
+// onceflow.enqueue and Go's Enqueue take their seq as the batch paths do
+// (onceflow.next_seqs locks the stream's counter, the insert names the
+// seq), so the row trigger
 // outbox_assign_seq, whose look-up of the statement's earlier rows reads
 // every partition of the outbox (migration 034), does not run. Calls in one
 // transaction, in one statement or several, on two streams, get seqs that
@@ -352,6 +353,9 @@ func TestSQLEnqueueNamesItsSeq(t *testing.T) {
 				return fmt.Errorf("%s: %w", q, err)
 			}
 		}
+		if _, err := outbox.Enqueue(ctx, tx, outbox.Message{Topic: "orders", Source: "named-b", EventType: "x", Payload: []byte(`{}`)}); err != nil {
+			return err
+		}
 		return tx.QueryRow(ctx, `
 			SELECT coalesce(sum(s.calls) FILTER (WHERE s.funcname = 'outbox_assign_seq'), 0),
 			       coalesce(sum(s.calls) FILTER (WHERE s.funcname = 'next_seqs'), 0)
@@ -359,8 +363,8 @@ func TestSQLEnqueueNamesItsSeq(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if assign != 0 || next != 7 {
-		t.Errorf("outbox_assign_seq ran %d times and next_seqs %d times; want 0 and 7 (one per onceflow.enqueue call and the batch)", assign, next)
+	if assign != 0 || next != 8 {
+		t.Errorf("outbox_assign_seq ran %d times and next_seqs %d times; want 0 and 8 (one per onceflow.enqueue call, the batch and Go's Enqueue)", assign, next)
 	}
 	rows, err := b.db.Pool.Query(ctx, `SELECT source, seq FROM onceflow.outbox WHERE source LIKE 'named-%' ORDER BY source, id`)
 	if err != nil {
@@ -375,7 +379,7 @@ func TestSQLEnqueueNamesItsSeq(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "named-a:1 named-a:2 named-a:3 named-a:4 named-a:5 named-a:6 named-b:1"; strings.Join(got, " ") != want {
+	if want := "named-a:1 named-a:2 named-a:3 named-a:4 named-a:5 named-a:6 named-b:1 named-b:2"; strings.Join(got, " ") != want {
 		t.Errorf("rows in id order per stream: %v, want %s", got, want)
 	}
 	var last int64

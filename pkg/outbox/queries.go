@@ -3,19 +3,21 @@ package outbox
 // The statements Enqueue and EnqueueBatch run. Every table is
 // schema-qualified.
 
-// qEnqueue inserts one outbox row and names no seq: the trigger
-// outbox_assign_seq (migration 015) gives it the next seq of its stream
-// (source, topic), locking the stream's counter row until the producer's
-// transaction ends, so producers of one stream serialize, seqs are gap-free
-// per stream (a rollback burns nothing) and, per stream, id order is seq
-// order.
-// The transaction takes its xid (x) before the row's id is drawn, as the
-// relay's scan floor requires (migration 024): otherwise the trigger draws
-// the id again, leaving a gap in the ids.
+// qEnqueue inserts one outbox row naming its seq, as qEnqueueBatch does:
+// onceflow.next_seqs locks the stream's (source, topic) counter row until
+// the producer's transaction ends and returns the stream's next seq, so
+// producers of one stream serialize, seqs are gap-free per stream (a
+// rollback burns nothing; the trigger outbox_check_seq checks the seq and
+// moves the counter at the end of the statement) and, per stream, id order
+// is seq order. The row trigger outbox_assign_seq does not run: on the
+// partitioned outbox (migration 034) its look-up of the statement's
+// earlier rows reads every partition. The counter's row lock gives the
+// transaction its xid before the row's id is drawn, as the relay's scan
+// floor requires (migration 024).
 const qEnqueue = `
-WITH x AS MATERIALIZED (SELECT pg_current_xact_id())
-INSERT INTO onceflow.outbox (event_id, topic, source, event_type, content_type, record_key, headers, payload)
-SELECT coalesce($1, gen_random_uuid()::text), $2::text, $3::text, $4::text, $5::text, $6::bytea, $7::jsonb, $8::bytea FROM x
+WITH s AS MATERIALIZED (SELECT n.next_seq FROM onceflow.next_seqs(ARRAY[$3::text], ARRAY[$2::text]) AS n)
+INSERT INTO onceflow.outbox (event_id, topic, source, seq, event_type, content_type, record_key, headers, payload)
+SELECT coalesce($1, gen_random_uuid()::text), $2::text, $3::text, s.next_seq, $4::text, $5::text, $6::bytea, $7::jsonb, $8::bytea FROM s
 RETURNING event_id, seq`
 
 // qEnqueueBatch is qEnqueue for a whole batch in one statement, without a
