@@ -7,11 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/onceflow/onceflow/internal/migrate"
-	"github.com/onceflow/onceflow/internal/testkit"
-	"github.com/onceflow/onceflow/migrations"
 )
 
 // The effect partitions migration keeps the ledger's rows and protocol:
@@ -23,39 +19,8 @@ import (
 func TestEffectPartitionsMigrationCarriesRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testkit.EmptyDB(t)
-	migs, err := migrate.Load(migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var parts int32
-	for _, m := range migs {
-		if m.Name == "effect_partitions" {
-			parts = int32(m.Version)
-		}
-	}
-	if parts == 0 {
-		t.Fatal("no effect_partitions migration")
-	}
-	conn, err := pgx.Connect(ctx, db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	text := func(q string, args ...any) string {
-		t.Helper()
-		var s string
-		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&s); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return s
-	}
+	f := newMigrationFixture(t, "effect_partitions")
+	db, parts, conn, exec, text := f.db, f.version, f.conn, f.exec, f.text
 	const (
 		scope   = "inbox/c1/http/pay"
 		qRows   = `SELECT coalesce(string_agg(concat_ws('|', scope, idempotency_key, event_id, status, attempts, result_code, result::text, claimed_by, held_reason), E'\n' ORDER BY scope, idempotency_key), '') FROM onceflow.effects`

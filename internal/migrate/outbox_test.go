@@ -12,7 +12,6 @@ import (
 
 	"github.com/onceflow/onceflow/internal/migrate"
 	"github.com/onceflow/onceflow/internal/testkit"
-	"github.com/onceflow/onceflow/migrations"
 )
 
 // The outbox partitions migration keeps the outbox's rows, its queue and
@@ -25,39 +24,8 @@ import (
 func TestOutboxPartitionsMigrationCarriesRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testkit.EmptyDB(t)
-	migs, err := migrate.Load(migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var parts int32
-	for _, m := range migs {
-		if m.Name == "outbox_partitions" {
-			parts = int32(m.Version)
-		}
-	}
-	if parts == 0 {
-		t.Fatal("no outbox_partitions migration")
-	}
-	conn, err := pgx.Connect(ctx, db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	text := func(q string, args ...any) string {
-		t.Helper()
-		var s string
-		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&s); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return s
-	}
+	f := newMigrationFixture(t, "outbox_partitions")
+	db, parts, conn, exec, text := f.db, f.version, f.conn, f.exec, f.text
 	const (
 		qRows    = `SELECT coalesce(md5(string_agg(concat_ws('|', id, event_id, topic, source, seq, event_type, payload), E'\n' ORDER BY id)), '') FROM onceflow.outbox WHERE source <> 'during'`
 		qPending = `SELECT coalesce(string_agg(p.id::text, ',' ORDER BY p.id), '') FROM onceflow.outbox_pending p JOIN onceflow.outbox o ON o.id = p.id WHERE o.source <> 'during'`
