@@ -29,19 +29,7 @@ func newMigrationFixture(t *testing.T, name string) migrationFixture {
 	t.Helper()
 	ctx := context.Background()
 	db := testkit.EmptyDB(t)
-	migs, err := migrate.Load(migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var version int32
-	for _, m := range migs {
-		if m.Name == name {
-			version = int32(m.Version)
-		}
-	}
-	if version == 0 {
-		t.Fatalf("no %s migration", name)
-	}
+	version := migrationVersion(t, name)
 	conn, err := pgx.Connect(ctx, db.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -64,4 +52,20 @@ func newMigrationFixture(t *testing.T, name string) migrationFixture {
 			return s
 		},
 	}
+}
+
+// migrationVersion is the version of the migration called name.
+func migrationVersion(t *testing.T, name string) int32 {
+	t.Helper()
+	migs, err := migrate.Load(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range migs {
+		if m.Name == name {
+			return int32(m.Version)
+		}
+	}
+	t.Fatalf("no %s migration", name)
+	return 0
 }
