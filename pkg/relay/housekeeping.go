@@ -177,11 +177,13 @@ func (h *housekeeper) prune(ctx context.Context) error {
 	return nil
 }
 
-// partitions makes the outbox's partitions ahead of its ids, empties the
-// partitions whose rows are all published and older than the retention
-// (retention seconds), and drops the emptied ones. Each step waits at most
-// 100 ms for its lock (SQLSTATE 55P03 then): a partition it could not lock
-// is left for the next pass.
+// partitions makes the outbox's partitions ahead of its ids (and the
+// publish log's partition of each range with it), empties the partitions
+// whose rows are all published and older than the retention (retention
+// seconds), drops the emptied ones, and then drops the publish log's
+// partitions whose batches may all go (logPartitions). Each step waits at
+// most 100 ms for its lock (SQLSTATE 55P03 then): a partition it could not
+// lock is left for the next pass.
 func (h *housekeeper) partitions(ctx context.Context, retention float64) error {
 	if _, err := h.cfg.DB.Exec(ctx, qEnsurePartitions); err != nil && !lockTimeout(err) {
 		return fmt.Errorf("make outbox partitions: %w", err)
@@ -211,6 +213,28 @@ func (h *housekeeper) partitions(ctx context.Context, retention float64) error {
 		if _, err := h.cfg.DB.Exec(ctx, qDropPartition, from); err != nil && !lockTimeout(err) {
 			return fmt.Errorf("drop outbox partition from id %d: %w", from, err)
 		}
+	}
+	return h.logPartitions(ctx, retention)
+}
+
+// logPartitions drops the publish log's partitions whose batches may all
+// go (qDropLogPartitions), a DROP each, never a DELETE. One call drops
+// every one that is due; it takes its lock only when one is.
+func (h *housekeeper) logPartitions(ctx context.Context, retention float64) error {
+	rows, err := h.cfg.DB.Query(ctx, qDropLogPartitions, retention)
+	if err != nil {
+		return fmt.Errorf("drop publish-log partitions: %w", err)
+	}
+	type dropped struct{ From, Batches int64 }
+	gone, err := pgx.CollectRows(rows, pgx.RowToStructByPos[dropped])
+	if err != nil {
+		if lockTimeout(err) {
+			return nil
+		}
+		return fmt.Errorf("drop publish-log partitions: %w", err)
+	}
+	for _, d := range gone {
+		h.log.InfoContext(ctx, "publish-log partition dropped", slog.Int64("from_last_id", d.From), slog.Int64("batches", d.Batches))
 	}
 	return nil
 }

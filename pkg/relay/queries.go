@@ -103,6 +103,11 @@ const qSelectBatchTail = `
 // queue taken for a few rows and holding a million was hashed whole at every
 // sweep (about 230 ms each), or, with sequential scans off, merged from its
 // lowest key (3.6 s).
+//
+// Its read of the publish log names the bound last_id > $1 (every batch
+// overlapping the range ends above its start), so that PostgreSQL skips
+// the log's partitions below the range (migration 035) and reads the rest
+// by their index on last_id.
 const qSweep = qSweepHead + qSweepTail
 
 // qSweepShard is qSweep for the sources of shard $4 of $3.
@@ -118,7 +123,7 @@ WITH r AS (
 const qSweepTail = `
 ), l AS (
     SELECT u.id FROM onceflow.outbox_published l CROSS JOIN LATERAL unnest(l.ids) AS u(id)
-     WHERE int8range(l.first_id, l.last_id, '[]') && int8range($1::bigint, $2::bigint, '(]')
+     WHERE l.last_id > $1::bigint AND int8range(l.first_id, l.last_id, '[]') && int8range($1::bigint, $2::bigint, '(]')
 ), f AS (
     INSERT INTO onceflow.outbox_pending (id)
     SELECT id FROM r WHERE id NOT IN (SELECT id FROM l)
@@ -264,7 +269,10 @@ SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM r)`
 //
 // Only the rows of the legacy and the default partitions are pruned so
 // (migration 034): a batch with an id in one of the id-range partitions
-// goes with its partition (qExpirePartition).
+// goes with its partition (qExpirePartition). Likewise only the log rows
+// of the publish log's legacy and default partitions are deleted: a batch
+// in one of the log's range partitions goes with it (migration 035,
+// qDropLogPartitions), even once its outbox range is dropped.
 const qPrune = `
 WITH l AS (
     SELECT batch, published_at, ids FROM onceflow.outbox_published
@@ -272,6 +280,9 @@ WITH l AS (
        AND last_id < (SELECT max(last_id) FROM onceflow.outbox_published)
        AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_partitions x
                         WHERE x.relname LIKE 'outbox\_p\_%' AND int8range(x.from_id, x.to_id) && int8range(first_id, last_id, '[]'))
+       AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_published_partitions g
+                        WHERE g.dropped_at IS NULL AND g.relname LIKE 'outbox\_published\_p\_%'
+                          AND last_id >= g.from_id AND last_id < g.to_id)
      ORDER BY published_at, batch
      LIMIT $2
        FOR UPDATE SKIP LOCKED
@@ -315,6 +326,13 @@ SELECT p.from_id FROM onceflow.outbox_partitions p
 
 // qDropPartition drops the emptied partition $1.
 const qDropPartition = `SELECT onceflow.outbox_drop_partition($1)`
+
+// qDropLogPartitions drops the publish log's partitions whose batches may
+// all go (retention $1 seconds): each outbox range below the partition's
+// end truncated or dropped, its batches older than the retention, and not
+// the one holding the highest last_id (migration 035). It returns each
+// partition dropped (its first last_id) and the batches it held.
+const qDropLogPartitions = `SELECT from_id, batches FROM onceflow.outbox_published_drop_partitions(make_interval(secs => $1))`
 
 // qStats counts unpublished rows: all of them, those held behind a
 // set-aside row, the age of the oldest one not held, and the open set-aside
