@@ -247,6 +247,13 @@ BEGIN
                        'onceflow.outbox_expire_partition(bigint, interval), '
                        'onceflow.outbox_drop_partition(bigint) TO %I', v_relay);
     END IF;
+    -- The partitioned publish log (migration 035): the relay's retention
+    -- drops its partitions through a function that runs with the owner's
+    -- rights; its row-by-row prune reads their list to leave them alone.
+    IF to_regclass('onceflow.outbox_published_partitions') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON onceflow.outbox_published_partitions TO %I', v_relay);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.outbox_published_drop_partitions(interval) TO %I', v_relay);
+    END IF;
 
     -- Consumer: its ledgers and state.
     FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
