@@ -37,6 +37,7 @@ BEGIN
         ALTER TABLE onceflow.outbox_published_legacy ADD CONSTRAINT outbox_published_legacy_pkey PRIMARY KEY (batch);
         CREATE INDEX outbox_published_legacy_published_at ON onceflow.outbox_published_legacy (published_at);
         CREATE INDEX outbox_published_legacy_last_id ON onceflow.outbox_published_legacy (last_id);
+        CREATE INDEX outbox_published_legacy_id_span ON onceflow.outbox_published_legacy USING gist (int8range(first_id, last_id, '[]'));
     END IF;
     -- The partitioned table's grants, table and column level (they were
     -- the old table's, and roles.sql may have granted more since).
@@ -61,6 +62,7 @@ BEGIN
     ALTER TABLE onceflow.outbox_published RENAME CONSTRAINT outbox_published_legacy_pkey TO outbox_published_pkey;
     ALTER INDEX onceflow.outbox_published_legacy_published_at RENAME TO outbox_published_published_at;
     ALTER INDEX onceflow.outbox_published_legacy_last_id RENAME TO outbox_published_last_id;
+    ALTER INDEX onceflow.outbox_published_legacy_id_span RENAME TO outbox_published_id_span;
     ALTER TABLE onceflow.outbox_published ALTER COLUMN batch ADD GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME onceflow.outbox_published_batch_seq);
     PERFORM setval('onceflow.outbox_published_batch_seq', v_last, v_called);
     FOR r IN SELECT * FROM outbox_035_seq_acl LOOP

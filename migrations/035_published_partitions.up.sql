@@ -428,6 +428,7 @@ BEGIN
     ALTER TABLE onceflow.outbox_published_legacy RENAME CONSTRAINT outbox_published_pkey TO outbox_published_legacy_pkey;
     ALTER INDEX onceflow.outbox_published_published_at RENAME TO outbox_published_legacy_published_at;
     ALTER INDEX IF EXISTS onceflow.outbox_published_last_id RENAME TO outbox_published_legacy_last_id;
+    ALTER INDEX IF EXISTS onceflow.outbox_published_id_span RENAME TO outbox_published_legacy_id_span;
     -- The index of step 3 becomes a constraint, so that the partitioned
     -- table's primary key adopts it.
     ALTER TABLE onceflow.outbox_published_legacy
@@ -445,6 +446,9 @@ BEGIN
     ALTER TABLE onceflow.outbox_published ADD CONSTRAINT outbox_published_pkey PRIMARY KEY (batch, last_id);
     CREATE INDEX outbox_published_published_at ON onceflow.outbox_published (published_at);
     CREATE INDEX outbox_published_last_id ON onceflow.outbox_published (last_id);
+    -- The relay's sweep finds the batches overlapping a range of ids
+    -- through it (migration 017).
+    CREATE INDEX outbox_published_id_span ON onceflow.outbox_published USING gist (int8range(first_id, last_id, '[]'));
 
     -- The old table's grants, table and column level, and the sequence's,
     -- carry over.
