@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -182,5 +183,80 @@ func TestQueuePlansIgnoreStaleStatistics(t *testing.T) {
 			t.Errorf("%s sweep: the queue read by %v (%d of them as a join's input), %d blocks for %d ids: not probed per row",
 				r.name, scans, joined, blocks, r.ids)
 		}
+	}
+}
+
+// TestPublishLogPlansSkipPartitions: the statements that read the
+// partitioned publish log (migration 035) read only the partitions they
+// need, by index. The sweep of a range of ids above the legacy bound
+// reads none of the log's legacy partition (its bound last_id > $1 prunes
+// it), and the highest last_id (qOutboxLastID, the prune's and the
+// restore check's reference) is the top of each partition's index on
+// last_id, never a scan of a partition's rows.
+func TestPublishLogPlansSkipPartitions(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	bound := legacyBound(t, db)
+	fill := func(n int) {
+		t.Helper()
+		for _, q := range []string{`
+			INSERT INTO onceflow.outbox (event_id, topic, source, event_type, content_type, payload)
+			SELECT gen_random_uuid()::text, 't', 'src-' || (g % 16), 'e', 'application/octet-stream', '\x00'
+			  FROM generate_series(1, $1::int) g`, `
+			WITH d AS (DELETE FROM onceflow.outbox_pending RETURNING id)
+			INSERT INTO onceflow.outbox_published (first_id, last_id, ids)
+			SELECT min(id), max(id), array_agg(id ORDER BY id) FROM d GROUP BY id / 10`} {
+			var err error
+			if strings.Contains(q, "$1") {
+				_, err = db.Pool.Exec(ctx, q, n)
+			} else {
+				_, err = db.Pool.Exec(ctx, q)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fill(5000) // in the legacy partitions
+	if _, err := db.Pool.Exec(ctx, `SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, bound); err != nil {
+		t.Fatal(err)
+	}
+	fill(5000) // in the first range's
+	for _, q := range []string{`ANALYZE onceflow.outbox_published`, `ANALYZE onceflow.outbox`} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads := func(p planNode) map[string]string {
+		m := map[string]string{}
+		p.walk(func(n planNode) {
+			if strings.HasPrefix(n.Relation, "outbox_published") {
+				m[n.Relation] += n.Type + ";"
+			}
+		})
+		return m
+	}
+
+	rd := testReader(t, Config{DB: db.Pool, BatchMaxRows: 1000, BatchMaxBytes: 4 << 20})
+	sweep, args := rd.lay.sharded(qSweep, qSweepShard, bound+2000, bound+2000+sweepChunk)
+	got := reads(explain(t, db, qBeginWalk, sweep, args...))
+	t.Logf("sweep above the bound reads the log by %v", got)
+	if _, ok := got["outbox_published_legacy"]; ok || got["outbox_published_p_"+itoa(bound)] == "" {
+		t.Errorf("the sweep of ids above the legacy bound reads the log's partitions %v: want the first range's, not the legacy one", got)
+	}
+
+	got = reads(explain(t, db, "", `SELECT max(last_id) FROM onceflow.outbox_published`))
+	t.Logf("the highest last_id read by %v", got)
+	for rel, how := range got {
+		if strings.Contains(how, "Seq Scan") || strings.Contains(how, "Bitmap") {
+			t.Errorf("the highest last_id reads %s by %s: not the top of its index", rel, how)
+		}
+	}
+	if len(got) == 0 {
+		t.Error("the highest last_id reads no partition of the log")
 	}
 }
