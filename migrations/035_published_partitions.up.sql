@@ -290,7 +290,8 @@ $fn$;
 -- at its next pass), taken only when a partition is due, which the relay's
 -- marks wait for; the DROP is catalog work. The batches the relay
 -- publishes later with last_ids in a dropped partition's range land in
--- the default partition.
+-- the default partition. One caller at a time (the advisory lock 0b0e/2,
+-- tried: a second caller returns at once).
 CREATE OR REPLACE FUNCTION onceflow.outbox_published_drop_partitions(p_keep interval)
 RETURNS TABLE (from_id bigint, batches bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -306,6 +307,11 @@ DECLARE
     v_locked boolean := false;
 BEGIN
     IF (SELECT c.relkind FROM pg_class c WHERE c.oid = 'onceflow.outbox_published'::regclass) <> 'p' THEN
+        RETURN;
+    END IF;
+    -- One caller at a time (the leaders of several shards run retention):
+    -- another one is at it already.
+    IF NOT pg_try_advisory_xact_lock(x'0b0e'::integer, 2) THEN
         RETURN;
     END IF;
     v_drawn := greatest(coalesce(pg_sequence_last_value('onceflow.outbox_id_seq'::regclass), 0),
