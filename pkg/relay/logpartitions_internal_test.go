@@ -222,3 +222,108 @@ func TestPublishLogPartitionsDropWhole(t *testing.T) {
 		t.Errorf("a delete in %s does not show in the statistics", logD)
 	}
 }
+
+// A range whose log partition cannot be made at once (its default
+// partition is locked by a reader) gets it at a later pass, and the pass
+// goes on meanwhile; a range whose batches reached the log's default
+// partition first gets none (they stay there, pruned row by row), and the
+// ranges after it get theirs.
+func TestPublishLogPartitionMadeLater(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	bound := legacyBound(t, db)
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	text := func(q string, args ...any) string {
+		t.Helper()
+		var s string
+		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&s); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return s
+	}
+	const qLogOf = `SELECT coalesce((SELECT relname FROM onceflow.outbox_published_partitions WHERE to_id = $1::bigint), 'none')`
+	w := int64(1000000)
+	// A reader holds the log's default partition.
+	reader, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck
+	if _, err := reader.Exec(ctx, `SELECT count(*) FROM onceflow.outbox_published_default`); err != nil {
+		t.Fatal(err)
+	}
+	exec(`SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, bound+w-3)
+	if err := h.partitions(ctx, h.cfg.Retention.Seconds()); err != nil {
+		t.Fatalf("a pass while the log's default partition is locked: %v", err)
+	}
+	next := bound + 2*w // the range made by the pass
+	if got := text(`SELECT relname FROM onceflow.outbox_partitions WHERE to_id = $1::bigint`, next); got != "outbox_p_"+itoa(bound+w) {
+		t.Fatalf("outbox range to %d: %s", next, got)
+	}
+	if got := text(qLogOf, next); got != "none" {
+		t.Fatalf("log partition of the range made while its default partition was locked: %s", got)
+	}
+	// The reader ends: the next pass makes it.
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.partitions(ctx, h.cfg.Retention.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(qLogOf, next); got != "outbox_published_p_"+itoa(bound+w) {
+		t.Fatalf("log partition of the range after the reader ended: %s", got)
+	}
+
+	// Once more, but a batch of the range reaches the log first: the pass
+	// makes the outbox's ranges to early and to early + w (one ahead), the
+	// log's default partition locked.
+	reader, err = db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck
+	if _, err := reader.Exec(ctx, `SELECT count(*) FROM onceflow.outbox_published_default`); err != nil {
+		t.Fatal(err)
+	}
+	early := next + w
+	exec(`SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, early-3)
+	if err := h.partitions(ctx, h.cfg.Retention.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	exec(`SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, early+5)
+	exec(qInsertOne, "early", "s")
+	exec(qPublishAt, []int64{early + 6}, "0")
+	if got := text(`SELECT tableoid::regclass::text FROM onceflow.outbox_published WHERE last_id = $1::bigint`, early+6); got != "onceflow.outbox_published_default" {
+		t.Fatalf("the early batch lies in %s", got)
+	}
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec(`SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, early+w-3)
+	if err := h.partitions(ctx, h.cfg.Retention.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(qLogOf, early+w); got != "outbox_published_default@"+itoa(early) {
+		t.Errorf("log partition of the range whose batch reached the default partition first: %s", got)
+	}
+	if got := text(qLogOf, early+2*w); got != "outbox_published_p_"+itoa(early+w) {
+		t.Errorf("log partition of the range after it: %s", got)
+	}
+	if got := text(`SELECT tableoid::regclass::text FROM onceflow.outbox_published WHERE last_id = $1::bigint`, early+6); got != "onceflow.outbox_published_default" {
+		t.Errorf("the early batch moved to %s", got)
+	}
+}
