@@ -205,8 +205,22 @@ func TestPublishLogPartitionsDropWhole(t *testing.T) {
 	}
 
 	// A later batch (in D, whose ids are not all drawn yet) takes the top:
-	// C's log partition goes, D's stays.
+	// C's log partition goes, D's stays; but not while a reader holds the
+	// log (the pass does not wait for it, and tries again at the next).
 	publishAt("20 minutes", insert(1, "d")...)
+	reader, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck
+	if _, err := reader.Exec(ctx, `SELECT count(*) FROM onceflow.outbox_published`); err != nil {
+		t.Fatal(err)
+	}
+	pass()
+	expect("pass 4, a reader holding the log", []string{logC, logD}, nil)
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
 	pass()
 	expect("pass 4", []string{logD, "outbox_published_default"}, []string{logC})
 	if n := one(`SELECT count(*) FROM onceflow.outbox_published_partitions WHERE dropped_at IS NOT NULL AND relname LIKE 'outbox\_published\_dropped@%'`); n != 5 {
