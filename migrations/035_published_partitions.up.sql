@@ -286,11 +286,11 @@ $fn$;
 -- The first two are checked oldest first and end the walk (they hold for a
 -- partition only if they hold for every one below it). The last two are
 -- checked again under ACCESS EXCLUSIVE on onceflow.outbox_published,
--- taken only when a partition is due and then without waiting (NOWAIT:
--- SQLSTATE 55P03 when another transaction holds any lock on the log, and
--- the caller tries again at its next pass), so that the relay's marks
--- never queue behind a request of it; once had, the marks wait for the
--- DROP, which is catalog work. The batches the relay
+-- taken only when a partition is due and waited for at most 100 ms
+-- (SQLSTATE 55P03 then: the caller tries again at its next pass). The
+-- relay's marks queue behind the request while it waits, and wait for the
+-- DROP, which is catalog work. (Without waiting, NOWAIT, a relay marking
+-- without a pause kept the lock from it at every try.) The batches the relay
 -- publishes later with last_ids in a dropped partition's range land in
 -- the default partition. One caller at a time (the advisory lock 0b0e/2,
 -- tried: a second caller returns at once).
@@ -332,7 +332,7 @@ BEGIN
                INTO v_recent USING p_keep;
             SELECT max(l.last_id) INTO v_top FROM onceflow.outbox_published l;
             EXIT WHEN v_recent OR (v_top >= g.from_id AND v_top < g.to_id) OR v_locked;
-            LOCK TABLE onceflow.outbox_published IN ACCESS EXCLUSIVE MODE NOWAIT;
+            LOCK TABLE onceflow.outbox_published IN ACCESS EXCLUSIVE MODE;
             v_locked := true;
         END LOOP;
         CONTINUE WHEN v_recent OR (v_top >= g.from_id AND v_top < g.to_id);
