@@ -258,12 +258,19 @@ BEGIN
     UPDATE onceflow.outbox_partitions x SET truncated_at = now() WHERE x.from_id = p_from;
     SELECT max(l.last_id) INTO v_top FROM onceflow.outbox_published l;
     -- Row by row only outside the log's range partitions (migration 035).
+    -- A range taken by the default partition (outbox_default@…) is listed
+    -- as emptied from the start, but its rows stay in the default
+    -- partition until the row-by-row prune, which deletes them with their
+    -- batches: a batch holding one of them keeps its log row here, or the
+    -- row would be neither queued nor logged, which the sweep reads as
+    -- never queued (and would publish again).
     DELETE FROM onceflow.outbox_published l
      WHERE l.last_id >= p.from_id
        AND int8range(l.first_id, l.last_id, '[]') && int8range(p.from_id, p.to_id)
        AND l.last_id < v_top
        AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_partitions x
-                        WHERE x.truncated_at IS NULL AND int8range(x.from_id, x.to_id) && int8range(l.first_id, l.last_id, '[]'))
+                        WHERE (x.truncated_at IS NULL OR x.relname LIKE 'outbox\_default@%')
+                          AND int8range(x.from_id, x.to_id) && int8range(l.first_id, l.last_id, '[]'))
        AND NOT EXISTS (SELECT 1 FROM onceflow.outbox_published_partitions g
                         WHERE g.dropped_at IS NULL AND g.relname LIKE 'outbox\_published\_p\_%'
                           AND l.last_id >= g.from_id AND l.last_id < g.to_id);

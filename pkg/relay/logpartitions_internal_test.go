@@ -341,3 +341,77 @@ func TestPublishLogPartitionMadeLater(t *testing.T) {
 		t.Errorf("the early batch moved to %s", got)
 	}
 }
+
+// A range taken by the outbox's default partition (its rows were there
+// before the range could be made) is listed as emptied from the start, but
+// its rows stay in the default partition until the row-by-row prune: the
+// expiry of a neighbouring range must not delete the log row of a batch
+// that also holds one of those rows. Without its log row and out of the
+// queue, such a row looks never queued to the relay's sweep, which would
+// queue it and publish it a second time.
+func TestExpireKeepsTheLogOfRowsLeftInTheDefaultPartition(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	bound := legacyBound(t, db)
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	one := func(q string, args ...any) int64 {
+		t.Helper()
+		var n int64
+		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return n
+	}
+	const w = int64(1000000)
+	// Range R = [bound + w, bound + 2w) is made (with the one after it, the
+	// housekeeping's lead) and gets a row; then a row of range D = [bound +
+	// 3w, bound + 4w) lands in the default partition before D is made, so
+	// the next pass records D as taken by it.
+	r, d := bound+w, bound+3*w
+	exec(`SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, r+10)
+	if err := h.partitions(ctx, h.cfg.Retention.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	exec(qInsertOne, "in-r", "s-r") // id r + 11
+	exec(`SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, d+10)
+	exec(qInsertOne, "in-default", "s-d") // id d + 11
+	exec(`SELECT setval('onceflow.outbox_id_seq', $1::bigint)`, d+20)
+	if err := h.partitions(ctx, h.cfg.Retention.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if n := one(`SELECT count(*) FROM onceflow.outbox_partitions WHERE from_id = $1::bigint AND relname LIKE 'outbox\_default@%'`, d); n != 1 {
+		t.Fatalf("range %d is not recorded as taken by the default partition", d)
+	}
+	// One batch holds the row of R and the row of D, published two hours
+	// ago; a later batch is the newest (recovery's, never pruned).
+	exec(qPublishAt, []int64{r + 11, d + 11}, "2 hours")
+	exec(qInsertOne, "newest", "s-n") // id d + 21, in the default partition too
+	exec(qPublishAt, []int64{d + 21}, "0")
+	// R expires: every id drawn, none queued, its batch past the retention.
+	if err := h.partitions(ctx, h.cfg.Retention.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if n := one(`SELECT count(*) FROM onceflow.outbox_partitions WHERE from_id = $1::bigint AND truncated_at IS NOT NULL`, r); n != 1 {
+		t.Fatalf("range R was not emptied by the pass")
+	}
+	if n := one(`SELECT count(*) FROM onceflow.outbox WHERE id = $1::bigint`, d+11); n != 1 {
+		t.Fatalf("the row of D is gone from the default partition (%d)", n)
+	}
+	if n := one(`SELECT count(*) FROM onceflow.outbox_published WHERE $1::bigint = ANY (ids)`, d+11); n != 1 {
+		t.Errorf("the log row of the batch holding the default partition's row was deleted with range R: the row looks never queued")
+	}
+}
