@@ -12,6 +12,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
@@ -292,12 +293,20 @@ func (a *applier) allKnown(ctx context.Context, items []item) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	q, err := withLanes(qKnown, probe)
+	since, err := a.lanes.idTimeSince(ctx, a.cfg.Pool)
+	if err != nil {
+		return false, err
+	}
+	bounds := make([]pgtype.Timestamptz, len(keys))
+	for i, k := range keys {
+		bounds[i] = probeBound(k)
+	}
+	q, err := withLanes(qKnown, probe, since)
 	if err != nil {
 		return false, err
 	}
 	var n int
-	if err := a.cfg.Pool.QueryRow(ctx, q, probeMode, a.cfg.ConsumerName, keys).Scan(&n); err != nil {
+	if err := a.cfg.Pool.QueryRow(ctx, q, probeMode, a.cfg.ConsumerName, keys, bounds).Scan(&n); err != nil {
 		return false, fmt.Errorf("probe inbox: %w", err)
 	}
 	return n == len(seen), nil
@@ -374,6 +383,12 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 	offsets := make([]int64, 0, n)
 	producers := make([]string, 0, n)
 	rowLanes := make([]string, 0, n)
+	bounds := make([]pgtype.Timestamptz, 0, n)
+	floors := make([]pgtype.Timestamptz, 0, n)
+	since, err := a.lanes.idTimeSince(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
 	offered := make(map[string]bool, n)
 	for i := range items {
 		if items[i].bad != nil || offered[items[i].key] {
@@ -388,12 +403,14 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 		offsets = append(offsets, ev.Offset)
 		producers = append(producers, ev.Producer)
 		rowLanes = append(rowLanes, lanes.byItem[i])
+		bounds = append(bounds, probeBound(ev.EventID))
+		floors = append(floors, idFloor(ev.EventID))
 	}
 	if _, err := tx.Exec(ctx, qLockKeys, a.cfg.ConsumerName, ids); err != nil {
 		return nil, fmt.Errorf("lock inbox keys: %w", err)
 	}
 	first := items[0].rec
-	q, err := withLanes(qInsertBatch, lanes.probe)
+	q, err := withLanes(qInsertBatch, lanes.probe, since)
 	if err != nil {
 		return nil, err
 	}
@@ -401,7 +418,7 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 	// the consumer's partitions must not run a plan made when they were
 	// empty.
 	rows, err := tx.Query(ctx, q, probeMode, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes)
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes, bounds, floors)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
@@ -457,7 +474,7 @@ func (a *applier) insertDead(ctx context.Context, tx pgx.Tx, it *item, probe []s
 	if _, err := tx.Exec(ctx, qLockKeys, a.cfg.ConsumerName, []string{it.key}); err != nil {
 		return false, fmt.Errorf("lock inbox key: %w", err)
 	}
-	q, err := withLanes(qInsertDead, probe)
+	q, err := withLanes(qInsertDead, probe, pgtype.Timestamptz{}) // no look-up in it: since is not used
 	if err != nil {
 		return false, err
 	}

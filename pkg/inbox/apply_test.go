@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -579,15 +580,15 @@ SELECT $1, 'old-' || g, 's' || (g % 100), g, 't', 'topic', 0, g, 'processed' FRO
 		sources[i], types[i], lanes[i] = "s", "t", "legacy"
 		seqs[i], offsets[i] = int64(inboxRows+i+1), int64(inboxRows+i+1)
 	}
-	known, insert := probeStatements(t, probe)
+	known, insert := probeStatements(t, s, probe)
 	for _, c := range []struct {
 		name string
 		q    string
 		args []any
 	}{
-		{"read-only probe (qKnown)", known, []any{consumer, ids}},
+		{"read-only probe (qKnown)", known, []any{consumer, ids, probeBounds(ids)}},
 		{"insert's probe (qInsertBatch)", insert, []any{consumer, "topic", int32(0), ids, sources, seqs, types, offsets,
-			"g", int64(inboxRows + batch + 1), nil, producers, lanes}},
+			"g", int64(inboxRows + batch + 1), nil, producers, lanes, probeBounds(ids), idFloors(ids)}},
 	} {
 		read := testkit.RowsRead(t, s.db.Pool, "inbox", c.q, c.args...)
 		if read > batch {
@@ -637,16 +638,16 @@ func TestProbeReadsOnlyItsConsumersPartitions(t *testing.T) {
 		t.Fatalf("probe lanes %v, want the ttl lane", probe)
 	}
 	ids := []string{"a", "b", "c"}
-	known, insert := probeStatements(t, probe)
+	known, insert := probeStatements(t, s, probe)
 	three := func(v string) []string { return []string{v, v, v} }
 	for _, c := range []struct {
 		name string
 		q    string
 		args []any
 	}{
-		{"read-only probe (qKnown)", known, []any{consumer, ids}},
+		{"read-only probe (qKnown)", known, []any{consumer, ids, probeBounds(ids)}},
 		{"insert's probe (qInsertBatch)", insert, []any{consumer, "topic", int32(0), ids, three("s"), []int64{1, 2, 3}, three("t"),
-			[]int64{1, 2, 3}, "g", int64(4), nil, three(""), three("ttl-86400s")}},
+			[]int64{1, 2, 3}, "g", int64(4), nil, three(""), three("ttl-86400s"), probeBounds(ids), idFloors(ids)}},
 	} {
 		read := testkit.ExplainAnalyze(t, s.db.Pool, c.q, c.args...).Relations()
 		for rel := range read {
@@ -657,15 +658,37 @@ func TestProbeReadsOnlyItsConsumersPartitions(t *testing.T) {
 	}
 }
 
+// probeBounds are the keys' probe bounds.
+func probeBounds(ids []string) []pgtype.Timestamptz {
+	out := make([]pgtype.Timestamptz, len(ids))
+	for i, id := range ids {
+		out[i] = probeBound(id)
+	}
+	return out
+}
+
+// idFloors are the keys' id floors.
+func idFloors(ids []string) []pgtype.Timestamptz {
+	out := make([]pgtype.Timestamptz, len(ids))
+	for i, id := range ids {
+		out[i] = idFloor(id)
+	}
+	return out
+}
+
 // probeStatements are the read-only probe and the batch insert written for
 // the lanes.
-func probeStatements(t *testing.T, lanes []string) (known, insert string) {
+func probeStatements(t *testing.T, s applySetup, lanes []string) (known, insert string) {
 	t.Helper()
-	known, err := withLanes(qKnown, lanes)
+	since, err := s.app.lanes.idTimeSince(context.Background(), s.db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if insert, err = withLanes(qInsertBatch, lanes); err != nil {
+	known, err = withLanes(qKnown, lanes, since)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if insert, err = withLanes(qInsertBatch, lanes, since); err != nil {
 		t.Fatal(err)
 	}
 	return known, insert

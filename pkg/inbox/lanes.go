@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
@@ -56,6 +58,8 @@ type laneBook struct {
 	// all is every lane the dedup probe covers, read at setAt.
 	all   []string
 	setAt time.Time
+	// since is onceflow.inbox_id_time.since, read once (Valid).
+	since pgtype.Timestamptz
 }
 
 // resolve returns the lane of each type of types (index for index) and the

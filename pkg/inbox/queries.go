@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Every statement the inbox runs, in one place. All tables are
@@ -26,14 +28,19 @@ FROM (SELECT DISTINCT hashtext($1 || E'\n' || k) AS h FROM unnest($2::text[]) AS
 // each arm with both keys. PostgreSQL factors the common "consumer = $1"
 // out of the arms, and the lane alone (the first column of the partition
 // key) prunes only the other lanes: the same lanes' partitions of every
-// other consumer name are read too. "{lookup e}" is the look-up of one id,
-// the expression e, as a subquery of one arm per lane, each with lane and
+// other consumer name are read too. "{lookup e b}" is the look-up of one
+// id, the expression e, as a subquery of one arm per lane, each with lane and
 // consumer side by side (UNION ALL, LIMIT 1: the first arm that has it
 // ends the look-up), which prunes to the consumer's own partitions of the
-// lane; the batch probes use it. $1 is the consumer in every statement
+// lane; the batch probes use it. Every lane but legacy has two arms: rows
+// with event_at >= b, the key's probe bound (probeBound), and rows older
+// than both b and since (written before the constraint inbox_id_time took
+// effect; no such arm when since is minus infinity). PostgreSQL prunes the
+// buckets outside them when the statement runs, key by key: for a UUIDv7
+// key, the buckets between since and its time. $1 is the consumer in every statement
 // that has a probe. The lanes come from onceflow.inbox_lane, which makes
 // only these forms.
-func withLanes(q string, lanes []string) (string, error) {
+func withLanes(q string, lanes []string, since pgtype.Timestamptz) (string, error) {
 	for _, l := range lanes {
 		if !laneName.MatchString(l) {
 			return "", fmt.Errorf("inbox: lane %q is not a lane name", l)
@@ -48,21 +55,31 @@ func withLanes(q string, lanes []string) (string, error) {
 	}
 	var err error
 	q = lookup.ReplaceAllStringFunc(q, func(m string) string {
-		id := lookup.FindStringSubmatch(m)[1]
+		sub := lookup.FindStringSubmatch(m)
+		id, bound := sub[1], sub[2]
 		if len(lanes) == 0 {
 			err = fmt.Errorf("inbox: a look-up needs at least one lane")
 			return m
 		}
-		arms := make([]string, len(lanes))
-		for j, l := range lanes {
-			arms[j] = fmt.Sprintf("SELECT 1 FROM onceflow.inbox x WHERE x.lane = '%s' AND x.consumer = $1 AND x.event_id = %s", l, id)
+		before := sinceLiteral(since)
+		var arms []string
+		for _, l := range lanes {
+			arm := fmt.Sprintf("SELECT 1 FROM onceflow.inbox x WHERE x.lane = '%s' AND x.consumer = $1 AND x.event_id = %s", l, id)
+			if l == laneLegacy {
+				arms = append(arms, arm)
+				continue
+			}
+			arms = append(arms, arm+" AND x.event_at >= "+bound)
+			if before != "" {
+				arms = append(arms, arm+" AND x.event_at < least("+before+", "+bound+")")
+			}
 		}
 		return "(" + strings.Join(arms, " UNION ALL ") + " LIMIT 1)"
 	})
 	return q, err
 }
 
-var lookup = regexp.MustCompile(`\{lookup ([a-z_]+\.[a-z_]+)\}`)
+var lookup = regexp.MustCompile(`\{lookup ([a-z_]+\.[a-z_]+) ([a-z_]+\.[a-z_]+)\}`)
 
 var laneName = regexp.MustCompile(`^(legacy|permanent|ttl-[0-9]+s)$`)
 
@@ -70,7 +87,11 @@ var laneName = regexp.MustCompile(`^(legacy|permanent|ttl-[0-9]+s)$`)
 // once) in offset order; RETURNING names the ones that were new. A key the
 // inbox has in any partition of the consumer's lanes (see withLanes) is
 // not inserted: the partitions' unique key holds the lane and
-// the time bucket too, so it cannot tell alone. $13 is each event's lane; event_at takes the transaction's time (its bucket). The
+// the time bucket too, so it cannot tell alone. $13 is each event's lane,
+// $14 each key's probe bound (probeBound), $15 each key's id floor
+// (idFloor): a row whose floor is after the transaction's time goes to the
+// legacy lane (the constraint inbox_id_time); event_at takes the
+// transaction's time (its bucket). The
 // same statement stores the partition's next offset and the topic ID it
 // belongs to (one round trip less per batch; it commits or rolls back with
 // everything else). A row of another topic ID is replaced. Run after
@@ -82,25 +103,27 @@ WITH next_offset AS (
     ON CONFLICT (group_id, topic, kafka_partition)
     DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()
 ), known AS (
-    SELECT b.event_id FROM unnest($4::text[]) AS b(event_id)
-    CROSS JOIN LATERAL {lookup b.event_id} AS k
+    SELECT b.event_id FROM unnest($4::text[], $14::timestamptz[]) AS b(event_id, bound)
+    CROSS JOIN LATERAL {lookup b.event_id b.bound} AS k
 )
 INSERT INTO onceflow.inbox
     (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer, lane)
-SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now(), e.producer, e.lane
-FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $12::text[], $13::text[])
-    AS e(event_id, source, seq, event_type, kafka_offset, producer, lane)
+SELECT $1, e.event_id, e.source, e.seq, e.event_type, $2, $3, e.kafka_offset, 'processed', now(), e.producer,
+       CASE WHEN e.floor > now() THEN 'legacy' ELSE e.lane END
+FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $12::text[], $13::text[], $15::timestamptz[])
+    AS e(event_id, source, seq, event_type, kafka_offset, producer, lane, floor)
 WHERE NOT EXISTS (SELECT 1 FROM known WHERE known.event_id = e.event_id)
 ON CONFLICT DO NOTHING
 RETURNING event_id`
 
 // qKnown counts which of a batch's keys the inbox already has (committed
 // rows only), in the consumer's lanes: the read-only fast path for a batch of
-// redeliveries. (A malformed record dead-lettered under the older key form
-// is not known here; the transaction's qInsertDead finds it.)
+// redeliveries. $3 is each key's probe bound (probeBound). (A malformed
+// record dead-lettered under the older key form is not known here; the
+// transaction's qInsertDead finds it.)
 const qKnown = `
-SELECT count(*) FROM (SELECT DISTINCT b FROM unnest($2::text[]) AS b) AS b(event_id)
-CROSS JOIN LATERAL {lookup b.event_id} AS i`
+SELECT count(*) FROM (SELECT DISTINCT b.event_id, b.bound FROM unnest($2::text[], $3::timestamptz[]) AS b(event_id, bound)) AS b
+CROSS JOIN LATERAL {lookup b.event_id b.bound} AS i`
 
 // qInsertDead records a dead letter (a malformed record, or an event whose
 // handler kept failing), keeping headers and payload for replay, in the
