@@ -164,6 +164,12 @@ func prefill(b testing.TB, topic string, n int) ([]string, [][]benchRow) {
 // prefillIDs is prefill with event ids prefix0, prefix1, ….
 func prefillIDs(b testing.TB, topic string, n int, prefix string) ([]string, [][]benchRow) {
 	b.Helper()
+	return prefillWith(b, topic, n, func(i int) string { return prefix + strconv.Itoa(i) })
+}
+
+// prefillWith is prefill with event ids id(0), id(1), ….
+func prefillWith(b testing.TB, topic string, n int, id func(int) string) ([]string, [][]benchRow) {
+	b.Helper()
 	cl := testkit.Client(b, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(5*time.Millisecond),
 		kgo.MaxBufferedRecords(100_000), kgo.ProducerBatchMaxBytes(1<<20))
 	pad := strings.Repeat("x", benchPayload-len(`{"pad":""}`))
@@ -178,7 +184,7 @@ func prefillIDs(b testing.TB, topic string, n int, prefix string) ([]string, [][
 	for i := range n {
 		src := i % benchSources
 		seqs[src]++
-		ev := envelope.Envelope{EventID: prefix + strconv.Itoa(i), Source: fmt.Sprintf("src-%d", src), Seq: seqs[src],
+		ev := envelope.Envelope{EventID: id(i), Source: fmt.Sprintf("src-%d", src), Seq: seqs[src],
 			EventType: "bench.event", Payload: payload}
 		ids[i] = ev.EventID
 		wg.Add(1)

@@ -260,7 +260,7 @@ func (w Writer) args(msg Message) ([]any, error) {
 	}
 	eventID := msg.EventID
 	if eventID == "" {
-		eventID = newEventID()
+		eventID = NewEventID()
 	}
 	var key any
 	if len(msg.Key) > 0 {
@@ -269,11 +269,15 @@ func (w Writer) args(msg Message) ([]any, error) {
 	return []any{eventID, msg.Topic, msg.Source, msg.EventType, ct, key, string(headers), msg.Payload}, nil
 }
 
-// newEventID is the generated event id: a UUID version 7 (RFC 9562), 48
-// bits of Unix milliseconds and then random bits. Ids that grow with time
-// land at the right edge of the outbox's event_id index, and of a consumer's
-// inbox key, instead of on a random page of an index that outgrows memory.
-func newEventID() string {
+// NewEventID returns the event id Enqueue generates when a message has
+// none: a UUID version 7 (RFC 9562), 48 bits of Unix milliseconds and then
+// random bits, in lower case. Ids that grow with time land at the right
+// edge of the outbox's event_id index, and of a consumer's inbox key,
+// instead of on a random page of an index that outgrows memory; and a
+// consumer's dedup probe of such an id reads only the inbox buckets from
+// its time on (docs/consumer.md). Use it to know an event's id before
+// enqueueing it.
+func NewEventID() string {
 	var b [16]byte
 	ms := uint64(time.Now().UnixMilli())
 	for i := range 6 {

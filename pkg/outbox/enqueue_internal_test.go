@@ -9,10 +9,10 @@ import (
 func TestNewEventIDIsTimeOrderedUUIDv7(t *testing.T) {
 	t.Parallel()
 	re := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
-	prev := newEventID()
+	prev := NewEventID()
 	seen := map[string]bool{prev: true}
 	for range 1000 {
-		id := newEventID()
+		id := NewEventID()
 		if !re.MatchString(id) {
 			t.Fatalf("%q is not a UUID version 7", id)
 		}
@@ -28,7 +28,7 @@ func TestNewEventIDIsTimeOrderedUUIDv7(t *testing.T) {
 		prev = id
 	}
 	ms := time.Now().UnixMilli()
-	id := newEventID()
+	id := NewEventID()
 	var got int64
 	for _, c := range id[:8] + id[9:13] {
 		got = got<<4 | int64(hexVal(c))
