@@ -110,7 +110,7 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 	checkpoint := time.Since(t2)
 
 	// Every row of this database was written under the constraint
-	// inbox_id_time (migration 035 ran when the database was made, before
+	// inbox_id_time (migration 036 ran when the database was made, before
 	// the fill; the fill's ids are not UUIDv7s, which it lets through): as
 	// on a consumer that has run under it for a whole retention period, the
 	// probe of a UUIDv7 key skips the buckets older than the id.
@@ -125,7 +125,7 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 	// 5); the median of each side over the rounds and the spread of the
 	// rounds' ratios are reported. The two kinds of ids: UUIDv7s, what the
 	// outbox generates, whose probe reads the buckets from the id's time on
-	// (migration 035), and ids of the producer's own, probed in every
+	// (migration 036), and ids of the producer's own, probed in every
 	// bucket of the lane.
 	for k, kind := range growthIDKinds {
 		var filledRates, emptyRates, ratios []float64

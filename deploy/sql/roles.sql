@@ -275,7 +275,7 @@ BEGIN
                        'onceflow.inbox_expire_bucket(text, text, timestamptz), '
                        'onceflow.inbox_drop_bucket(text, text, timestamptz) TO %I', v_consumer);
     END IF;
-    -- When the dedup probe's time bound took effect (migration 035).
+    -- When the dedup probe's time bound took effect (migration 036).
     IF to_regclass('onceflow.inbox_id_time') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT ON onceflow.inbox_id_time TO %I', v_consumer);
     END IF;

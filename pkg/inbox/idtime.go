@@ -10,7 +10,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbtx"
 )
 
-// The dedup probe's time bound (migration 035). A row of a lane other than
+// The dedup probe's time bound (migration 036). A row of a lane other than
 // legacy whose event id is a UUIDv7 has event_at >= the id's time less
 // idTimeSkew (the constraint inbox_id_time holds every row written since
 // onceflow.inbox_id_time.since to it), so the probe of such a key reads a
@@ -99,7 +99,7 @@ func (b *laneBook) idTimeSince(ctx context.Context, db dbtx.DB) (pgtype.Timestam
 	}
 	var since pgtype.Timestamptz
 	if err := db.QueryRow(ctx, qIDTimeSince).Scan(&since); err != nil {
-		return since, fmt.Errorf("inbox: read onceflow.inbox_id_time (migration 035; run `consumer migrate`): %w", err)
+		return since, fmt.Errorf("inbox: read onceflow.inbox_id_time (migration 036; run `consumer migrate`): %w", err)
 	}
 	if !since.Valid {
 		return since, fmt.Errorf("inbox: onceflow.inbox_id_time.since is NULL")

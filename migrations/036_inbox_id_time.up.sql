@@ -1,4 +1,4 @@
--- Migration 035: the dedup probe of an event whose id is a UUIDv7 reads
+-- Migration 036: the dedup probe of an event whose id is a UUIDv7 reads
 -- only the time buckets that can hold it.
 --
 -- The inbox's dedup probe looks a key up in every time bucket of every
