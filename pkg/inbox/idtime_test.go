@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -151,7 +152,7 @@ func TestProbeReadsBucketsFromTheIDTime(t *testing.T) {
 		s.app.lanes.since.Valid = false // read since again
 		known, _ := probeStatements(t, s, probe)
 		out := map[string]bool{}
-		for rel := range testkit.ExplainAnalyze(t, s.db.Pool, known, consumer, ids, probeBounds(ids)).Relations() {
+		for rel := range testkit.ExplainAnalyze(t, s.db.Pool, known, consumer, ids, probeBounds(ids), batchFloor(probeBounds(ids))).Relations() {
 			if _, ok := bucketAt[rel]; ok {
 				out[rel] = true
 			}
@@ -194,6 +195,84 @@ func TestProbeReadsBucketsFromTheIDTime(t *testing.T) {
 		if got[name] != want {
 			t.Errorf("since %v: bucket from %v read %v, want %v", since, from, got[name], want)
 		}
+	}
+}
+
+// TestTruncationDoesNotHoldUpNewUUIDv7s: retention truncates an expired
+// bucket under an ACCESS EXCLUSIVE lock. A batch of new UUIDv7 ids is
+// planned without the buckets that end before its floor (batchFloor), so
+// it neither locks nor waits for that bucket; a batch with an id that is
+// not a UUIDv7 probes every bucket and waits until the lock is released.
+// The inbox's statements only: the PostgreSQL sequence guard reads the
+// stream's parked rows in every partition of the inbox (qLoadParked), and
+// waits for such a lock whatever the ids.
+func TestTruncationDoesNotHoldUpNewUUIDv7s(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupApply(t, &scriptedGuard{known: map[string]Event{}})
+	consumer := s.app.cfg.ConsumerName
+	const lane = "ttl-2592000s" // 90-hour buckets
+	if _, err := s.db.Pool.Exec(ctx, `INSERT INTO onceflow.inbox_lanes (consumer, event_type, lane) VALUES ($1, 't', $2)`, consumer, lane); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, back := range []time.Duration{400 * time.Hour, 0} {
+		if _, err := s.db.Pool.Exec(ctx, `SELECT onceflow.inbox_ensure_buckets($1, $2, $3)`, consumer, lane, now.Add(-back)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.db.Pool.Exec(ctx, `UPDATE onceflow.inbox_id_time SET since = '-infinity'`); err != nil {
+		t.Fatal(err)
+	}
+	s.app.lanes.since.Valid = false
+	var old string
+	if err := s.db.Pool.QueryRow(ctx, `SELECT relname FROM onceflow.inbox_buckets WHERE consumer = $1 AND lane = $2 ORDER BY from_at LIMIT 1`,
+		consumer, lane).Scan(&old); err != nil {
+		t.Fatal(err)
+	}
+	// Retention's lock on the old bucket, held until released.
+	holder, err := s.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck // released below or at the end
+	if _, err := holder.Exec(ctx, `LOCK TABLE onceflow.`+pgx.Identifier{old}.Sanitize()+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	// New UUIDv7 ids: applied while the lock is held (the read-only probe
+	// and the insert both).
+	quick, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if known, err := s.app.allKnown(quick, items(ownRec(v7(now), 1), ownRec(v7(now), 2))); err != nil || known {
+		t.Fatalf("read-only probe of new UUIDv7 ids under the bucket's lock: %v, %v; want unknown, no wait", known, err)
+	}
+	out, err := s.app.applyTx(quick, items(ownRec(v7(now), 1), ownRec(v7(now), 2)))
+	if err != nil || out.processed != 2 {
+		t.Fatalf("batch of new UUIDv7 ids under the bucket's lock: %+v, %v; want 2 processed, no wait", out, err)
+	}
+	// An id of the producer's own: the probe reads the old bucket, so the
+	// batch waits for the lock.
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.app.applyTx(ctx, items(ownRec("order-88", 3)))
+		done <- err
+	}()
+	for waiting := false; !waiting; {
+		select {
+		case err := <-done:
+			t.Fatalf("a batch with an id that is not a UUIDv7 did not wait for the old bucket's lock (err %v): the test cannot tell", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if err := s.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+			WHERE c.relname = $1 AND NOT l.granted)`, old).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the batch after the lock was released: %v", err)
 	}
 }
 
