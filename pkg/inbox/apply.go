@@ -224,7 +224,7 @@ func (a *applier) applyTxMode(ctx context.Context, items []item, deadReleased bo
 	var apply []Event
 	kept := map[string]seqguard.Event{}
 	if len(fresh) > 0 {
-		adm, err := a.guard.lock(ctx, tx, fresh)
+		adm, err := a.guard.lock(ctx, tx, fresh, lanes.probe)
 		if err != nil {
 			return out, fmt.Errorf("sequence guard: %w", err)
 		}

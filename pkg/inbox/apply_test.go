@@ -28,7 +28,7 @@ type scriptedGuard struct {
 	locked [][]string
 }
 
-func (g *scriptedGuard) lock(_ context.Context, _ pgx.Tx, evs []*item) (admitter, error) {
+func (g *scriptedGuard) lock(_ context.Context, _ pgx.Tx, evs []*item, _ []string) (admitter, error) {
 	var ids []string
 	for _, it := range evs {
 		ids = append(ids, it.ev.EventID)

@@ -108,7 +108,9 @@ type guard interface {
 	// lock is called once per transaction, after the inbox insert, with
 	// the batch's new valid events (in offset order). An error aborts the
 	// whole batch (infrastructure trouble: retried, never dead-lettered).
-	lock(ctx context.Context, tx pgx.Tx, evs []*item) (admitter, error)
+	// lanes are the consumer's lanes (the dedup probe's): every lane its
+	// inbox rows lie in.
+	lock(ctx context.Context, tx pgx.Tx, evs []*item, lanes []string) (admitter, error)
 }
 
 // admitter admits the new events of one transaction, in offset order.
@@ -177,7 +179,7 @@ func (g *guardSteps) add(o guardSteps) {
 // arrivalOrder applies every event in the order it arrives.
 type arrivalOrder struct{}
 
-func (arrivalOrder) lock(context.Context, pgx.Tx, []*item) (admitter, error) {
+func (arrivalOrder) lock(context.Context, pgx.Tx, []*item, []string) (admitter, error) {
 	return arrivalOrder{}, nil
 }
 
@@ -211,12 +213,13 @@ func (g *seqGuard) policy(eventType string) seqguard.Policy {
 	return p
 }
 
-func (g *seqGuard) lock(ctx context.Context, tx pgx.Tx, evs []*item) (admitter, error) {
+func (g *seqGuard) lock(ctx context.Context, tx pgx.Tx, evs []*item, lanes []string) (admitter, error) {
 	streams := make([]seqguard.Stream, len(evs))
 	for i, it := range evs {
 		streams[i] = it.ev.stream()
 	}
-	l, err := g.store.Lock(ctx, tx, streams, g.cfg.Clock())
+	// The parked rows are read from the consumer's own partitions.
+	l, err := g.store.LockIn(ctx, tx, streams, g.cfg.Clock(), lanes)
 	if err != nil {
 		return nil, err
 	}

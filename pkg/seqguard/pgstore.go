@@ -102,7 +102,12 @@ type Locked struct {
 	store   *PGStore
 	tx      pgx.Tx
 	streams []Stream
-	states  map[Stream]State
+	// parkedSQL reads the streams' parked rows (qLoadParked, or
+	// loadParkedIn's statement for the consumer's lanes).
+	parkedSQL string
+	// lanes are the lanes parkedSQL reads (nil: every partition).
+	lanes  []string
+	states map[Stream]State
 	// legacy is, for a stream of a producer that has not started, its
 	// source's legacy state (started), which the stream adopts if its first
 	// event lies above it.
@@ -122,12 +127,25 @@ type Locked struct {
 // stream order (source, producer, topic), so that transactions touching
 // several streams cannot deadlock, and loads their state. Call it once per
 // transaction with every stream the batch will Receive for, after the inbox
-// insert.
+// insert. It reads the parked rows from every partition of onceflow.inbox;
+// LockIn reads them from the consumer's own.
 func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, streams []Stream, now time.Time) (*Locked, error) {
+	return s.LockIn(ctx, tx, streams, now, nil)
+}
+
+// LockIn is Lock for a consumer whose inbox rows all lie in lanes (the
+// inbox's dedup probe's lanes: every lane the consumer has a row in): the
+// parked rows are read from the consumer's partitions of those lanes only,
+// a statement that names the consumer and the lanes as constants, so that
+// PostgreSQL neither plans nor locks the partitions of other consumer
+// names (many services may share one database: a batch of one no longer
+// waits for another's retention pass, and its cost no longer grows with
+// their partitions). nil lanes: every partition, as Lock.
+func (s *PGStore) LockIn(ctx context.Context, tx pgx.Tx, streams []Stream, now time.Time, lanes []string) (*Locked, error) {
 	keys := slices.Clone(streams)
 	slices.SortFunc(keys, compareStreams)
 	keys = slices.Compact(keys)
-	l := &Locked{store: s, tx: tx, streams: keys}
+	l := &Locked{store: s, tx: tx, streams: keys, parkedSQL: loadParkedIn(s.Consumer, lanes), lanes: lanes}
 	// One round trip: create the missing rows, lock every row in stream
 	// order, then read the parked seqs and open gaps under the lock (a
 	// batch's statements run in order; each starts once the previous one
@@ -144,9 +162,13 @@ func (s *PGStore) Lock(ctx context.Context, tx pgx.Tx, streams []Stream, now tim
 		return l.scanLockedStates(rows, func(k Stream, st State) { states[k] = st })
 	})
 	b.Queue(qRestorePlans)
-	b.Queue(qLoadParked, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states) })
+	b.Queue(l.parkedSQL, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states) })
+	beyond := l.queueLanesBeyond(b)
 	b.Queue(qLoadGaps, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanGaps(rows, states) })
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("lock seq state: %w", err)
+	}
+	if err := l.parkedBeyond(ctx, *beyond, keys, states); err != nil {
 		return nil, fmt.Errorf("lock seq state: %w", err)
 	}
 	if len(states) != len(keys) {
@@ -169,6 +191,43 @@ func streamArrays(keys []Stream) (srcs, prods, topics []string) {
 		srcs[i], prods[i], topics[i] = k.Source, k.Producer, k.Topic
 	}
 	return srcs, prods, topics
+}
+
+// queueLanesBeyond queues, after the read of the parked rows from l.lanes,
+// the question whether the consumer has a lane that l.lanes lacks (one
+// another replica recorded since the caller read its lanes). Its answer
+// is in the returned bool once the batch is read; false without lanes.
+func (l *Locked) queueLanesBeyond(b *pgx.Batch) *bool {
+	beyond := new(bool)
+	if l.lanes != nil {
+		b.Queue(qLanesBeyond, l.store.Consumer, l.lanes).QueryRow(func(row pgx.Row) error { return row.Scan(beyond) })
+	}
+	return beyond
+}
+
+// parkedBeyond reads the parked rows of keys again from every partition
+// when beyond: a row of the consumer may lie in a lane the first read left
+// out. A lane is recorded (committed) before any row is written to it, and
+// the question is asked after the read, so a parked row the read could see
+// is in a lane the question sees. The rest of the transaction reads every
+// partition too.
+func (l *Locked) parkedBeyond(ctx context.Context, beyond bool, keys []Stream, states map[Stream]State) error {
+	if !beyond {
+		return nil
+	}
+	l.parkedSQL, l.lanes = qLoadParked, nil
+	for _, k := range keys {
+		if st, ok := states[k]; ok {
+			st.Parked = nil
+			states[k] = st
+		}
+	}
+	srcs, prods, topics := streamArrays(keys)
+	rows, err := l.tx.Query(ctx, qLoadParked, l.store.Consumer, srcs, prods, topics)
+	if err != nil {
+		return err
+	}
+	return scanParked(rows, states)
 }
 
 func scanParked(rows pgx.Rows, states map[Stream]State) error {
@@ -315,14 +374,16 @@ func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error 
 	}
 	if len(locked) > 0 {
 		srcs, prods, topics := streamArrays(locked)
-		rows, err := l.tx.Query(ctx, qLoadParked, c, srcs, prods, topics)
-		if err != nil {
+		b := &pgx.Batch{}
+		b.Queue(l.parkedSQL, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states) })
+		beyond := l.queueLanesBeyond(b)
+		if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
-		if err := scanParked(rows, states); err != nil {
+		if err := l.parkedBeyond(ctx, *beyond, locked, states); err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
-		rows, err = l.tx.Query(ctx, qLoadGaps, c, srcs, prods, topics)
+		rows, err := l.tx.Query(ctx, qLoadGaps, c, srcs, prods, topics)
 		if err != nil {
 			return fmt.Errorf("load gaps: %w", err)
 		}
@@ -604,7 +665,7 @@ func (s *PGStore) GiveUpExpired(ctx context.Context, tx pgx.Tx, now time.Time, l
 	}
 	var outs []Outcome
 	for _, k := range keys {
-		l := &Locked{store: s, tx: tx}
+		l := &Locked{store: s, tx: tx, parkedSQL: qLoadParked}
 		if err := l.load(ctx, qLockStateSkipLocked, []Stream{k}); err != nil {
 			return nil, err
 		}

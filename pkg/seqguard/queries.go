@@ -1,5 +1,11 @@
 package seqguard
 
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
 // The SQL of the Postgres store, in one place. Every table is
 // schema-qualified.
 //
@@ -307,3 +313,40 @@ WHERE g.consumer = $1 AND g.source = $2 AND g.producer = $6 AND g.topic = $7 AND
                 AND m.from_seq <= $4 AND m.to_seq >= $3)
 RETURNING g.from_seq, g.to_seq`
 )
+
+// qLanesBeyond tells whether consumer $1 has a lane recorded in
+// onceflow.inbox_lanes that $2 lacks (the inbox always passes legacy and
+// permanent besides the recorded ones).
+const qLanesBeyond = `SELECT EXISTS (SELECT 1 FROM onceflow.inbox_lanes WHERE consumer = $1 AND lane <> ALL($2::text[]))`
+
+// loadParkedIn is qLoadParked for a consumer whose rows all lie in lanes:
+// one arm per lane, each naming the lane and the consumer as constants
+// (the first two columns of the inbox's partition key), so that the
+// planner prunes every partition but the consumer's own of those lanes
+// (and the default partition) when it plans the statement, generic plan
+// or not. The consumer and the lanes are written as escaped string
+// constants. qLoadParked itself when lanes is empty.
+func loadParkedIn(consumer string, lanes []string) string {
+	lanes = slices.Compact(slices.Sorted(slices.Values(lanes)))
+	if len(lanes) == 0 {
+		return qLoadParked
+	}
+	arms := make([]string, len(lanes))
+	for i, lane := range lanes {
+		arms[i] = fmt.Sprintf(`SELECT source, producer, topic, seq FROM onceflow.inbox
+        WHERE lane = %s AND consumer = %s AND consumer = $1 AND status = 'parked'`, quoteLiteral(lane), quoteLiteral(consumer))
+	}
+	return `
+SELECT k.source, k.producer, k.topic, i.seq FROM (
+    ` + strings.Join(arms, "\n    UNION ALL\n    ") + `
+) AS i
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
+    ON i.source = k.source AND i.producer = k.producer AND (k.producer = '' OR i.topic = k.topic)
+ORDER BY k.source, k.producer, k.topic, i.seq`
+}
+
+// quoteLiteral writes s as a PostgreSQL string constant in the escape form
+// (E'...'), which means the same whatever standard_conforming_strings is.
+func quoteLiteral(s string) string {
+	return "E'" + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + "'"
+}
