@@ -157,25 +157,27 @@ func consumerGrowth(tb testing.TB, rep *report, n, inboxRows int) {
 		}
 		emptyRate, filledRate := medianOf(emptyRates), medianOf(filledRates)
 		ratio := filledRate / emptyRate
-		rounds := func(xs []float64, f string) string {
-			parts := make([]string, len(xs))
-			for i, x := range xs {
-				parts[i] = fmt.Sprintf(f, x)
-			}
-			return strings.Join(parts, ", ")
-		}
 		record = rep.measure()
 		record(figure{Name: fmt.Sprintf("consumer drain, empty inbox, %s", kind.label), Value: emptyRate, Unit: "events/s",
-			Notes: []string{fmt.Sprintf("median of %d drains of %d events, each by a consumer name of its own (empty buckets) beside the filled inbox: %s", growthRounds, n, rounds(emptyRates, "%.0f")), emptyCPU}})
+			Notes: []string{fmt.Sprintf("median of %d drains of %d events, each by a consumer name of its own (empty buckets) beside the filled inbox: %s", growthRounds, n, joinRates(emptyRates, "%.0f")), emptyCPU}})
 		record(figure{Name: fmt.Sprintf("growth: consumer drain, inbox pre-filled with %d rows, %s", inboxRows, kind.label), Value: filledRate, Unit: "events/s",
 			CeilingName: "empty inbox", Ceiling: emptyRate, Target: "ratio >= 0.8", Met: met(ratio >= 0.8),
-			Notes: []string{fmt.Sprintf("median of %d drains interleaved with the empty ones: %s; the rounds' ratios %s", growthRounds, rounds(filledRates, "%.0f"), rounds(ratios, "%.2f")),
+			Notes: []string{fmt.Sprintf("median of %d drains interleaved with the empty ones: %s; the rounds' ratios %s", growthRounds, joinRates(filledRates, "%.0f"), joinRates(ratios, "%.2f")),
 				fmt.Sprintf("pre-fill %s, VACUUM ANALYZE %s, CHECKPOINT %s (not timed)", fill.Round(time.Second), vacuum.Round(time.Second), checkpoint.Round(time.Second)), filledCPU}})
 	}
 	record = rep.measure()
 	rawFilled := float64(n) / rawInsertCeiling(tb, db.Pool, per, 500).Seconds()
 	record(figure{Name: fmt.Sprintf("growth: raw batched inbox insert, %d rows", inboxRows), Value: rawFilled, Unit: "events/s",
 		CeilingName: "empty inbox", Ceiling: rawEmpty})
+}
+
+// joinRates writes xs in format f, comma-separated.
+func joinRates(xs []float64, f string) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf(f, x)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // growthRounds is how many interleaved pairs of drains BenchmarkGrowth's

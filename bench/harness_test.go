@@ -45,6 +45,7 @@ type sizes struct {
 	LatencyFor             time.Duration `json:"latency_for_ns"`           // each open-loop latency phase
 	GrowthEvents           int           `json:"growth_events"`            // consumer drain with an empty and a filled inbox
 	InboxRows              int           `json:"inbox_rows"`               // pre-filled inbox rows
+	OtherNames             int           `json:"other_names"`              // other consumer names beside the drain (BenchmarkConsumerNames)
 	RelayPending           int           `json:"relay_pending"`            // large relay backlog
 	RelayWindow            int           `json:"relay_window"`             // events timed out of the large backlog
 	RelayBase              int           `json:"relay_base"`               // small relay backlog, drained RelayBaseRounds times
@@ -73,6 +74,7 @@ func benchSizes(tb testing.TB) sizes {
 		LatencyFor:             time.Duration(envInt(tb, "ONCEFLOW_BENCH_LATENCY_SECONDS", 10)) * time.Second,
 		GrowthEvents:           envInt(tb, "ONCEFLOW_BENCH_GROWTH_EVENTS", 200_000),
 		InboxRows:              envInt(tb, "ONCEFLOW_BENCH_INBOX_ROWS", 10_000_000),
+		OtherNames:             envInt(tb, "ONCEFLOW_BENCH_OTHER_NAMES", 20),
 		RelayPending:           envInt(tb, "ONCEFLOW_BENCH_RELAY_PENDING", 1_000_000),
 		RelayWindow:            envInt(tb, "ONCEFLOW_BENCH_RELAY_WINDOW", 200_000),
 		RelayBase:              10_000,
@@ -96,7 +98,7 @@ func smokeSizes() sizes {
 	return sizes{
 		RelayEvents: 2_000, ConsumerEvents: 2_000, EnqueueFor: 300 * time.Millisecond,
 		PipelineEvents: 1_000, LatencyFor: time.Second,
-		GrowthEvents: 1_000, InboxRows: 20_000, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
+		GrowthEvents: 1_000, InboxRows: 20_000, OtherNames: 3, RelayPending: 5_000, RelayWindow: 2_000, RelayBase: 500, RelayRounds: 2,
 		WriteTxns: 4, WriteTxnEvents: 100, MemorySmall: 200, MemoryEvents: 2_000,
 		PeerEvents: 2_000, WatermillEvents: 500, RelayDesignBatches: 3,
 		TracingEvents: 1_000, SnapshotEvents: 1_000, SnapshotRelayRows: 2_000, SnapshotProducerEvents: 2_000, RetentionRows: 20_000,
