@@ -306,7 +306,7 @@ func (a *applier) allKnown(ctx context.Context, items []item) (bool, error) {
 		return false, err
 	}
 	var n int
-	if err := a.cfg.Pool.QueryRow(ctx, q, probeMode, a.cfg.ConsumerName, keys, bounds, batchFloor(bounds)).Scan(&n); err != nil {
+	if err := a.cfg.Pool.QueryRow(ctx, q, probeMode, a.cfg.ConsumerName, keys, batchFloor(bounds)).Scan(&n); err != nil {
 		return false, fmt.Errorf("probe inbox: %w", err)
 	}
 	return n == len(seen), nil
@@ -418,7 +418,7 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 	// the consumer's partitions must not run a plan made when they were
 	// empty.
 	rows, err := tx.Query(ctx, q, probeMode, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes, bounds, floors, batchFloor(bounds))
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes, floors, batchFloor(bounds))
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
