@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
@@ -252,19 +253,29 @@ func TestTruncationDoesNotHoldUpNewUUIDv7s(t *testing.T) {
 	}
 	// An id of the producer's own: the probe reads the old bucket, so the
 	// batch waits for the lock.
-	done := make(chan error, 1)
-	go func() {
+	waitsFor(t, s.db.Pool, old, holder, "a batch with an id that is not a UUIDv7", func() error {
 		_, err := s.app.applyTx(ctx, items(ownRec("order-88", 3)))
-		done <- err
-	}()
+		return err
+	})
+}
+
+// waitsFor runs f, which must wait for a lock on relation rel that holder
+// holds: once f's wait shows in pg_locks, holder rolls back and f must
+// then finish without error. f finishing before it waited fails the test
+// (it could not tell).
+func waitsFor(t *testing.T, pool *pgxpool.Pool, rel string, holder pgx.Tx, what string, f func() error) {
+	t.Helper()
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
 	for waiting := false; !waiting; {
 		select {
 		case err := <-done:
-			t.Fatalf("a batch with an id that is not a UUIDv7 did not wait for the old bucket's lock (err %v): the test cannot tell", err)
+			t.Fatalf("%s did not wait for the lock on %s (err %v): the test cannot tell", what, rel, err)
 		case <-time.After(10 * time.Millisecond):
 		}
-		if err := s.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-			WHERE c.relname = $1 AND NOT l.granted)`, old).Scan(&waiting); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+			WHERE c.relname = $1 AND NOT l.granted)`, rel).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -272,7 +283,7 @@ func TestTruncationDoesNotHoldUpNewUUIDv7s(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
-		t.Fatalf("the batch after the lock was released: %v", err)
+		t.Fatalf("%s, after the lock was released: %v", what, err)
 	}
 }
 

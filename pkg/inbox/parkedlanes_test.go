@@ -74,33 +74,16 @@ func TestBatchDoesNotWaitForAnotherConsumersRetention(t *testing.T) {
 		t.Fatalf("handled %v, want e1 e2 f1 e3", got)
 	}
 	// The store's Lock reads every partition: it waits.
-	done := make(chan error, 1)
-	go func() {
+	waitsFor(t, s.db.Pool, theirs, holder, "PGStore.Lock", func() error {
 		tx, err := s.db.Pool.Begin(ctx)
-		if err == nil {
-			store := &seqguard.PGStore{Consumer: s.app.cfg.ConsumerName}
-			_, err = store.Lock(ctx, tx, []seqguard.Stream{{Source: "s"}}, time.Now())
-			tx.Rollback(ctx) //nolint:errcheck // read only
+		if err != nil {
+			return err
 		}
-		done <- err
-	}()
-	for waiting := false; !waiting; {
-		select {
-		case err := <-done:
-			t.Fatalf("PGStore.Lock did not wait for another consumer's bucket lock (err %v): the test cannot tell", err)
-		case <-time.After(10 * time.Millisecond):
-		}
-		if err := s.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-			WHERE c.relname = $1 AND NOT l.granted)`, theirs).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := holder.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+		defer tx.Rollback(ctx) //nolint:errcheck // read only
+		store := &seqguard.PGStore{Consumer: s.app.cfg.ConsumerName}
+		_, err = store.Lock(ctx, tx, []seqguard.Stream{{Source: "s"}}, time.Now())
+		return err
+	})
 }
 
 // TestParkedRowInALaneThisReplicaHasNotMet: another replica of the same
