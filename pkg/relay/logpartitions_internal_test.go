@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -56,33 +55,8 @@ func TestPublishLogPartitionsDropWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &housekeeper{cfg: Config{DB: hk, Retention: time.Hour, PruneBatchRows: 1000}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	one := func(q string, args ...any) int64 {
-		t.Helper()
-		var n int64
-		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return n
-	}
-	insert := func(n int, source string) []int64 {
-		t.Helper()
-		rows, err := db.Pool.Query(ctx, `INSERT INTO onceflow.outbox (event_id, topic, source, event_type, payload)
-			SELECT gen_random_uuid()::text, 't', $2, 'e', '{}' FROM generate_series(1, $1) RETURNING id`, n, source)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
+	st := dbT{t, db.Pool}
+	exec, one, insert := st.exec, st.one, st.insert
 	publishAt := func(age string, ids ...int64) {
 		t.Helper()
 		exec(qPublishAt, ids, age)
@@ -255,12 +229,7 @@ func TestPublishLogPartitionMadeLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := dbT{t, db.Pool}.exec
 	text := func(q string, args ...any) string {
 		t.Helper()
 		var s string
@@ -362,20 +331,8 @@ func TestExpireKeepsTheLogOfRowsLeftInTheDefaultPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	one := func(q string, args ...any) int64 {
-		t.Helper()
-		var n int64
-		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return n
-	}
+	st := dbT{t, db.Pool}
+	exec, one := st.exec, st.one
 	const w = int64(1000000)
 	// Range R = [bound + w, bound + 2w) is made (with the one after it, the
 	// housekeeping's lead) and gets a row; then a row of range D = [bound +

@@ -200,33 +200,8 @@ func TestRetentionDropsPublishedPartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	one := func(q string, args ...any) int64 {
-		t.Helper()
-		var n int64
-		if err := db.Pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return n
-	}
-	insert := func(n int, source string) []int64 {
-		t.Helper()
-		rows, err := db.Pool.Query(ctx, `INSERT INTO onceflow.outbox (event_id, topic, source, event_type, payload)
-			SELECT gen_random_uuid()::text, 't', $2, 'e', '{}' FROM generate_series(1, $1) RETURNING id`, n, source)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
+	st := dbT{t, db.Pool}
+	exec, one, insert := st.exec, st.one, st.insert
 	publish := func(ids []int64) {
 		t.Helper()
 		exec(qMarkPublished, ids)
