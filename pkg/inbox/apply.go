@@ -297,16 +297,12 @@ func (a *applier) allKnown(ctx context.Context, items []item) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	bounds := make([]pgtype.Timestamptz, len(keys))
-	for i, k := range keys {
-		bounds[i] = probeBound(k)
-	}
 	q, err := withLanes(qKnown, probe, since)
 	if err != nil {
 		return false, err
 	}
 	var n int
-	if err := a.cfg.Pool.QueryRow(ctx, q, probeMode, a.cfg.ConsumerName, keys, batchFloor(bounds)).Scan(&n); err != nil {
+	if err := a.cfg.Pool.QueryRow(ctx, q, probeMode, a.cfg.ConsumerName, keys, batchFloor(keys)).Scan(&n); err != nil {
 		return false, fmt.Errorf("probe inbox: %w", err)
 	}
 	return n == len(seen), nil
@@ -383,7 +379,6 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 	offsets := make([]int64, 0, n)
 	producers := make([]string, 0, n)
 	rowLanes := make([]string, 0, n)
-	bounds := make([]pgtype.Timestamptz, 0, n)
 	floors := make([]pgtype.Timestamptz, 0, n)
 	since, err := a.lanes.idTimeSince(ctx, tx)
 	if err != nil {
@@ -403,7 +398,6 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 		offsets = append(offsets, ev.Offset)
 		producers = append(producers, ev.Producer)
 		rowLanes = append(rowLanes, lanes.byItem[i])
-		bounds = append(bounds, probeBound(ev.EventID))
 		floors = append(floors, idFloor(ev.EventID))
 	}
 	if _, err := tx.Exec(ctx, qLockKeys, a.cfg.ConsumerName, ids); err != nil {
@@ -418,7 +412,7 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 	// the consumer's partitions must not run a plan made when they were
 	// empty.
 	rows, err := tx.Query(ctx, q, probeMode, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes, floors, batchFloor(bounds))
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes, floors, batchFloor(ids))
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}

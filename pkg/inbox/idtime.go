@@ -120,12 +120,13 @@ func sinceLiteral(since pgtype.Timestamptz) string {
 	return "'" + since.Time.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'::timestamptz"
 }
 
-// batchFloor is the least of bounds (probeBound of each of a batch's
-// keys): minus infinity when one key is not a UUIDv7 (or there is none).
+// batchFloor is the least of the probe bounds (probeBound) of a batch's
+// keys: minus infinity when one key is not a UUIDv7 (or there is none).
 // The probe's planner prunes the buckets that end before it.
-func batchFloor(bounds []pgtype.Timestamptz) pgtype.Timestamptz {
+func batchFloor(ids []string) pgtype.Timestamptz {
 	floor := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	for i, b := range bounds {
+	for i, id := range ids {
+		b := probeBound(id)
 		if b.InfinityModifier == pgtype.NegativeInfinity {
 			return b
 		}

@@ -153,7 +153,7 @@ func TestProbeReadsBucketsFromTheIDTime(t *testing.T) {
 		s.app.lanes.since.Valid = false // read since again
 		known, _ := probeStatements(t, s, probe)
 		out := map[string]bool{}
-		for rel := range testkit.ExplainAnalyze(t, s.db.Pool, known, consumer, ids, batchFloor(probeBounds(ids))).Relations() {
+		for rel := range testkit.ExplainAnalyze(t, s.db.Pool, known, consumer, ids, batchFloor(ids)).Relations() {
 			if _, ok := bucketAt[rel]; ok {
 				out[rel] = true
 			}
