@@ -2,11 +2,25 @@ package relay
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 )
+
+// quietHousekeeper is a housekeeper on cfg with metrics of its own and no
+// log output.
+func quietHousekeeper(t testing.TB, cfg Config) *housekeeper {
+	t.Helper()
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &housekeeper{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+}
 
 // dbT runs a test's statements on pool, failing the test on an error.
 type dbT struct {

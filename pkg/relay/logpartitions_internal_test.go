@@ -2,13 +2,10 @@ package relay
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/internal/testkit"
 )
@@ -50,11 +47,7 @@ func TestPublishLogPartitionsDropWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(hk.Close)
-	m, err := newMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &housekeeper{cfg: Config{DB: hk, Retention: time.Hour, PruneBatchRows: 1000}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+	h := quietHousekeeper(t, Config{DB: hk, Retention: time.Hour, PruneBatchRows: 1000})
 	st := dbT{t, db.Pool}
 	exec, one, insert := st.exec, st.one, st.insert
 	publishAt := func(age string, ids ...int64) {
@@ -224,11 +217,7 @@ func TestPublishLogPartitionMadeLater(t *testing.T) {
 	ctx := context.Background()
 	db := testkit.NewDB(t)
 	bound := legacyBound(t, db)
-	m, err := newMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+	h := quietHousekeeper(t, Config{DB: db.Pool, Retention: time.Hour})
 	exec := dbT{t, db.Pool}.exec
 	text := func(q string, args ...any) string {
 		t.Helper()
@@ -326,11 +315,7 @@ func TestExpireKeepsTheLogOfRowsLeftInTheDefaultPartition(t *testing.T) {
 	ctx := context.Background()
 	db := testkit.NewDB(t)
 	bound := legacyBound(t, db)
-	m, err := newMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+	h := quietHousekeeper(t, Config{DB: db.Pool, Retention: time.Hour})
 	st := dbT{t, db.Pool}
 	exec, one := st.exec, st.one
 	const w = int64(1000000)

@@ -3,8 +3,6 @@ package relay
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/internal/testkit"
 )
@@ -195,11 +192,7 @@ func TestRetentionDropsPublishedPartitions(t *testing.T) {
 	ctx := context.Background()
 	db := testkit.NewDB(t)
 	bound := legacyBound(t, db)
-	m, err := newMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+	h := quietHousekeeper(t, Config{DB: db.Pool, Retention: time.Hour})
 	st := dbT{t, db.Pool}
 	exec, one, insert := st.exec, st.one, st.insert
 	publish := func(ids []int64) {
@@ -330,11 +323,7 @@ func TestDeleteOnPublishDropsEmptiedPartitions(t *testing.T) {
 	ctx := context.Background()
 	db := testkit.NewDB(t)
 	bound := legacyBound(t, db)
-	m, err := newMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &housekeeper{cfg: Config{DB: db.Pool, Retention: time.Hour, DeleteOnPublish: true}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+	h := quietHousekeeper(t, Config{DB: db.Pool, Retention: time.Hour, DeleteOnPublish: true})
 	if _, err := db.Pool.Exec(ctx, `SELECT setval('onceflow.outbox_id_seq', $1::bigint - 1)`, bound+1000000); err != nil {
 		t.Fatal(err)
 	}
