@@ -52,7 +52,8 @@ const help = `usage: consumer <command> [flags]
 
 commands:
   run                     consume and apply events
-  migrate                 apply database migrations
+  migrate                 apply database migrations (-status: the version only; -validate-id-time:
+                          check the inbox rows written before migration 036, see docs/consumer.md)
   check -handlers-file F  prepare the handler file's sql statements against
                           the database (nothing runs); run does it at start too
   prune                   delete expired inbox, effects and published outbox
