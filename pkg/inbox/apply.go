@@ -64,6 +64,9 @@ type item struct {
 	// its outcome in the last transaction that decided on it (tracing.go).
 	span   trace.Span
 	result string
+	// lane is the lane of the inbox row this transaction inserted for it
+	// ("" when none): the sequence guard parks it there.
+	lane string
 }
 
 // decodeItem decodes a record fetched from the topic with the given ID (""
@@ -416,21 +419,23 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
-	inserted := make(map[string]bool, n)
+	inserted := make(map[string]string, n) // key -> the row's lane
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+		var id, lane string
+		if err := rows.Scan(&id, &lane); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("insert inbox rows: %w", err)
 		}
-		inserted[id] = true
+		inserted[id] = lane
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
 	for i := range items {
-		if items[i].bad == nil && inserted[items[i].key] {
+		items[i].lane = ""
+		if lane, ok := inserted[items[i].key]; ok && items[i].bad == nil {
 			isNew[i] = true
+			items[i].lane = lane
 			delete(inserted, items[i].key) // a later copy is a duplicate
 		}
 	}

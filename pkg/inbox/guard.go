@@ -238,7 +238,7 @@ func (s *seqLocked) admit(ctx context.Context, it *item) (admitted, error) {
 	ev := it.ev
 	gev := seqguard.Event{
 		EventID: ev.EventID, Source: ev.Source, Producer: ev.Producer, Seq: ev.Seq, EventType: ev.EventType,
-		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset,
+		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset, Lane: it.lane,
 	}
 	// Headers and payload are written only if the event is parked or held.
 	// The next seq of a source with nothing parked and no open gap is

@@ -23,12 +23,13 @@ func streamRec(id, src, typ string, seq, offset int64) *kgo.Record {
 
 // TestBatchDoesNotWaitForAnotherConsumersRetention: many services share one
 // database. While another consumer name's bucket is locked (its retention
-// pass truncating it), batches of this consumer's in-order events,
-// sequence guard and all, go through: the guard reads the streams' parked
-// rows from this consumer's partitions only (seqguard.PGStore.LockIn). The
-// store's Lock, which reads every partition, waits for that lock: the test
-// can tell. (Parking, un-parking and marking late update the inbox by
-// event id through every partition still, and would wait.)
+// pass truncating it), batches of this consumer's events, sequence guard
+// and all, go through: the guard reads the streams' parked rows from this
+// consumer's partitions only (seqguard.PGStore.LockIn), parks an event
+// ahead of a gap in the lane its inbox row was inserted to
+// (seqguard.Event.Lane), and un-parks it from the consumer's lanes when
+// the gap fills. The store's Lock, which reads every partition, waits for
+// that lock: the test can tell.
 func TestBatchDoesNotWaitForAnotherConsumersRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -61,7 +62,18 @@ func TestBatchDoesNotWaitForAnotherConsumersRetention(t *testing.T) {
 		{streamRec("e1", "s", "t", 1, 1)},
 		{streamRec("e2", "s", "t", 2, 2), streamRec("f1", "f", "t", 1, 3)},
 		{streamRec("e3", "s", "t", 3, 4)},
+		{streamRec("e5", "s", "t", 5, 5)}, // parked: 4 is missing
+		{streamRec("e4", "s", "t", 4, 6)}, // e4, then e5 un-parked
 	} {
+		if i == 4 {
+			// (Read with constants, from this consumer's lane: a read by
+			// consumer and event id alone would wait for the lock too.)
+			var parked string
+			if err := s.db.Pool.QueryRow(quick, `SELECT status FROM onceflow.inbox WHERE lane = $1 AND consumer = $2 AND event_id = 'e5'`,
+				pgx.QueryExecModeSimpleProtocol, lane, s.app.cfg.ConsumerName).Scan(&parked); err != nil || parked != "parked" {
+				t.Fatalf("e5 is %q (%v), want parked", parked, err)
+			}
+		}
 		if _, err := s.app.applyTx(quick, items(batch...)); err != nil {
 			t.Fatalf("batch %d under another consumer's bucket lock: %v", i+1, err)
 		}
@@ -70,8 +82,8 @@ func TestBatchDoesNotWaitForAnotherConsumersRetention(t *testing.T) {
 	for _, ev := range s.rec.got {
 		got = append(got, ev.EventID)
 	}
-	if !slices.Equal(got, []string{"e1", "e2", "f1", "e3"}) {
-		t.Fatalf("handled %v, want e1 e2 f1 e3", got)
+	if !slices.Equal(got, []string{"e1", "e2", "f1", "e3", "e4", "e5"}) {
+		t.Fatalf("handled %v, want e1 e2 f1 e3 e4 e5", got)
 	}
 	// The store's Lock reads every partition: it waits.
 	waitsFor(t, s.db.Pool, theirs, holder, "PGStore.Lock", func() error {

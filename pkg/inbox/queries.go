@@ -122,7 +122,7 @@ FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $12:
     AS e(event_id, source, seq, event_type, kafka_offset, producer, lane, floor)
 WHERE NOT EXISTS (SELECT 1 FROM known WHERE known.event_id = e.event_id)
 ON CONFLICT DO NOTHING
-RETURNING event_id`
+RETURNING event_id, lane`
 
 // qKnown counts which of a batch's keys the inbox already has (committed
 // rows only), in the consumer's lanes: the read-only fast path for a batch of

@@ -40,6 +40,14 @@ type Event struct {
 	// Headers as stored in the inbox's jsonb column.
 	Headers json.RawMessage
 	Payload []byte
+	// Lane is the lane of the event's inbox row, when the caller knows it
+	// (the inbox sets it for the rows it inserted in the transaction):
+	// parking the event and marking it late then plan and lock that lane's
+	// partitions of the consumer only. Empty: they look the row up in
+	// every partition of onceflow.inbox, every consumer name's, and wait
+	// for any of them another session holds exclusively (a retention pass
+	// truncating a bucket).
+	Lane string
 }
 
 // Stream is the event's stream.
@@ -558,13 +566,13 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 			case StepSeqConflict:
 				st = status.Held
 			}
-			b.Queue(qPark, c, cur.EventID, string(st), late, cur.Headers, cur.Payload).
+			b.Queue(inLane(qPark, c, cur.Lane), c, cur.EventID, string(st), late, cur.Headers, cur.Payload).
 				Exec(one(fmt.Sprintf("%s event %s: its inbox row must be inserted first", st, cur.EventID)))
 		case StepApply:
 			if !stp.Current {
 				unpark = append(unpark, stp.Seq)
 			} else if stp.Late {
-				b.Queue(qMarkLate, c, cur.EventID).Exec(one("mark event " + cur.EventID + " late"))
+				b.Queue(inLane(qMarkLate, c, cur.Lane), c, cur.EventID).Exec(one("mark event " + cur.EventID + " late"))
 			}
 		case StepGapOpened:
 			b.Queue(qGapOpen, c, src, g.From, g.To, g.OpenedAt, g.Deadline, prod, topic, g.GiveUpBy)
@@ -581,7 +589,7 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 	}
 	parked := map[int64]Event{}
 	if len(unpark) > 0 {
-		b.Queue(qUnpark, c, src, unpark, now, prod, topic).Query(func(rows pgx.Rows) error {
+		b.Queue(unparkIn(c, l.lanes), c, src, unpark, now, prod, topic).Query(func(rows pgx.Rows) error {
 			var e Event
 			_, err := pgx.ForEachRow(rows, []any{&e.EventID, &e.Seq, &e.EventType, &e.Topic, &e.Partition, &e.Offset, &e.Headers, &e.Payload}, func() error {
 				e.Source, e.Producer = src, prod

@@ -186,3 +186,27 @@ func TestStreamStatementsReadOnlyTheirStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestInLane: the park and mark-late statements, bounded to a lane, name
+// the lane and the consumer as escaped constants (pruned whatever the
+// plan); without a lane they are unchanged; a statement of another shape
+// is refused.
+func TestInLane(t *testing.T) {
+	t.Parallel()
+	for _, q := range []string{qPark, qMarkLate} {
+		if got := inLane(q, "c", ""); got != q {
+			t.Errorf("no lane: %q, want the statement unchanged", got)
+		}
+		got := inLane(q, `it's\c`, "ttl-60s")
+		want := `WHERE lane = E'ttl-60s' AND consumer = E'it''s\\c' AND consumer = $1 AND event_id = $2`
+		if !strings.HasSuffix(got, want) || strings.Count(got, "WHERE") != 1 {
+			t.Errorf("%q\nwant it to end in %q", got, want)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("inLane of qUnpark did not panic")
+		}
+	}()
+	inLane(qUnpark, "c", "ttl-60s")
+}

@@ -345,6 +345,57 @@ JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
 ORDER BY k.source, k.producer, k.topic, i.seq`
 }
 
+// unparkIn is qUnpark reading and updating the inbox partitions of
+// consumer's lanes only: one pair of statements per lane (a row locked,
+// then updated, by lane and consumer as constants, which the planner
+// prunes by whatever the plan), their rows together. No lanes: qUnpark,
+// every partition. The lanes must be those the parked rows were read
+// from (Locked.lanes): the rows to un-park are among them.
+func unparkIn(consumer string, lanes []string) string {
+	lanes = slices.Compact(slices.Sorted(slices.Values(lanes)))
+	if len(lanes) == 0 {
+		return qUnpark
+	}
+	ctes := make([]string, 0, 2*len(lanes))
+	arms := make([]string, len(lanes))
+	for n, lane := range lanes {
+		at := func(alias string) string {
+			return fmt.Sprintf("%[1]slane = %[2]s AND %[1]sconsumer = %[3]s AND %[1]sconsumer = $1", alias, quoteLiteral(lane), quoteLiteral(consumer))
+		}
+		ctes = append(ctes, fmt.Sprintf(`old%d AS (
+    SELECT event_id, seq, event_type, topic, kafka_partition, kafka_offset, headers, payload
+    FROM onceflow.inbox
+    WHERE %s AND source = $2 AND status = 'parked' AND seq = ANY($3::bigint[])
+      AND producer = $5 AND ($5 = '' OR topic = $6)
+    FOR UPDATE
+)`, n, at("")), fmt.Sprintf(`new%d AS (
+    UPDATE onceflow.inbox i
+    SET status = 'processed', processed_at = $4, headers = NULL, payload = NULL
+    FROM old%d AS old
+    WHERE %s AND i.event_id = old.event_id
+    RETURNING old.event_id, old.seq, old.event_type, old.topic, old.kafka_partition, old.kafka_offset, old.headers, old.payload
+)`, n, n, at("i.")))
+		arms[n] = fmt.Sprintf("SELECT * FROM new%d", n)
+	}
+	return "\nWITH " + strings.Join(ctes, ",\n") + "\n" + strings.Join(arms, "\nUNION ALL\n")
+}
+
+// inLane bounds q, an update of one inbox row of consumer by event id
+// ending in "WHERE consumer = $1 AND event_id = $2", to the row's lane:
+// the lane and the consumer as constants, which the planner prunes the
+// partitions by whatever the plan (an IN list or an OR of lanes is not
+// pruned: every partition then). An empty lane leaves q as it is.
+func inLane(q, consumer, lane string) string {
+	if lane == "" {
+		return q
+	}
+	const where = "WHERE consumer = $1 AND event_id = $2"
+	if !strings.HasSuffix(q, where) {
+		panic("seqguard: inLane of a statement that does not end in " + where)
+	}
+	return strings.TrimSuffix(q, where) + "WHERE lane = " + quoteLiteral(lane) + " AND consumer = " + quoteLiteral(consumer) + " AND " + where[len("WHERE "):]
+}
+
 // quoteLiteral writes s as a PostgreSQL string constant in the escape form
 // (E'...'), which means the same whatever standard_conforming_strings is.
 func quoteLiteral(s string) string {
