@@ -130,7 +130,11 @@ func (a *applier) giveUpExpired(ctx context.Context, g *seqGuard, now time.Time,
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	outs, err := g.store.GiveUpExpired(ctx, tx, now, gapTimerLimit)
+	probe, err := a.lanes.probeLanes(ctx, a.cfg.Pool, a.cfg.ConsumerName)
+	if err != nil {
+		return out, err
+	}
+	outs, err := g.store.GiveUpExpiredIn(ctx, tx, now, gapTimerLimit, probe)
 	if err != nil {
 		return out, err
 	}

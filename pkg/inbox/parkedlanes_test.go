@@ -28,8 +28,9 @@ func streamRec(id, src, typ string, seq, offset int64) *kgo.Record {
 // consumer's partitions only (seqguard.PGStore.LockIn), parks an event
 // ahead of a gap in the lane its inbox row was inserted to
 // (seqguard.Event.Lane), and un-parks it from the consumer's lanes when
-// the gap fills. The store's Lock, which reads every partition, waits for
-// that lock: the test can tell.
+// the gap fills; the gap timer gives a gap up and releases the event
+// behind it from the same lanes. The store's Lock, which reads every
+// partition, waits for that lock: the test can tell.
 func TestBatchDoesNotWaitForAnotherConsumersRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -84,6 +85,17 @@ func TestBatchDoesNotWaitForAnotherConsumersRetention(t *testing.T) {
 	}
 	if !slices.Equal(got, []string{"e1", "e2", "f1", "e3", "e4", "e5"}) {
 		t.Fatalf("handled %v, want e1 e2 f1 e3 e4 e5", got)
+	}
+	// f3 waits behind a gap at 2; the timer, an hour later, gives it up.
+	if _, err := s.app.applyTx(quick, items(streamRec("f3", "f", "t", 3, 7))); err != nil {
+		t.Fatalf("f3 under another consumer's bucket lock: %v", err)
+	}
+	gone, err := s.app.giveUpExpired(quick, s.app.guard.(*seqGuard), time.Now().Add(time.Hour), nil)
+	if err != nil || gone.processed != 1 || len(gone.guard.givenUp) != 1 {
+		t.Fatalf("gap timer under another consumer's bucket lock: %+v %v", gone, err)
+	}
+	if last := s.rec.got[len(s.rec.got)-1]; last.EventID != "f3" {
+		t.Fatalf("handled %v last, want f3 released", last.EventID)
 	}
 	// The store's Lock reads every partition: it waits.
 	waitsFor(t, s.db.Pool, theirs, holder, "PGStore.Lock", func() error {

@@ -650,7 +650,17 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 //
 // A zero now means the database's clock (now() of tx): then no replica's
 // clock, however skewed, decides when a gap is given up.
+//
+// It reads and un-parks the streams' parked rows in every partition of
+// onceflow.inbox; GiveUpExpiredIn reads the consumer's own.
 func (s *PGStore) GiveUpExpired(ctx context.Context, tx pgx.Tx, now time.Time, limit int) ([]Outcome, error) {
+	return s.GiveUpExpiredIn(ctx, tx, now, limit, nil)
+}
+
+// GiveUpExpiredIn is GiveUpExpired reading the streams' parked rows from
+// the inbox partitions of lanes only, as LockIn does (every partition when
+// the consumer has a lane the list lacks, or with nil lanes).
+func (s *PGStore) GiveUpExpiredIn(ctx context.Context, tx pgx.Tx, now time.Time, limit int, lanes []string) ([]Outcome, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -673,7 +683,7 @@ func (s *PGStore) GiveUpExpired(ctx context.Context, tx pgx.Tx, now time.Time, l
 	}
 	var outs []Outcome
 	for _, k := range keys {
-		l := &Locked{store: s, tx: tx, parkedSQL: qLoadParked}
+		l := &Locked{store: s, tx: tx, parkedSQL: loadParkedIn(s.Consumer, lanes), lanes: lanes}
 		if err := l.load(ctx, qLockStateSkipLocked, []Stream{k}); err != nil {
 			return nil, err
 		}
