@@ -170,6 +170,13 @@ func prefillIDs(b testing.TB, topic string, n int, prefix string) ([]string, [][
 // prefillWith is prefill with event ids id(0), id(1), ….
 func prefillWith(b testing.TB, topic string, n int, id func(int) string) ([]string, [][]benchRow) {
 	b.Helper()
+	return prefillSeqs(b, topic, n, id, nil)
+}
+
+// prefillSeqs is prefillWith producing, as the k-th event of source src,
+// seq(src, k) instead of k (nil: k).
+func prefillSeqs(b testing.TB, topic string, n int, id func(int) string, seq func(src int, k int64) int64) ([]string, [][]benchRow) {
+	b.Helper()
 	cl := testkit.Client(b, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(5*time.Millisecond),
 		kgo.MaxBufferedRecords(100_000), kgo.ProducerBatchMaxBytes(1<<20))
 	pad := strings.Repeat("x", benchPayload-len(`{"pad":""}`))
@@ -184,7 +191,11 @@ func prefillWith(b testing.TB, topic string, n int, id func(int) string) ([]stri
 	for i := range n {
 		src := i % benchSources
 		seqs[src]++
-		ev := envelope.Envelope{EventID: id(i), Source: fmt.Sprintf("src-%d", src), Seq: seqs[src],
+		k := seqs[src]
+		if seq != nil {
+			k = seq(src, k)
+		}
+		ev := envelope.Envelope{EventID: id(i), Source: fmt.Sprintf("src-%d", src), Seq: k,
 			EventType: "bench.event", Payload: payload}
 		ids[i] = ev.EventID
 		wg.Add(1)

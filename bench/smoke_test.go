@@ -52,8 +52,12 @@ func TestBenchSmoke(t *testing.T) {
 				"e2e latency @ 1000 ev/s p99, split: consumer"}},
 		{"growth-consumer", func(t *testing.T) { consumerGrowth(t, rep, sz.GrowthEvents, sz.InboxRows) },
 			[]string{"consumer drain, empty inbox", "growth: consumer drain", "growth: raw batched inbox insert"}},
-		{"consumer-names", func(t *testing.T) { consumerNames(t, rep, sz.GrowthEvents, sz.OtherNames) },
+		{"consumer-names", func(t *testing.T) { consumerNames(t, rep, sz.GrowthEvents, sz.OtherNames, false) },
 			[]string{"consumer drain, its consumer name alone in the database", "consumer drain beside 3 other consumer names"}},
+		// Two events per source, so that each source has a pair to swap.
+		{"consumer-names-swapped", func(t *testing.T) { consumerNames(t, rep, 2*benchSources, sz.OtherNames, true) },
+			[]string{"consumer drain, its consumer name alone in the database, each source's events in swapped pairs",
+				"consumer drain beside 3 other consumer names, each source's events in swapped pairs"}},
 		{"growth-relay", func(t *testing.T) { relayGrowth(t, rep, sz) },
 			[]string{"relay drain, 500 pending", "growth: relay drain"}},
 		{"write", func(t *testing.T) { writePath(t, rep, sz.WriteTxns, sz.WriteTxnEvents) },
