@@ -114,7 +114,10 @@ type Locked struct {
 	// loadParkedIn's statement for the consumer's lanes).
 	parkedSQL string
 	// lanes are the lanes parkedSQL reads (nil: every partition).
-	lanes  []string
+	lanes []string
+	// stmts caches the statements built for lanes (inLane, unparkIn) by
+	// their key: a batch builds each once.
+	stmts  map[string]string
 	states map[Stream]State
 	// legacy is, for a stream of a producer that has not started, its
 	// source's legacy state (started), which the stream adopts if its first
@@ -223,7 +226,7 @@ func (l *Locked) parkedBeyond(ctx context.Context, beyond bool, keys []Stream, s
 	if !beyond {
 		return nil
 	}
-	l.parkedSQL, l.lanes = qLoadParked, nil
+	l.parkedSQL, l.lanes, l.stmts = qLoadParked, nil, nil
 	for _, k := range keys {
 		if st, ok := states[k]; ok {
 			st.Parked = nil
@@ -482,6 +485,21 @@ func (l *Locked) Receive(ctx context.Context, ev Event, now time.Time, p Policy)
 	return l.execute(ctx, k, prev, next, steps, &ev, now)
 }
 
+// stmt returns the statement of kind for lane, building it once per
+// Locked (unpark's depends on l.lanes only: its lane is "").
+func (l *Locked) stmt(kind, lane string, build func() string) string {
+	key := kind + "\x00" + lane
+	if q, ok := l.stmts[key]; ok {
+		return q
+	}
+	if l.stmts == nil {
+		l.stmts = map[string]string{}
+	}
+	q := build()
+	l.stmts[key] = q
+	return q
+}
+
 // loadGivenUp adds to st the given-up ranges of stream k that hold seq.
 func (l *Locked) loadGivenUp(ctx context.Context, k Stream, seq int64, st *State) error {
 	rows, err := l.tx.Query(ctx, qGivenUpAt, l.store.Consumer, k.Source, seq, k.Producer, k.Topic)
@@ -566,13 +584,13 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 			case StepSeqConflict:
 				st = status.Held
 			}
-			b.Queue(inLane(qPark, c, cur.Lane), c, cur.EventID, string(st), late, cur.Headers, cur.Payload).
+			b.Queue(l.stmt("park", cur.Lane, func() string { return inLane(qPark, c, cur.Lane) }), c, cur.EventID, string(st), late, cur.Headers, cur.Payload).
 				Exec(one(fmt.Sprintf("%s event %s: its inbox row must be inserted first", st, cur.EventID)))
 		case StepApply:
 			if !stp.Current {
 				unpark = append(unpark, stp.Seq)
 			} else if stp.Late {
-				b.Queue(inLane(qMarkLate, c, cur.Lane), c, cur.EventID).Exec(one("mark event " + cur.EventID + " late"))
+				b.Queue(l.stmt("late", cur.Lane, func() string { return inLane(qMarkLate, c, cur.Lane) }), c, cur.EventID).Exec(one("mark event " + cur.EventID + " late"))
 			}
 		case StepGapOpened:
 			b.Queue(qGapOpen, c, src, g.From, g.To, g.OpenedAt, g.Deadline, prod, topic, g.GiveUpBy)
@@ -589,7 +607,7 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 	}
 	parked := map[int64]Event{}
 	if len(unpark) > 0 {
-		b.Queue(unparkIn(c, l.lanes), c, src, unpark, now, prod, topic).Query(func(rows pgx.Rows) error {
+		b.Queue(l.stmt("unpark", "", func() string { return unparkIn(c, l.lanes) }), c, src, unpark, now, prod, topic).Query(func(rows pgx.Rows) error {
 			var e Event
 			_, err := pgx.ForEachRow(rows, []any{&e.EventID, &e.Seq, &e.EventType, &e.Topic, &e.Partition, &e.Offset, &e.Headers, &e.Payload}, func() error {
 				e.Source, e.Producer = src, prod
