@@ -228,20 +228,24 @@ WHERE consumer = $1 AND event_id = $2`
 UPDATE onceflow.inbox SET late = true WHERE consumer = $1 AND event_id = $2`
 
 	// Un-park: the rows become processed and drop their payload; the old
-	// values are returned for the handler.
+	// values are returned for the handler. The update finds its rows as
+	// the read does, and the read's old values of the statement's snapshot
+	// are returned for the rows it updated (see unparkIn, which is this
+	// per lane).
 	qUnpark = `
 WITH old AS (
     SELECT event_id, seq, event_type, topic, kafka_partition, kafka_offset, headers, payload
     FROM onceflow.inbox
     WHERE consumer = $1 AND source = $2 AND status = 'parked' AND seq = ANY($3::bigint[])
       AND producer = $5 AND ($5 = '' OR topic = $6)
-    FOR UPDATE
+), new AS (
+    UPDATE onceflow.inbox
+    SET status = 'processed', processed_at = $4, headers = NULL, payload = NULL
+    WHERE consumer = $1 AND source = $2 AND status = 'parked' AND seq = ANY($3::bigint[])
+      AND producer = $5 AND ($5 = '' OR topic = $6)
+    RETURNING event_id
 )
-UPDATE onceflow.inbox i
-SET status = 'processed', processed_at = $4, headers = NULL, payload = NULL
-FROM old
-WHERE i.consumer = $1 AND i.event_id = old.event_id
-RETURNING old.event_id, old.seq, old.event_type, old.topic, old.kafka_partition, old.kafka_offset, old.headers, old.payload`
+SELECT * FROM old WHERE event_id IN (SELECT event_id FROM new)`
 
 	// The stream's producer and topic are the last two parameters of each
 	// gap statement.
