@@ -227,26 +227,6 @@ WHERE consumer = $1 AND event_id = $2`
 	qMarkLate = `
 UPDATE onceflow.inbox SET late = true WHERE consumer = $1 AND event_id = $2`
 
-	// Un-park: the rows become processed and drop their payload; the old
-	// values are returned for the handler. The update finds its rows as
-	// the read does, and the read's old values of the statement's snapshot
-	// are returned for the rows it updated (see unparkIn, which is this
-	// per lane).
-	qUnpark = `
-WITH old AS (
-    SELECT event_id, seq, event_type, topic, kafka_partition, kafka_offset, headers, payload
-    FROM onceflow.inbox
-    WHERE consumer = $1 AND source = $2 AND status = 'parked' AND seq = ANY($3::bigint[])
-      AND producer = $5 AND ($5 = '' OR topic = $6)
-), new AS (
-    UPDATE onceflow.inbox
-    SET status = 'processed', processed_at = $4, headers = NULL, payload = NULL
-    WHERE consumer = $1 AND source = $2 AND status = 'parked' AND seq = ANY($3::bigint[])
-      AND producer = $5 AND ($5 = '' OR topic = $6)
-    RETURNING event_id
-)
-SELECT * FROM old WHERE event_id IN (SELECT event_id FROM new)`
-
 	// The stream's producer and topic are the last two parameters of each
 	// gap statement.
 	qGapOpen = `
@@ -349,46 +329,55 @@ JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
 ORDER BY k.source, k.producer, k.topic, i.seq`
 }
 
-// unparkIn is qUnpark reading and updating the inbox partitions of
-// consumer's lanes only: one pair of statements per lane (a row locked,
-// then updated, by lane and consumer as constants, which the planner
-// prunes by whatever the plan), their rows together. The update finds
-// its rows as the read does (the parked index, by source and seq), and
-// the old values come from the read, of the statement's snapshot: the
-// read takes no row lock (the update takes them; a row locked FOR UPDATE
-// after this statement's update changed it would be skipped), and the
-// stream's lock keeps the rows as read (a row another transaction changed
-// meanwhile is not updated, not returned, and the guard then fails the
-// batch: "parked seq N has no inbox row"). A join of the update to the read rows was planned, with the
-// statistics of a bucket analyzed while it was nearly empty, as a hash
-// join over every row of the lane (2.2 ms to un-park one row of 468 in
-// bench-smoke's swapped drain), and event_id = ANY(the read ones) as the
-// lane's rows filtered by id. No lanes: qUnpark,
-// every partition. The lanes must be those the parked rows were read
-// from (Locked.lanes): the rows to un-park are among them.
+// Un-park: the rows become processed and drop their payload; the old
+// values are returned for the handler. qUnpark looks in every partition of
+// onceflow.inbox; unparkIn in the consumer's lanes only.
+var qUnpark = unparkSQL([]string{"consumer = $1"})
+
+// unparkIn is qUnpark for the inbox partitions of consumer's lanes: one
+// read and one update per lane, each naming the lane and the consumer as
+// constants (pruned whatever the plan), their rows together. The lanes
+// must be those the parked rows were read from (Locked.lanes). No lanes:
+// qUnpark.
 func unparkIn(consumer string, lanes []string) string {
 	lanes = slices.Compact(slices.Sorted(slices.Values(lanes)))
 	if len(lanes) == 0 {
 		return qUnpark
 	}
-	ctes := make([]string, 0, 2*len(lanes))
-	arms := make([]string, len(lanes))
+	at := make([]string, len(lanes))
 	for n, lane := range lanes {
-		at := func(alias string) string {
-			return fmt.Sprintf("%[1]slane = %[2]s AND %[1]sconsumer = %[3]s AND %[1]sconsumer = $1", alias, quoteLiteral(lane), quoteLiteral(consumer))
-		}
+		at[n] = "lane = " + quoteLiteral(lane) + " AND consumer = " + quoteLiteral(consumer) + " AND consumer = $1"
+	}
+	return unparkSQL(at)
+}
+
+// unparkSQL un-parks the stream's rows at each of at (the partitions' part
+// of a WHERE clause). Each pair's update finds its rows as its read does
+// (the partial index inbox_parked, by source and seq), and the old values
+// come from the read, of the statement's snapshot. The read takes no row
+// lock: the update takes them (a row locked FOR UPDATE after the same
+// statement's update changed it would be skipped), and the stream's lock
+// keeps the rows as read (a row changed meanwhile is neither updated nor
+// returned, and the guard fails the batch: "parked seq N has no inbox
+// row"). An update joined to the read rows by event id was planned, with
+// the statistics of a bucket analyzed while it was nearly empty, as a hash
+// join over every row of the lane: 1.7 ms to un-park one row of 468 in
+// bench-smoke's swapped drain, 0.3 ms this way.
+func unparkSQL(at []string) string {
+	const stream = "source = $2 AND status = 'parked' AND seq = ANY($3::bigint[]) AND producer = $5 AND ($5 = '' OR topic = $6)"
+	ctes := make([]string, 0, 2*len(at))
+	arms := make([]string, len(at))
+	for n, where := range at {
 		ctes = append(ctes, fmt.Sprintf(`old%d AS (
     SELECT event_id, seq, event_type, topic, kafka_partition, kafka_offset, headers, payload
     FROM onceflow.inbox
-    WHERE %s AND source = $2 AND status = 'parked' AND seq = ANY($3::bigint[])
-      AND producer = $5 AND ($5 = '' OR topic = $6)
-)`, n, at("")), fmt.Sprintf(`new%d AS (
-    UPDATE onceflow.inbox i
+    WHERE %s AND %s
+)`, n, where, stream), fmt.Sprintf(`new%d AS (
+    UPDATE onceflow.inbox
     SET status = 'processed', processed_at = $4, headers = NULL, payload = NULL
-    WHERE %s AND i.source = $2 AND i.status = 'parked' AND i.seq = ANY($3::bigint[])
-      AND i.producer = $5 AND ($5 = '' OR i.topic = $6)
-    RETURNING i.event_id
-)`, n, at("i.")))
+    WHERE %s AND %s
+    RETURNING event_id
+)`, n, where, stream))
 		arms[n] = fmt.Sprintf("SELECT * FROM old%d WHERE event_id IN (SELECT event_id FROM new%d)", n, n)
 	}
 	return "\nWITH " + strings.Join(ctes, ",\n") + "\n" + strings.Join(arms, "\nUNION ALL\n")
