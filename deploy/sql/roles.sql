@@ -275,6 +275,14 @@ BEGIN
                        'onceflow.inbox_expire_bucket(text, text, timestamptz), '
                        'onceflow.inbox_drop_bucket(text, text, timestamptz) TO %I', v_consumer);
     END IF;
+    -- Sealed buckets and the filters of their ids (migration 037):
+    -- retention seals a bucket and stores its filter through functions
+    -- that run with the owner's rights; the consumer reads the filters.
+    IF to_regclass('onceflow.inbox_filters') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON onceflow.inbox_filters TO %I', v_consumer);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.inbox_seal_bucket(text, text, timestamptz), '
+                       'onceflow.inbox_put_filter(text, text, timestamptz, bigint, bytea) TO %I', v_consumer);
+    END IF;
     -- When the dedup probe's time bound took effect (migration 036).
     IF to_regclass('onceflow.inbox_id_time') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT ON onceflow.inbox_id_time TO %I', v_consumer);

@@ -374,3 +374,54 @@ func TestRolesConsumerPrunes(t *testing.T) {
 		t.Fatalf("prune as the owner: %+v, %v; want the published outbox row pruned", st, err)
 	}
 }
+
+// TestRolesConsumerSealsBuckets: the retention pruner under the consumer's
+// role seals the consumer's past time buckets and stores their filters
+// (migration 037's functions run with the owner's rights), and the
+// consumer's role reads the filters back; it may not write them itself.
+func TestRolesConsumerSealsBuckets(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rs := newRoles(t)
+	db := testkit.NewDB(t)
+	applyRoles(t, db.URL, rs, false)
+	createLogins(t, db, rs)
+	pool, err := pgxpool.New(ctx, withUser(t, db.URL, login(rs.consumer)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	r, err := retention.Parse([]byte(`{"classes":[{"match":"*","keep":"24h"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := retention.Options{Consumer: "c"}
+	if _, err := retention.Prune(ctx, pool, r, o); err != nil { // publishes the classes
+		t.Fatal(err)
+	}
+	var lane string
+	if err := pool.QueryRow(ctx, `SELECT onceflow.inbox_lane('c', 'order.placed')`).Scan(&lane); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`SELECT onceflow.inbox_ensure_buckets('c', '` + lane + `', now() - interval '12 hours')`,
+		`INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, lane, event_at)
+		 VALUES ('c', 'order-1', 's', 1, 'order.placed', 't', 0, 1, 'processed', '` + lane + `', now() - interval '12 hours')`,
+	} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := retention.Prune(ctx, pool, r, o)
+	if err != nil || st.BucketsSealed == 0 {
+		t.Fatalf("prune as %s: %+v, %v; want the past buckets sealed", rs.consumer, st, err)
+	}
+	var keys int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(keys), 0) FROM onceflow.inbox_filters WHERE consumer = 'c'`).Scan(&keys); err != nil || keys != 1 {
+		t.Fatalf("filters read as %s: %d ids, %v; want 1", rs.consumer, keys, err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM onceflow.inbox_filters`); err == nil {
+		t.Fatalf("%s deleted filters; want permission denied", rs.consumer)
+	}
+}

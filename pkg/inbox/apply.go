@@ -349,7 +349,7 @@ func (a *applier) itemLanes(ctx context.Context, items []item) (batchLanes, erro
 		idx[i] = j
 	}
 	lanes, probe, err := a.lanes.resolve(ctx, a.cfg.Pool, a.cfg.ConsumerName, types, func(err error) {
-		a.cfg.Logger.WarnContext(ctx, "inbox partitions: rows go to the default partition meanwhile", "error", err.Error())
+		a.cfg.Logger.WarnContext(ctx, "inbox partitions", "error", err.Error())
 	})
 	if err != nil {
 		return batchLanes{}, err
@@ -407,7 +407,12 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 		return nil, fmt.Errorf("lock inbox keys: %w", err)
 	}
 	first := items[0].rec
-	q, err := withLanes(qInsertBatch, lanes.probe, since)
+	// The keys that may be in a sealed bucket are probed as before; the
+	// others (ids without a time that no sealed bucket's filter holds)
+	// outside the sealed buckets (sealed.go).
+	sealed := a.lanes.sealedSet()
+	dirty, clean := sealed.split(ids, lanes.probe)
+	q, err := insertStatement(lanes.probe, since, sealed, len(dirty) > 0, len(clean) > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -415,7 +420,7 @@ func (a *applier) insertValid(ctx context.Context, tx pgx.Tx, items []item, lane
 	// the consumer's partitions must not run a plan made when they were
 	// empty.
 	rows, err := tx.Query(ctx, q, probeMode, a.cfg.ConsumerName, first.Topic, first.Partition, ids, sources, seqs, types, offsets,
-		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes, floors, batchFloor(ids))
+		a.cfg.Group, nextOffset, nullIfEmpty(items[0].topicID), producers, rowLanes, floors, batchFloor(dirty), dirty, clean)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}

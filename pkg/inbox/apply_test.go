@@ -588,7 +588,7 @@ SELECT $1, 'old-' || g, 's' || (g % 100), g, 't', 'topic', 0, g, 'processed' FRO
 	}{
 		{"read-only probe (qKnown)", known, []any{consumer, ids, batchFloor(ids)}},
 		{"insert's probe (qInsertBatch)", insert, []any{consumer, "topic", int32(0), ids, sources, seqs, types, offsets,
-			"g", int64(inboxRows + batch + 1), nil, producers, lanes, idFloors(ids), batchFloor(ids)}},
+			"g", int64(inboxRows + batch + 1), nil, producers, lanes, idFloors(ids), batchFloor(ids), ids, []string{}}},
 	} {
 		read := testkit.RowsRead(t, s.db.Pool, "inbox", c.q, c.args...)
 		if read > batch {
@@ -647,7 +647,7 @@ func TestProbeReadsOnlyItsConsumersPartitions(t *testing.T) {
 	}{
 		{"read-only probe (qKnown)", known, []any{consumer, ids, batchFloor(ids)}},
 		{"insert's probe (qInsertBatch)", insert, []any{consumer, "topic", int32(0), ids, three("s"), []int64{1, 2, 3}, three("t"),
-			[]int64{1, 2, 3}, "g", int64(4), nil, three(""), three("ttl-86400s"), idFloors(ids), batchFloor(ids)}},
+			[]int64{1, 2, 3}, "g", int64(4), nil, three(""), three("ttl-86400s"), idFloors(ids), batchFloor(ids), ids, []string{}}},
 	} {
 		read := testkit.ExplainAnalyze(t, s.db.Pool, c.q, c.args...).Relations()
 		for rel := range read {
@@ -679,7 +679,7 @@ func probeStatements(t *testing.T, s applySetup, lanes []string) (known, insert 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if insert, err = withLanes(qInsertBatch, lanes, since); err != nil {
+	if insert, err = insertStatement(lanes, since, nil, true, false); err != nil {
 		t.Fatal(err)
 	}
 	return known, insert

@@ -58,6 +58,9 @@ type laneBook struct {
 	// all is every lane the dedup probe covers, read at setAt.
 	all   []string
 	setAt time.Time
+	// sealed is the consumer's sealed buckets with their filters, read
+	// with all (sealed.go).
+	sealed sealedSet
 	// since is onceflow.inbox_id_time.since, read once (Valid).
 	since pgtype.Timestamptz
 }
@@ -111,7 +114,7 @@ func (b *laneBook) resolve(ctx context.Context, db dbtx.DB, consumer string, typ
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
 			}
-			warn(fmt.Errorf("inbox buckets of lane %s: %w", l, err))
+			warn(fmt.Errorf("inbox buckets of lane %s (its rows go to the default partition meanwhile): %w", l, err))
 		} else if math.IsInf(epoch, 1) {
 			end = time.Unix(1<<40, 0) // the permanent lane: one partition
 		} else {
@@ -140,8 +143,26 @@ func (b *laneBook) resolve(ctx context.Context, db dbtx.DB, consumer string, typ
 		}
 		slices.Sort(all)
 		b.all, b.setAt = all, now
+		// A sealed set that cannot be read keeps the one before (a filter
+		// of a bucket since dropped only leaves out a partition that is
+		// gone): the probe is right with any of them.
+		if sealed, err := loadSealed(ctx, db, consumer, b.sealed); err != nil {
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
+			}
+			warn(fmt.Errorf("%w (the dedup probe of ids without a time reads every bucket not known sealed meanwhile)", err))
+		} else {
+			b.sealed = sealed
+		}
 	}
 	return lanes, b.all, nil
+}
+
+// sealedSet returns the sealed buckets as last read.
+func (b *laneBook) sealedSet() sealedSet {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sealed
 }
 
 // probeLanes returns the lanes the dedup probe covers, reading them when

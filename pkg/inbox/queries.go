@@ -87,6 +87,25 @@ func withLanes(q string, lanes []string, since pgtype.Timestamptz) (string, erro
 	return q, err
 }
 
+// insertStatement is qInsertBatch for the consumer's probe lanes: its
+// dedup probe looks the dirty keys ($16) up as withLanes does, and the
+// clean ones ($17) outside the lanes' sealed buckets (sealedSet.
+// cleanLookup). A side with no key is written without its look-up, so
+// that its partitions are neither planned nor locked.
+func insertStatement(lanes []string, since pgtype.Timestamptz, sealed sealedSet, dirty, clean bool) (string, error) {
+	dirtyPart := `SELECT b.event_id FROM unnest($16::text[]) AS b(event_id) WHERE $15::timestamptz IS NULL AND false`
+	if dirty {
+		dirtyPart = `SELECT b.event_id FROM unnest($16::text[]) AS b(event_id)
+    CROSS JOIN LATERAL {lookup b.event_id $15::timestamptz} AS k`
+	}
+	cleanPart := `SELECT b.event_id FROM unnest($17::text[]) AS b(event_id) WHERE false`
+	if clean {
+		cleanPart = `SELECT b.event_id FROM unnest($17::text[]) AS b(event_id)
+    CROSS JOIN LATERAL ` + sealed.cleanLookup("b.event_id", lanes) + ` AS k`
+	}
+	return withLanes(strings.Replace(qInsertBatch, "{known}", dirtyPart+"\n    UNION ALL\n    "+cleanPart, 1), lanes, since)
+}
+
 var lookup = regexp.MustCompile(`\{lookup ([a-z_]+\.[a-z_]+) (\$[0-9]+::timestamptz)\}`)
 
 var laneName = regexp.MustCompile(`^(legacy|permanent|ttl-[0-9]+s)$`)
@@ -98,7 +117,9 @@ var laneName = regexp.MustCompile(`^(legacy|permanent|ttl-[0-9]+s)$`)
 // the time bucket too, so it cannot tell alone. $13 is each event's lane,
 // $14 each key's id floor (idFloor): a row whose floor is after the
 // transaction's time goes to the legacy lane (the constraint
-// inbox_id_time); $15 the batch's floor (batchFloor); event_at takes the
+// inbox_id_time); $16 the keys probed with the batch's floor $15
+// (batchFloor of $16), $17 the clean keys, probed outside the sealed
+// buckets (insertStatement, sealed.go); event_at takes the
 // transaction's time (its bucket). The
 // same statement stores the partition's next offset and the topic ID it
 // belongs to (one round trip less per batch; it commits or rolls back with
@@ -111,8 +132,7 @@ WITH next_offset AS (
     ON CONFLICT (group_id, topic, kafka_partition)
     DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = EXCLUDED.topic_id, updated_at = now()
 ), known AS (
-    SELECT b.event_id FROM unnest($4::text[]) AS b(event_id)
-    CROSS JOIN LATERAL {lookup b.event_id $15::timestamptz} AS k
+    {known}
 )
 INSERT INTO onceflow.inbox
     (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, producer, lane)

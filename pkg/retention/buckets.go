@@ -95,6 +95,35 @@ func pruneBuckets(ctx context.Context, conn *pgxpool.Conn, p *pass, consumer str
 			return err
 		}
 	}
+	return sealBuckets(ctx, conn, consumer, st)
+}
+
+// sealBuckets seals consumer's buckets whose time is past (by
+// inbox.SealMargin) and stores the filters of their ids, so that the
+// consumer's dedup probe of an id without a time skips them
+// (docs/consumer.md, "Sealed buckets"). A bucket whose writers held it
+// through bucketTries tries counts in st.BucketsBusy and is sealed by a
+// later pass; one sealed by a pass that stopped before its filter was
+// stored gets its filter now.
+func sealBuckets(ctx context.Context, conn *pgxpool.Conn, consumer string, st *Stats) error {
+	buckets, err := inbox.SealableBuckets(ctx, conn, consumer)
+	if err != nil {
+		return err
+	}
+	for _, b := range buckets {
+		ok, err := withLockRetry(ctx, func() error { return inbox.SealBucket(ctx, conn, consumer, b) })
+		if err != nil {
+			return err
+		}
+		if !ok {
+			st.BucketsBusy++
+			continue
+		}
+		if _, err := inbox.BuildFilter(ctx, conn, consumer, b); err != nil {
+			return err
+		}
+		st.BucketsSealed++
+	}
 	return nil
 }
 

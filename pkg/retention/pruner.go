@@ -87,10 +87,11 @@ func Run(ctx context.Context, db *pgxpool.Pool, r *Policy, interval time.Duratio
 			m.Runs.WithLabelValues("skipped").Inc()
 		default:
 			m.Runs.WithLabelValues("ok").Inc()
-			if st.Inbox+st.Effects+st.Outbox+st.AdminAudit+st.SetAside > 0 {
+			if st.Inbox+st.Effects+st.Outbox+st.AdminAudit+st.SetAside > 0 || st.BucketsSealed > 0 {
 				log.InfoContext(ctx, "retention pruned", slog.Int64("inbox", st.Inbox), slog.Int64("effects", st.Effects), slog.Int64("outbox", st.Outbox),
 					slog.Int64("admin_audit", st.AdminAudit), slog.Int64("outbox_set_aside", st.SetAside),
-					slog.Int("inbox_buckets", st.InboxBuckets), slog.Int("effects_buckets", st.EffectsBuckets), slog.Int64("effects_kept", st.EffectsKept))
+					slog.Int("inbox_buckets", st.InboxBuckets), slog.Int("inbox_buckets_sealed", st.BucketsSealed),
+					slog.Int("effects_buckets", st.EffectsBuckets), slog.Int64("effects_kept", st.EffectsKept))
 			}
 		}
 		if ages, err := OldestAgeByClass(ctx, db, r, o.Consumer); err == nil {

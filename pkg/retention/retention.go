@@ -291,6 +291,11 @@ type Stats struct {
 	// analyzed bucket, see inbox.BucketRows); BucketsBusy the expired ones
 	// left for the next pass because their lock was not had in time.
 	InboxBuckets, BucketsBusy int
+	// BucketsSealed counts the inbox's time buckets sealed, their ids'
+	// filter stored (inbox.SealBucket, inbox.BuildFilter): the dedup
+	// probe of an id without a time skips a sealed bucket whose filter
+	// does not hold it.
+	BucketsSealed int
 	// EffectsBuckets counts the effects ledger's time-bucket partitions
 	// removed whole (their rows, but those kept, are counted in Effects:
 	// the planner's estimate of an analyzed bucket, see

@@ -1,0 +1,246 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/dbtx"
+)
+
+// Sealed buckets (migration 037, docs/consumer.md "Sealed buckets: the
+// probe of an id without a time"). A row goes to the bucket of its
+// transaction's now(), so once a bucket's time is past by a margin no new
+// row belongs in it. Retention's pass seals it (SealBucket: a trigger
+// refuses every insert into it from then on, SQLSTATE 40001) and stores a
+// filter of the ids it holds that are not UUIDv7s (BuildFilter). The
+// consumer loads the filters (laneBook.sealed) and probes an id that
+// carries no time only in the sealed buckets whose filter may hold it, and
+// in every bucket that is not sealed: an id in none of the filters is
+// "clean", and its look-up leaves the sealed buckets out of the plan.
+//
+// Why the look-up may skip them: the filter was read after the seal
+// committed, and the seal waited for every transaction that had written to
+// the bucket, so it holds every id of the bucket; no row can be written to
+// the bucket after the seal; the default partition holds no row of a range
+// that has a bucket (a bucket is never made for a range the default
+// partition has rows of, and rows of a range with a bucket go to it); rows
+// retention keeps out of an expired bucket move to the legacy lane, which
+// every look-up reads whole. A UUIDv7 id is never clean: its look-up is
+// bounded by its time (idtime.go), and the filters leave UUIDv7 ids out.
+
+// SealMargin is how long after a bucket's end retention seals it: a
+// transaction older than that which has not yet written its rows fails
+// with SQLSTATE 40001 and is retried in a new one.
+const SealMargin = 5 * time.Minute
+
+// SealableBuckets lists consumer's time buckets that ended at least
+// SealMargin ago on the database's clock, are not truncated and have no
+// filter yet: retention seals them and builds their filters.
+func SealableBuckets(ctx context.Context, db dbtx.DB, consumer string) ([]Bucket, error) {
+	rows, err := db.Query(ctx, `
+SELECT b.lane, b.from_at, b.to_at, false FROM onceflow.inbox_buckets b
+ WHERE b.consumer = $1 AND b.lane LIKE 'ttl-%' AND b.truncated_at IS NULL
+   AND b.to_at <= now() - $2::interval
+   AND NOT EXISTS (SELECT 1 FROM onceflow.inbox_filters f
+                    WHERE f.consumer = b.consumer AND f.lane = b.lane AND f.from_at = b.from_at)
+ ORDER BY b.from_at, b.lane`, consumer, SealMargin)
+	if err != nil {
+		return nil, fmt.Errorf("inbox buckets to seal: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Bucket])
+	if err != nil {
+		return nil, fmt.Errorf("inbox buckets to seal: %w", err)
+	}
+	return out, nil
+}
+
+// SealBucket seals consumer's bucket (onceflow.inbox_seal_bucket: a
+// trigger refuses every insert into it from the commit on; waits at most
+// 100 ms for the bucket's writers, then fails with SQLSTATE 55P03). Sealing
+// a sealed bucket does nothing.
+func SealBucket(ctx context.Context, db dbtx.DB, consumer string, b Bucket) error {
+	if _, err := db.Exec(ctx, `SELECT onceflow.inbox_seal_bucket($1, $2, $3)`, consumer, b.Lane, b.From); err != nil {
+		return fmt.Errorf("seal inbox bucket %s %s: %w", b.Lane, b.From.UTC().Format(time.RFC3339), err)
+	}
+	return nil
+}
+
+// BuildFilter reads the ids of consumer's sealed bucket b, run after
+// SealBucket committed, and stores the filter of those that are not
+// UUIDv7s (onceflow.inbox_put_filter refuses a bucket that is not
+// sealed). It returns how many ids the filter holds. It reads every row of
+// the bucket once (an index-only scan when the bucket is vacuumed): about
+// a second per million rows.
+func BuildFilter(ctx context.Context, db dbtx.DB, consumer string, b Bucket) (int, error) {
+	where := fmt.Sprintf("inbox bucket %s %s", b.Lane, b.From.UTC().Format(time.RFC3339))
+	rows, err := db.Query(ctx, `
+SELECT event_id FROM onceflow.inbox WHERE lane = $2 AND consumer = $1 AND event_at >= $3 AND event_at < $4`,
+		pgx.QueryExecModeExec, consumer, b.Lane, b.From, b.To)
+	if err != nil {
+		return 0, fmt.Errorf("read the ids of %s: %w", where, err)
+	}
+	var hashes []uint64
+	for rows.Next() {
+		id := string(rows.RawValues()[0])
+		if _, ok := eventIDTime(id); ok {
+			continue
+		}
+		hashes = append(hashes, keyHash(id))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("read the ids of %s: %w", where, err)
+	}
+	f := newKeyFilter(len(hashes))
+	for _, h := range hashes {
+		f.add(h)
+	}
+	if _, err := db.Exec(ctx, `SELECT onceflow.inbox_put_filter($1, $2, $3, $4, $5)`,
+		consumer, b.Lane, b.From, int64(len(hashes)), f.marshal()); err != nil {
+		return 0, fmt.Errorf("store the filter of %s: %w", where, err)
+	}
+	return len(hashes), nil
+}
+
+// sealedBucket is a sealed bucket's range and the filter of its ids.
+type sealedBucket struct {
+	from, to time.Time
+	filter   *keyFilter
+}
+
+// sealedSet is the sealed buckets of a consumer by lane, each lane's in
+// order; it is replaced whole, never changed.
+type sealedSet map[string][]sealedBucket
+
+const (
+	qSealedList = `
+SELECT b.lane, b.from_at, b.to_at FROM onceflow.inbox_buckets b
+  JOIN onceflow.inbox_filters f ON f.consumer = b.consumer AND f.lane = b.lane AND f.from_at = b.from_at
+ WHERE b.consumer = $1 AND b.sealed_at IS NOT NULL
+ ORDER BY b.lane, b.from_at`
+	qSealedFilter = `SELECT filter FROM onceflow.inbox_filters WHERE consumer = $1 AND lane = $2 AND from_at = $3`
+)
+
+// loadSealed reads consumer's sealed buckets that have a filter, reusing
+// the filters of old (a filter never changes) and reading the new ones.
+func loadSealed(ctx context.Context, db dbtx.DB, consumer string, old sealedSet) (sealedSet, error) {
+	rows, err := db.Query(ctx, qSealedList, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("inbox sealed buckets: %w", err)
+	}
+	type ref struct {
+		lane     string
+		from, to time.Time
+	}
+	var refs []ref
+	var r ref
+	if _, err := pgx.ForEachRow(rows, []any{&r.lane, &r.from, &r.to}, func() error {
+		refs = append(refs, r)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("inbox sealed buckets: %w", err)
+	}
+	out := sealedSet{}
+	for _, r := range refs {
+		i := slices.IndexFunc(old[r.lane], func(s sealedBucket) bool { return s.from.Equal(r.from) })
+		if i >= 0 {
+			out[r.lane] = append(out[r.lane], old[r.lane][i])
+			continue
+		}
+		var data []byte
+		if err := db.QueryRow(ctx, qSealedFilter, consumer, r.lane, r.from).Scan(&data); err != nil {
+			return nil, fmt.Errorf("inbox filter of bucket %s %s: %w", r.lane, r.from.UTC().Format(time.RFC3339), err)
+		}
+		f, err := unmarshalKeyFilter(data)
+		if err != nil {
+			return nil, fmt.Errorf("inbox filter of bucket %s %s: %w", r.lane, r.from.UTC().Format(time.RFC3339), err)
+		}
+		out[r.lane] = append(out[r.lane], sealedBucket{from: r.from, to: r.to, filter: f})
+	}
+	return out, nil
+}
+
+// split divides a batch's ids into those the look-up must probe as before
+// (dirty: UUIDv7s, which their time bounds, and ids some sealed bucket's
+// filter of lanes may hold) and the clean ones, in no sealed bucket of
+// lanes. With no sealed bucket every id is dirty.
+func (s sealedSet) split(ids []string, lanes []string) (dirty, clean []string) {
+	var filters []*keyFilter
+	for _, l := range lanes {
+		for _, b := range s[l] {
+			filters = append(filters, b.filter)
+		}
+	}
+	if len(filters) == 0 {
+		return ids, nil
+	}
+next:
+	for _, id := range ids {
+		if _, ok := eventIDTime(id); ok {
+			dirty = append(dirty, id)
+			continue
+		}
+		h := keyHash(id)
+		for _, f := range filters {
+			if f.mayHave(h) {
+				dirty = append(dirty, id)
+				continue next
+			}
+		}
+		clean = append(clean, id)
+	}
+	return dirty, clean
+}
+
+// cleanLookup is the look-up of one clean id, the expression id: as the
+// look-up of withLanes, one arm per lane with lane and consumer side by
+// side, each lane's arms covering only the time outside its sealed
+// buckets (the legacy lane, and a lane with none, whole). The bounds are
+// constants, so the planner leaves the sealed buckets out of the plan.
+func (s sealedSet) cleanLookup(id string, lanes []string) string {
+	var arms []string
+	for _, l := range lanes {
+		arm := fmt.Sprintf("SELECT 1 FROM onceflow.inbox x WHERE x.lane = '%s' AND x.consumer = $1 AND x.event_id = %s", l, id)
+		// The time outside the lane's sealed buckets (in order, never
+		// overlapping): before the first, between two that do not touch,
+		// after the last.
+		var end time.Time
+		for i, b := range s[l] {
+			switch {
+			case i == 0:
+				arms = append(arms, arm+timeRange("", timeLiteral(b.from)))
+			case b.from.After(end):
+				arms = append(arms, arm+timeRange(timeLiteral(end), timeLiteral(b.from)))
+			}
+			end = b.to
+		}
+		lo := ""
+		if len(s[l]) > 0 {
+			lo = timeLiteral(end)
+		}
+		arms = append(arms, arm+timeRange(lo, ""))
+	}
+	return "(" + strings.Join(arms, " UNION ALL ") + " LIMIT 1)"
+}
+
+// timeRange is the condition event_at in [lo, hi), either side open when "".
+func timeRange(lo, hi string) string {
+	var c string
+	if lo != "" {
+		c += " AND x.event_at >= " + lo
+	}
+	if hi != "" {
+		c += " AND x.event_at < " + hi
+	}
+	return c
+}
+
+// timeLiteral writes t as a timestamptz constant.
+func timeLiteral(t time.Time) string {
+	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'::timestamptz"
+}
