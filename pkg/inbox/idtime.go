@@ -117,7 +117,7 @@ func sinceLiteral(since pgtype.Timestamptz) string {
 	case pgtype.Infinity:
 		return "'infinity'::timestamptz"
 	}
-	return "'" + since.Time.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'::timestamptz"
+	return timeLiteral(since.Time)
 }
 
 // batchFloor is the least of the probe bounds (probeBound) of a batch's
