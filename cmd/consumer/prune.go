@@ -77,6 +77,9 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "pruned inbox %d, effects %d, outbox %d, admin_audit %d, outbox_set_aside %d\n",
 		st.Inbox, st.Effects, st.Outbox, st.AdminAudit, st.SetAside)
+	if st.InboxBuckets+st.BucketsSealed+st.BucketsBusy > 0 {
+		fmt.Fprintf(stdout, "inbox buckets: %d removed, %d sealed, %d busy (left for the next pass)\n", st.InboxBuckets, st.BucketsSealed, st.BucketsBusy)
+	}
 	if st.OutboxNotPermitted {
 		fmt.Fprintln(stdout, "outbox: not pruned here, this database role may not delete from onceflow.outbox (the relay prunes published rows after its -retention)")
 	}
