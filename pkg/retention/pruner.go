@@ -24,6 +24,10 @@ type Metrics struct {
 	// matches), refreshed after every pass. A TTL class whose oldest row is
 	// much older than its TTL is not being pruned.
 	OldestAge *prometheus.GaugeVec
+	// Buckets counts the inbox's time buckets by what a pass did to them
+	// (removed: expired and dropped whole; sealed: sealed and their ids'
+	// filter stored; busy: left for the next pass, their lock not had).
+	Buckets *prometheus.CounterVec
 }
 
 // Unclassified labels event types that no retention class matches.
@@ -39,6 +43,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Retention pruning passes by result (ok, skipped: another replica held the lock, error)."}, []string{"result"}),
 		OldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "onceflow_consumer_retention_oldest_row_age_seconds",
 			Help: "Age of the oldest processed inbox row per retention class."}, []string{"class"}),
+		Buckets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_consumer_retention_buckets_total",
+			Help: "Inbox time buckets by what retention did to them (removed, sealed, busy: left for the next pass)."}, []string{"action"}),
 	}
 	for _, t := range []string{"inbox", "effects", "outbox", "admin_audit", "outbox_set_aside"} {
 		m.Pruned.WithLabelValues(t)
@@ -46,10 +52,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{"ok", "skipped", "error"} {
 		m.Runs.WithLabelValues(r)
 	}
+	for _, a := range []string{"removed", "sealed", "busy"} {
+		m.Buckets.WithLabelValues(a)
+	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.Pruned, m.Runs, m.OldestAge} {
+	for _, c := range []prometheus.Collector{m.Pruned, m.Runs, m.OldestAge, m.Buckets} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register retention metrics: %w", err)
 		}
@@ -77,6 +86,9 @@ func Run(ctx context.Context, db *pgxpool.Pool, r *Policy, interval time.Duratio
 		m.Pruned.WithLabelValues("outbox").Add(float64(st.Outbox))
 		m.Pruned.WithLabelValues("admin_audit").Add(float64(st.AdminAudit))
 		m.Pruned.WithLabelValues("outbox_set_aside").Add(float64(st.SetAside))
+		m.Buckets.WithLabelValues("removed").Add(float64(st.InboxBuckets))
+		m.Buckets.WithLabelValues("sealed").Add(float64(st.BucketsSealed))
+		m.Buckets.WithLabelValues("busy").Add(float64(st.BucketsBusy))
 		switch {
 		case ctx.Err() != nil:
 			return nil

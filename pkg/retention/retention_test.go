@@ -309,13 +309,26 @@ func TestRunPruner(t *testing.T) {
 	db := testkit.NewDBUnlessShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, received_at)
-	  SELECT 'default', 'old-' || g, 'src', 'ping.a', 't', 0, g, 'processed', now() - interval '2h' FROM generate_series(1, 30) g`); err != nil {
-		t.Fatal(err)
-	}
 	r, err := retention.Parse([]byte(retentionJSON))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A past bucket of a 720h lane (the classes published first), which
+	// the pass seals; then 30 expired legacy rows, which it prunes.
+	if _, err := retention.Prune(ctx, db.Pool, r, retention.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`SELECT onceflow.inbox_lane('default', 'order.placed')`,
+		`SELECT onceflow.inbox_ensure_buckets('default', 'ttl-2592000s', now() - interval '200 hours')`,
+		`INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, lane, event_at)
+		  VALUES ('default', 'order-1', 'src', 'order.placed', 't', 0, 0, 'processed', 'ttl-2592000s', now() - interval '200 hours')`,
+		`INSERT INTO onceflow.inbox (consumer, event_id, source, event_type, topic, kafka_partition, kafka_offset, status, received_at)
+		  SELECT 'default', 'old-' || g, 'src', 'ping.a', 't', 0, g, 'processed', now() - interval '2h' FROM generate_series(1, 30) g`,
+	} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
 	}
 	reg := prometheus.NewRegistry()
 	m, err := retention.NewMetrics(reg)
@@ -341,6 +354,9 @@ func TestRunPruner(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.Pruned.WithLabelValues("inbox")); got != 30 {
 		t.Fatalf("onceflow_consumer_retention_pruned_total{table=inbox} = %v, want 30", got)
+	}
+	if got := testutil.ToFloat64(m.Buckets.WithLabelValues("sealed")); got != 2 {
+		t.Fatalf("onceflow_consumer_retention_buckets_total{action=sealed} = %v, want 2 (the past bucket and the one after it)", got)
 	}
 }
 
