@@ -78,33 +78,41 @@ func SealBucket(ctx context.Context, db dbtx.DB, consumer string, b Bucket) erro
 // a second per million rows.
 func BuildFilter(ctx context.Context, db dbtx.DB, consumer string, b Bucket) (int, error) {
 	where := fmt.Sprintf("inbox bucket %s %s", b.Lane, b.From.UTC().Format(time.RFC3339))
+	// Sized by the bucket's row count (the planner's estimate once it was
+	// analyzed), so that the ids stream into the filter: a filter sized
+	// too small holds every id all the same, with more false positives.
+	rowsEst, err := BucketRows(ctx, db, consumer, b)
+	if err != nil {
+		return 0, err
+	}
+	f := newKeyFilter(int(max(rowsEst, 1)))
 	rows, err := db.Query(ctx, `
 SELECT event_id FROM onceflow.inbox WHERE lane = $2 AND consumer = $1 AND event_at >= $3 AND event_at < $4`,
 		pgx.QueryExecModeExec, consumer, b.Lane, b.From, b.To)
 	if err != nil {
 		return 0, fmt.Errorf("read the ids of %s: %w", where, err)
 	}
-	var hashes []uint64
+	n := 0
 	for rows.Next() {
 		id := string(rows.RawValues()[0])
 		if _, ok := eventIDTime(id); ok {
 			continue
 		}
-		hashes = append(hashes, keyHash(id))
+		f.add(keyHash(id))
+		n++
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("read the ids of %s: %w", where, err)
 	}
-	f := newKeyFilter(len(hashes))
-	for _, h := range hashes {
-		f.add(h)
+	if n == 0 {
+		f = newKeyFilter(0) // UUIDv7s only: an empty filter, a few bytes
 	}
 	if _, err := db.Exec(ctx, `SELECT onceflow.inbox_put_filter($1, $2, $3, $4, $5)`,
-		consumer, b.Lane, b.From, int64(len(hashes)), f.marshal()); err != nil {
+		consumer, b.Lane, b.From, int64(n), f.marshal()); err != nil {
 		return 0, fmt.Errorf("store the filter of %s: %w", where, err)
 	}
-	return len(hashes), nil
+	return n, nil
 }
 
 // sealedBucket is a sealed bucket's range and the filter of its ids.
