@@ -74,8 +74,8 @@ func SealBucket(ctx context.Context, db dbtx.DB, consumer string, b Bucket) erro
 // SealBucket committed, and stores the filter of those that are not
 // UUIDv7s (onceflow.inbox_put_filter refuses a bucket that is not
 // sealed). It returns how many ids the filter holds. It reads every row of
-// the bucket once (an index-only scan when the bucket is vacuumed): about
-// a second per million rows.
+// the bucket once, in one statement: 27 s for 89M rows on the test
+// machine.
 func BuildFilter(ctx context.Context, db dbtx.DB, consumer string, b Bucket) (int, error) {
 	where := fmt.Sprintf("inbox bucket %s %s", b.Lane, b.From.UTC().Format(time.RFC3339))
 	// Sized by the bucket's row count (the planner's estimate once it was
