@@ -72,7 +72,7 @@ func withLanes(q string, lanes []string, since pgtype.Timestamptz) (string, erro
 		before := sinceLiteral(since)
 		var arms []string
 		for _, l := range lanes {
-			arm := fmt.Sprintf("SELECT 1 FROM onceflow.inbox x WHERE x.lane = '%s' AND x.consumer = $1 AND x.event_id = %s", l, id)
+			arm := lookupArm(l, id)
 			if l == laneLegacy {
 				arms = append(arms, arm)
 				continue
@@ -104,6 +104,13 @@ func insertStatement(lanes []string, since pgtype.Timestamptz, sealed sealedSet,
     CROSS JOIN LATERAL ` + sealed.cleanLookup("b.event_id", lanes) + ` AS k`
 	}
 	return withLanes(strings.Replace(qInsertBatch, "{known}", dirtyPart+"\n    UNION ALL\n    "+cleanPart, 1), lanes, since)
+}
+
+// lookupArm is one lane's arm of a look-up of the id expression id: lane
+// and consumer side by side, so that only the consumer's partitions of the
+// lane are planned. Callers add the arm's time bounds.
+func lookupArm(lane, id string) string {
+	return fmt.Sprintf("SELECT 1 FROM onceflow.inbox x WHERE x.lane = '%s' AND x.consumer = $1 AND x.event_id = %s", lane, id)
 }
 
 var lookup = regexp.MustCompile(`\{lookup ([a-z_]+\.[a-z_]+) (\$[0-9]+::timestamptz)\}`)

@@ -213,7 +213,7 @@ next:
 func (s sealedSet) cleanLookup(id string, lanes []string) string {
 	var arms []string
 	for _, l := range lanes {
-		arm := fmt.Sprintf("SELECT 1 FROM onceflow.inbox x WHERE x.lane = '%s' AND x.consumer = $1 AND x.event_id = %s", l, id)
+		arm := lookupArm(l, id)
 		// The time outside the lane's sealed buckets (in order, never
 		// overlapping): before the first, between two that do not touch,
 		// after the last.
