@@ -348,10 +348,14 @@ func (a *applier) itemLanes(ctx context.Context, items []item) (batchLanes, erro
 		}
 		idx[i] = j
 	}
-	lanes, probe, err := a.lanes.resolve(ctx, a.cfg.Pool, a.cfg.ConsumerName, types, func(err error) {
+	warn := func(err error) {
 		a.cfg.Logger.WarnContext(ctx, "inbox partitions", "error", err.Error())
-	})
+	}
+	lanes, probe, err := a.lanes.resolve(ctx, a.cfg.Pool, a.cfg.ConsumerName, types, warn)
 	if err != nil {
+		return batchLanes{}, err
+	}
+	if err := a.lanes.refreshSealed(ctx, a.cfg.Pool, a.cfg.ConsumerName, warn); err != nil {
 		return batchLanes{}, err
 	}
 	out := batchLanes{byItem: make([]string, len(items)), probe: probe}

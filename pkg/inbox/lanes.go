@@ -58,9 +58,16 @@ type laneBook struct {
 	// all is every lane the dedup probe covers, read at setAt.
 	all   []string
 	setAt time.Time
-	// sealed is the consumer's sealed buckets with their filters, read
-	// with all (sealed.go).
-	sealed sealedSet
+	// sealed is the consumer's sealed buckets with their filters
+	// (sealed.go), read again after all is (sealedDue) by refreshSealed,
+	// outside mu: the first read after a start with a 100M-row inbox
+	// takes some 110 MB and a second, and the other partitions' batches go
+	// on meanwhile with the set before (any set is right, an older one
+	// only probes more buckets).
+	sealed    sealedSet
+	sealedDue bool
+	// loading is held by the one goroutine reading the sealed set.
+	loading sync.Mutex
 	// since is onceflow.inbox_id_time.since, read once (Valid).
 	since pgtype.Timestamptz
 }
@@ -143,19 +150,40 @@ func (b *laneBook) resolve(ctx context.Context, db dbtx.DB, consumer string, typ
 		}
 		slices.Sort(all)
 		b.all, b.setAt = all, now
-		// A sealed set that cannot be read keeps the one before (a filter
-		// of a bucket since dropped only leaves out a partition that is
-		// gone): the probe is right with any of them.
-		if sealed, err := loadSealed(ctx, db, consumer, b.sealed); err != nil {
-			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
-			}
-			warn(fmt.Errorf("%w (the dedup probe of ids without a time reads every bucket not known sealed meanwhile)", err))
-		} else {
-			b.sealed = sealed
-		}
+		b.sealedDue = true
 	}
 	return lanes, b.all, nil
+}
+
+// refreshSealed reads the sealed set again when the lane set was read
+// since it last did and no other goroutine is reading it. A set that
+// cannot be read keeps the one before (a filter of a bucket since dropped
+// only leaves out a partition that is gone): the probe is right with any
+// of them; warn hears why.
+func (b *laneBook) refreshSealed(ctx context.Context, db dbtx.DB, consumer string, warn func(error)) error {
+	if !b.loading.TryLock() {
+		return nil
+	}
+	defer b.loading.Unlock()
+	b.mu.Lock()
+	due, old := b.sealedDue, b.sealed
+	b.sealedDue = false
+	b.mu.Unlock()
+	if !due {
+		return nil
+	}
+	sealed, err := loadSealed(ctx, db, consumer, old)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		warn(fmt.Errorf("%w (the dedup probe of ids without a time reads every bucket not known sealed meanwhile)", err))
+		return nil
+	}
+	b.mu.Lock()
+	b.sealed = sealed
+	b.mu.Unlock()
+	return nil
 }
 
 // sealedSet returns the sealed buckets as last read.
