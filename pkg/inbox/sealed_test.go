@@ -123,7 +123,9 @@ func (s sealedSetup) seal(t *testing.T) (buckets []Bucket, keys int) {
 		if err := SealBucket(ctx, s.db.Pool, consumer, b); err != nil {
 			t.Fatal(err)
 		}
-		n, err := BuildFilter(ctx, s.db.Pool, consumer, b)
+		// Pages of 1,000 ids: a bucket of setupSealed's 3,000 is read in
+		// four statements, as a large one is.
+		n, err := buildFilter(ctx, s.db.Pool, consumer, b, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -318,5 +320,76 @@ func TestSealRefusesABucketNotPast(t *testing.T) {
 	}
 	if _, err := BuildFilter(ctx, s.db.Pool, consumer, cur); !errors.As(err, &pgErr) || pgErr.Code != "55000" {
 		t.Fatalf("filter of a bucket not sealed: %v; want SQLSTATE 55000", err)
+	}
+}
+
+// TestSealedSetReadDoesNotHoldUpOtherBatches: while one partition's batch
+// reads the sealed set (here held up by a lock on the filters' table, as a
+// first read of 110 MB of filters holds it up for a second), another
+// partition's batch goes on with the set read before; the reader then
+// finishes and the applier knows the sealed buckets.
+func TestSealedSetReadDoesNotHoldUpOtherBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupSealed(t, 10)
+	s.seal(t) // and the next batch reads the sealed set again
+	blocker, err := s.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx) //nolint:errcheck // rolled back below
+	if _, err := blocker.Exec(ctx, `LOCK TABLE onceflow.inbox_filters IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	var out1 outcome
+	var err1 error
+	done1 := make(chan struct{})
+	go func() {
+		defer close(done1)
+		out1, err1 = s.app.applyTx(ctx, items(ownRec("reader-batch", 1)))
+	}()
+	// The first batch waits for the lock, reading the sealed set.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%inbox_filters%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first batch never read the sealed set")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var out2 outcome
+	var err2 error
+	done2 := make(chan struct{})
+	go func() {
+		defer close(done2)
+		out2, err2 = s.app.applyTx(ctx, items(ownRec("other-partition", 1)))
+	}()
+	select {
+	case <-done2:
+	case <-time.After(20 * time.Second):
+		_ = blocker.Rollback(ctx)
+		<-done1
+		<-done2
+		t.Fatal("a batch waited for another batch's read of the sealed set")
+	}
+	if err2 != nil || out2.processed != 1 {
+		t.Fatalf("the other batch: %+v, %v; want it applied", out2, err2)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done1
+	if err1 != nil || out1.processed != 1 {
+		t.Fatalf("the reading batch: %+v, %v; want it applied", out1, err1)
+	}
+	if n := len(s.app.lanes.sealedSet()[s.lane]); n != 4 {
+		t.Fatalf("the applier knows %d sealed buckets, want 4", n)
 	}
 }
