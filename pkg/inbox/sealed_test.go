@@ -393,3 +393,80 @@ func TestSealedSetReadDoesNotHoldUpOtherBatches(t *testing.T) {
 		t.Fatalf("the applier knows %d sealed buckets, want 4", n)
 	}
 }
+
+// TestInsertWaitingForTheSealIsRefused: an insert into a bucket that
+// reaches it while the seal's transaction holds the bucket's lock waits,
+// and once the seal commits it is refused (SQLSTATE 40001), not let in
+// behind the filter's back: the trigger is seen by a statement that was
+// prepared, and its plan cached, before the seal.
+func TestInsertWaitingForTheSealIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupSealed(t, 1)
+	consumer := s.app.cfg.ConsumerName
+	buckets, err := SealableBuckets(ctx, s.db.Pool, consumer)
+	if err != nil || len(buckets) == 0 {
+		t.Fatalf("sealable: %v, %v", buckets, err)
+	}
+	b := buckets[0]
+	writer, err := s.db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Release()
+	const insert = `
+INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane, event_at)
+VALUES ($1, $2, 'x', 1, 't', 'topic', 0, 1, 'processed', now(), $3, $4)`
+	at := b.From.Add(time.Minute)
+	// Six runs: PostgreSQL's plan cache switches a prepared statement to
+	// its generic plan after five.
+	for i := range 6 {
+		if _, err := writer.Exec(ctx, insert, consumer, fmt.Sprintf("before-seal-%d", i), b.Lane, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seal, err := s.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seal.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := seal.Exec(ctx, `SELECT onceflow.inbox_seal_bucket($1, $2, $3)`, consumer, b.Lane, b.From); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := writer.Exec(ctx, insert, consumer, "during-seal", b.Lane, at)
+		done <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting := false; !waiting; {
+		var n int
+		if err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO onceflow.inbox%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the insert did not wait for the seal's lock: %v", err)
+		default:
+		}
+		if waiting = n > 0; !waiting {
+			if time.Now().After(deadline) {
+				t.Fatal("the insert never waited for the seal")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if err := seal.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+		t.Fatalf("the insert that waited for the seal: %v; want SQLSTATE 40001", err)
+	}
+	var n int
+	if err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.inbox WHERE consumer = $1 AND event_id = 'during-seal'`, consumer).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("rows of the refused insert: %d (%v), want 0", n, err)
+	}
+}
