@@ -80,6 +80,7 @@ var inboxFlags = cli.Fields{
 	"RetryMaxAttempts":       "retry-max-attempts",
 	"RetryMaxElapsed":        "retry-max-elapsed",
 	"RetryMaxInterval":       "retry-max-interval",
+	"SealedFilterMaxBytes":   "sealed-filter-max-bytes",
 	"SessionTimeout":         "session-timeout",
 	"StartAt":                "start-at",
 	"Topics":                 "topics",
@@ -164,6 +165,7 @@ func (c *runConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.RetryMaxElapsed, "retry-max-elapsed", inbox.DefaultRetryMaxElapsed, "longest time spent retrying one event")
 	fs.DurationVar(&o.RetryMaxInterval, "retry-max-interval", inbox.DefaultRetryMaxInterval, "longest backoff between tries")
 	fs.StringVar(&c.SchemaRegistryURL, "schema-registry-url", "", cli.SchemaRegistryHelp)
+	fs.IntVar(&o.SealedFilterMaxBytes, "sealed-filter-max-bytes", inbox.DefaultSealedFilterMaxBytes, "most memory the filters of the inbox's sealed buckets take in this process (1.25 MB per million ids of the producers' own); past it the smallest are kept and the other sealed buckets probed as if not sealed (slower, still exactly once)")
 	fs.DurationVar(&o.SessionTimeout, "session-timeout", inbox.DefaultSessionTimeout, "how long the group waits for a member that stopped heartbeating before reassigning its partitions (the broker allows 6s and up by default)")
 	cli.Var(fs, &o.StartAt, "start-at", "where a partition with no stored offset starts (a new group, a new or recreated topic): earliest (the whole retained log), latest, or an RFC 3339 time; other than earliest needs -first-seen accept-first-seen",
 		inbox.ParseStartPosition, inbox.StartPosition.String)

@@ -355,7 +355,7 @@ func (a *applier) itemLanes(ctx context.Context, items []item) (batchLanes, erro
 	if err != nil {
 		return batchLanes{}, err
 	}
-	if err := a.lanes.refreshSealed(ctx, a.cfg.Pool, a.cfg.ConsumerName, warn); err != nil {
+	if err := a.lanes.refreshSealed(ctx, a.cfg.Pool, a.cfg.ConsumerName, int64(a.cfg.SealedFilterMaxBytes), warn); err != nil {
 		return batchLanes{}, err
 	}
 	out := batchLanes{byItem: make([]string, len(items)), probe: probe}

@@ -217,6 +217,15 @@ type Config struct {
 	// registry). json records and CloudEvents need none.
 	SchemaRegistry *sr.Client
 
+	// SealedFilterMaxBytes bounds the memory this process gives the
+	// filters of the inbox's sealed buckets (default 128 MiB, the filters
+	// of about 100M ids of the producers' own). Past it the smallest
+	// filters are kept, and the other sealed buckets are probed as if not
+	// sealed: every duplicate is still found, ids without a time cost one
+	// index look-up more per such bucket (docs/consumer.md, "Sealed
+	// buckets").
+	SealedFilterMaxBytes int
+
 	// SessionTimeout is how long the group waits for a member that stopped
 	// heartbeating before it reassigns the member's partitions (default
 	// 45s, franz-go's own). The broker bounds it
@@ -289,6 +298,7 @@ const (
 	DefaultRetryMaxAttempts       = 5
 	DefaultRetryMaxElapsed        = 30 * time.Second
 	DefaultRetryMaxInterval       = 5 * time.Second
+	DefaultSealedFilterMaxBytes   = 128 << 20
 	DefaultSessionTimeout         = 45 * time.Second
 )
 
@@ -359,6 +369,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.RetryMaxInterval == 0 {
 		c.RetryMaxInterval = DefaultRetryMaxInterval
+	}
+	if c.SealedFilterMaxBytes == 0 {
+		c.SealedFilterMaxBytes = DefaultSealedFilterMaxBytes
 	}
 	if c.SessionTimeout == 0 {
 		c.SessionTimeout = DefaultSessionTimeout
@@ -452,6 +465,8 @@ func (c *Config) Validate() error {
 		return bad("LatePolicy", "unknown value %d", int(c.LatePolicy))
 	case c.MaxPayloadBytes < 1:
 		return bad("MaxPayloadBytes", "must be at least 1, got %d", c.MaxPayloadBytes)
+	case c.SealedFilterMaxBytes < 1:
+		return bad("SealedFilterMaxBytes", "must be at least 1 (a value below every filter's size loads none), got %d", c.SealedFilterMaxBytes)
 	case c.Ordering != OrderSeq && c.Ordering != OrderArrival:
 		return bad("Ordering", "unknown value %d", int(c.Ordering))
 	case c.QueueDepth < 1:

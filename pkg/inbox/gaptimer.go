@@ -18,7 +18,8 @@ import (
 const gapTimerLimit = 100
 
 // runGapTimer gives up expired sequence gaps every GapCheckInterval and
-// refreshes the guard gauges and the held effects gauges, until ctx ends.
+// refreshes the guard gauges, the held effects gauges and the sealed
+// filters' gauges, until ctx ends.
 // Every replica runs it; the store locks each source with SKIP LOCKED and
 // decides on freshly read state, so each gap is given up once. With g nil
 // (arrival ordering: no guard) it refreshes the held effects only.
@@ -36,6 +37,9 @@ func (c *Consumer) runGapTimer(ctx context.Context, g *seqGuard) {
 			c.gapTick(ctx, g, failures)
 		}
 		c.refreshHeldEffects(ctx)
+		st := c.app.lanes.loadedSealed()
+		c.m.sealedFilterBytes.Set(float64(st.bytes))
+		c.m.sealedUnloaded.Set(float64(st.unloaded))
 	}
 }
 

@@ -64,8 +64,9 @@ type laneBook struct {
 	// takes some 110 MB and a second, and the other partitions' batches go
 	// on meanwhile with the set before (any set is right, an older one
 	// only probes more buckets).
-	sealed    sealedSet
-	sealedDue bool
+	sealed      sealedSet
+	sealedStats sealedStats
+	sealedDue   bool
 	// loading is held by the one goroutine reading the sealed set.
 	loading sync.Mutex
 	// since is onceflow.inbox_id_time.since, read once (Valid).
@@ -155,12 +156,13 @@ func (b *laneBook) resolve(ctx context.Context, db dbtx.DB, consumer string, typ
 	return lanes, b.all, nil
 }
 
-// refreshSealed reads the sealed set again when the lane set was read
-// since it last did and no other goroutine is reading it. A set that
+// refreshSealed reads the sealed set again, its filters in at most budget
+// bytes, when the lane set was read since it last did and no other
+// goroutine is reading it. A set that
 // cannot be read keeps the one before (a filter of a bucket since dropped
 // only leaves out a partition that is gone): the probe is right with any
 // of them; warn hears why.
-func (b *laneBook) refreshSealed(ctx context.Context, db dbtx.DB, consumer string, warn func(error)) error {
+func (b *laneBook) refreshSealed(ctx context.Context, db dbtx.DB, consumer string, budget int64, warn func(error)) error {
 	if !b.loading.TryLock() {
 		return nil
 	}
@@ -172,7 +174,7 @@ func (b *laneBook) refreshSealed(ctx context.Context, db dbtx.DB, consumer strin
 	if !due {
 		return nil
 	}
-	sealed, err := loadSealed(ctx, db, consumer, old)
+	sealed, st, err := loadSealed(ctx, db, consumer, old, budget)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -181,9 +183,16 @@ func (b *laneBook) refreshSealed(ctx context.Context, db dbtx.DB, consumer strin
 		return nil
 	}
 	b.mu.Lock()
-	b.sealed = sealed
+	b.sealed, b.sealedStats = sealed, st
 	b.mu.Unlock()
 	return nil
+}
+
+// loadedSealed returns what the sealed set as last read holds.
+func (b *laneBook) loadedSealed() sealedStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sealedStats
 }
 
 // sealedSet returns the sealed buckets as last read.

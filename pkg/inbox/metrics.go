@@ -39,6 +39,10 @@ type metrics struct {
 	// Effects held for an operator (effects.StatusHeld), ledger-wide.
 	effectsHeld        prometheus.Gauge
 	effectsHeldByScope *prometheus.GaugeVec
+
+	// The sealed buckets' filters this process holds (sealed.go).
+	sealedFilterBytes prometheus.Gauge
+	sealedUnloaded    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -96,6 +100,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		effectsHeldByScope: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "effects_held_by_scope",
 			Help: "External effects held for an operator now, per effects scope (the 50 scopes with the most)."},
 			[]string{"scope"}),
+		sealedFilterBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "sealed_filter_bytes",
+			Help: "Bytes of the inbox's sealed-bucket filters this process holds (at most -sealed-filter-max-bytes)."}),
+		sealedUnloaded: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "sealed_buckets_unloaded",
+			Help: "Sealed inbox buckets whose filters did not fit in -sealed-filter-max-bytes: the dedup probe of an id without a time reads them as if not sealed."}),
 	}
 	for _, r := range []string{"other_topic_id", "no_topic_id", "topic_id_unknown"} {
 		m.offsetsIgnored.WithLabelValues(r)
@@ -106,7 +114,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.deadLettered, m.handlerErrors, m.malformed,
 		m.batchSize, m.batchDuration, m.lag, m.inFlight, m.offsetsIgnored, m.staleBatches, m.topicsRecreated,
 		m.parked, m.late, m.held, m.gapsOpened, m.gapsGivenUp,
-		m.gapsOpen, m.oldestGap, m.parkedNow, m.heldNow, m.effectsHeld, m.effectsHeldByScope} {
+		m.gapsOpen, m.oldestGap, m.parkedNow, m.heldNow, m.effectsHeld, m.effectsHeldByScope,
+		m.sealedFilterBytes, m.sealedUnloaded} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}

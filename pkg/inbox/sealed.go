@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -152,50 +153,85 @@ type sealedSet map[string][]sealedBucket
 
 const (
 	qSealedList = `
-SELECT b.lane, b.from_at, b.to_at FROM onceflow.inbox_buckets b
+SELECT b.lane, b.from_at, b.to_at, octet_length(f.filter) FROM onceflow.inbox_buckets b
   JOIN onceflow.inbox_filters f ON f.consumer = b.consumer AND f.lane = b.lane AND f.from_at = b.from_at
  WHERE b.consumer = $1 AND b.sealed_at IS NOT NULL
  ORDER BY b.lane, b.from_at`
 	qSealedFilter = `SELECT filter FROM onceflow.inbox_filters WHERE consumer = $1 AND lane = $2 AND from_at = $3`
 )
 
+// sealedStats is what a loaded sealed set holds: the filters' bytes, and
+// the sealed buckets whose filters did not fit in the budget (probed as if
+// not sealed).
+type sealedStats struct {
+	bytes    int64
+	unloaded int
+}
+
 // loadSealed reads consumer's sealed buckets that have a filter, reusing
 // the filters of old (a filter never changes) and reading the new ones.
-func loadSealed(ctx context.Context, db dbtx.DB, consumer string, old sealedSet) (sealedSet, error) {
+// The filters it keeps take at most budget bytes, the smallest first (as
+// many buckets left out of the probe as the budget buys; any subset is
+// right, a bucket without its filter is probed as if not sealed).
+func loadSealed(ctx context.Context, db dbtx.DB, consumer string, old sealedSet, budget int64) (sealedSet, sealedStats, error) {
 	rows, err := db.Query(ctx, qSealedList, consumer)
 	if err != nil {
-		return nil, fmt.Errorf("inbox sealed buckets: %w", err)
+		return nil, sealedStats{}, fmt.Errorf("inbox sealed buckets: %w", err)
 	}
 	type ref struct {
 		lane     string
 		from, to time.Time
+		size     int64
 	}
 	var refs []ref
 	var r ref
-	if _, err := pgx.ForEachRow(rows, []any{&r.lane, &r.from, &r.to}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&r.lane, &r.from, &r.to, &r.size}, func() error {
 		refs = append(refs, r)
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("inbox sealed buckets: %w", err)
+		return nil, sealedStats{}, fmt.Errorf("inbox sealed buckets: %w", err)
 	}
+	// The budget's choice, smallest first; refs stays in lane and time
+	// order, as each lane's list must be.
+	bySize := make([]int, len(refs))
+	for i := range bySize {
+		bySize[i] = i
+	}
+	slices.SortStableFunc(bySize, func(a, b int) int { return cmp.Compare(refs[a].size, refs[b].size) })
+	var st sealedStats
+	keep := make([]bool, len(refs))
+	kept := 0
+	for _, i := range bySize {
+		if st.bytes+refs[i].size > budget {
+			break
+		}
+		st.bytes += refs[i].size
+		keep[i] = true
+		kept++
+	}
+	st.unloaded = len(refs) - kept
 	out := sealedSet{}
-	for _, r := range refs {
-		i := slices.IndexFunc(old[r.lane], func(s sealedBucket) bool { return s.from.Equal(r.from) })
-		if i >= 0 {
-			out[r.lane] = append(out[r.lane], old[r.lane][i])
+	for i, r := range refs {
+		if !keep[i] {
+			continue
+		}
+		where := fmt.Sprintf("inbox filter of bucket %s %s", r.lane, r.from.UTC().Format(time.RFC3339))
+		j := slices.IndexFunc(old[r.lane], func(s sealedBucket) bool { return s.from.Equal(r.from) })
+		if j >= 0 {
+			out[r.lane] = append(out[r.lane], old[r.lane][j])
 			continue
 		}
 		var data []byte
 		if err := db.QueryRow(ctx, qSealedFilter, consumer, r.lane, r.from).Scan(&data); err != nil {
-			return nil, fmt.Errorf("inbox filter of bucket %s %s: %w", r.lane, r.from.UTC().Format(time.RFC3339), err)
+			return nil, sealedStats{}, fmt.Errorf("%s: %w", where, err)
 		}
 		f, err := unmarshalKeyFilter(data)
 		if err != nil {
-			return nil, fmt.Errorf("inbox filter of bucket %s %s: %w", r.lane, r.from.UTC().Format(time.RFC3339), err)
+			return nil, sealedStats{}, fmt.Errorf("%s: %w", where, err)
 		}
 		out[r.lane] = append(out[r.lane], sealedBucket{from: r.from, to: r.to, filter: f})
 	}
-	return out, nil
+	return out, st, nil
 }
 
 // split divides a batch's ids into those the look-up must probe as before

@@ -470,3 +470,46 @@ VALUES ($1, $2, 'x', 1, 't', 'topic', 0, 1, 'processed', now(), $3, $4)`
 		t.Fatalf("rows of the refused insert: %d (%v), want 0", n, err)
 	}
 }
+
+// TestSealedFilterBudget: with SealedFilterMaxBytes below the sum of the
+// filters, the consumer keeps the smallest that fit and probes the other
+// sealed bucket as if it were not sealed: every old id is still a
+// duplicate, and the stats say what was left out.
+func TestSealedFilterBudget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupSealed(t, 3000)
+	consumer := s.app.cfg.ConsumerName
+	s.seal(t)
+	rows, err := s.db.Pool.Query(ctx, `SELECT octet_length(filter)::bigint FROM onceflow.inbox_filters WHERE consumer = $1 ORDER BY 1`, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(sizes) != 4 || sizes[2] < 1000 {
+		t.Fatalf("filter sizes %v (%v): want two empty and two of 3,000 ids", sizes, err)
+	}
+	// Room for every filter but the largest.
+	s.app.cfg.SealedFilterMaxBytes = int(sizes[0] + sizes[1] + sizes[2] + sizes[3]/2)
+	offset := int64(0)
+	for i := 0; i < len(s.old); i += 500 {
+		var recs []*kgo.Record
+		for _, id := range s.old[i:min(i+500, len(s.old))] {
+			offset++
+			recs = append(recs, ownRec(id, offset))
+		}
+		if out := applyOnce(t, s.app, recs...); out.processed != 0 {
+			t.Fatalf("batch at %d: %d applied, want 0: an old id's duplicate was applied", i, out.processed)
+		}
+	}
+	st := s.app.lanes.loadedSealed()
+	if st.unloaded != 1 || st.bytes != sizes[0]+sizes[1]+sizes[2] {
+		t.Fatalf("sealed set holds %d bytes, %d buckets unloaded; want %d bytes, 1 unloaded", st.bytes, st.unloaded, sizes[0]+sizes[1]+sizes[2])
+	}
+	if n := len(s.app.lanes.sealedSet()[s.lane]); n != 3 {
+		t.Fatalf("the applier knows %d sealed buckets, want the 3 whose filters fit", n)
+	}
+	if out := applyOnce(t, s.app, ownRec("new-after-budget", offset+1)); out.processed != 1 {
+		t.Fatalf("a new id: %d applied, want 1", out.processed)
+	}
+}
