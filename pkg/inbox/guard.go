@@ -198,7 +198,7 @@ type seqGuard struct {
 func newSeqGuard(cfg *Config) *seqGuard {
 	// In-order events (the common case) cost no round trip each: their
 	// last_applied is written once per transaction by flush.
-	return &seqGuard{store: &seqguard.PGStore{Consumer: cfg.ConsumerName, DeferInOrder: true}, cfg: cfg}
+	return &seqGuard{store: &seqguard.PGStore{Consumer: cfg.ConsumerName, DeferInOrder: true, DeferWrites: true}, cfg: cfg}
 }
 
 // policy is the guard policy of an event type's class.

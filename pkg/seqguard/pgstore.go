@@ -101,6 +101,15 @@ type PGStore struct {
 	// Locked.Flush before it commits (and before it takes a savepoint it may
 	// roll back to). Default false: every Receive writes at once.
 	DeferInOrder bool
+	// DeferWrites makes Receive and Tick queue the writes that need no
+	// answer (parking, marking late, the gap records, the saved state)
+	// and send them with the next statement that reads (an un-park, a
+	// read of given-up gaps) or at Locked.Flush: an event parked behind
+	// a gap and the one that fills it take one round trip, not two. As
+	// with DeferInOrder the caller must call Flush before it commits (and
+	// before it takes a savepoint it may roll back to); a queued write
+	// that fails is reported by the call that sends it. Default false.
+	DeferWrites bool
 }
 
 // Locked is the guard state of the streams a transaction has locked. It
@@ -128,6 +137,8 @@ type Locked struct {
 	// dirty are streams whose cached last_applied is not written yet
 	// (DeferInOrder).
 	dirty map[Stream]bool
+	// pending are the writes queued and not yet sent (DeferWrites).
+	pending *pgx.Batch
 	// stored is each stream's start, last_applied and first seq as the
 	// database has them (loaded with the lock, then as written): what a
 	// write moves on from.
@@ -273,17 +284,35 @@ func (l *Locked) Now() time.Time { return l.dbNow }
 // Reload re-reads the locked streams' state (after a rollback to a
 // savepoint).
 func (l *Locked) Reload(ctx context.Context) error {
-	l.dirty = nil
+	l.dirty, l.pending = nil, nil
 	return l.load(ctx, qLockState, l.streams)
 }
 
-// Flush writes the state that Receive deferred (PGStore.DeferInOrder) in one
-// statement. Call it before committing; it is a no-op when nothing is
-// pending.
+// Flush writes the state that Receive deferred (PGStore.DeferInOrder) and
+// the writes it queued (PGStore.DeferWrites), in one round trip. Call it
+// before committing; it is a no-op when nothing is pending.
 func (l *Locked) Flush(ctx context.Context) error {
-	if len(l.dirty) == 0 {
+	b := l.pending
+	if len(l.dirty) > 0 {
+		if b == nil {
+			b = &pgx.Batch{}
+		}
+		l.queueDirty(b)
+	}
+	if b == nil {
 		return nil
 	}
+	l.pending = nil
+	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("seq guard: %w", err)
+	}
+	return nil
+}
+
+// queueDirty queues the writes of the streams whose state Receive deferred
+// (DeferInOrder), as one statement per kind of save, and counts them
+// stored.
+func (l *Locked) queueDirty(b *pgx.Batch) {
 	keys := make([]Stream, 0, len(l.dirty))
 	for k := range l.dirty {
 		keys = append(keys, k)
@@ -306,13 +335,13 @@ func (l *Locked) Flush(ctx context.Context) error {
 			firsts[i] = l.states[k].First
 		}
 		srcs, prods, topics := streamArrays(floor)
-		ct, err := l.tx.Exec(ctx, qSaveStates, l.store.Consumer, srcs, prods, topics, lasts, firsts, l.clock())
-		if err != nil {
-			return fmt.Errorf("save seq state: %w", err)
-		}
-		if ct.RowsAffected() != int64(len(floor)) {
-			return fmt.Errorf("save seq state: %d rows changed, want %d", ct.RowsAffected(), len(floor))
-		}
+		want := int64(len(floor))
+		b.Queue(qSaveStates, l.store.Consumer, srcs, prods, topics, lasts, firsts, l.clock()).Exec(func(ct pgconn.CommandTag) error {
+			if ct.RowsAffected() != want {
+				return fmt.Errorf("save seq state: %d rows changed, want %d", ct.RowsAffected(), want)
+			}
+			return nil
+		})
 	}
 	if len(moved) > 0 {
 		lasts := make([]int64, len(moved))
@@ -322,15 +351,26 @@ func (l *Locked) Flush(ctx context.Context) error {
 			prevs[i] = l.stored[k].LastApplied
 		}
 		srcs, prods, topics := streamArrays(moved)
-		if _, err := l.tx.Exec(ctx, qAppendApplieds, l.store.Consumer, srcs, prods, topics, lasts, prevs); err != nil {
-			return fmt.Errorf("save seq state: %w", err)
-		}
+		b.Queue(qAppendApplieds, l.store.Consumer, srcs, prods, topics, lasts, prevs)
 	}
 	for _, k := range keys {
 		st := l.states[k]
 		l.stored[k] = State{Started: st.Started, LastApplied: st.LastApplied, First: st.First}
 	}
 	l.dirty = nil
+}
+
+// sendPending sends the queued writes (DeferWrites) before a read that must
+// see them.
+func (l *Locked) sendPending(ctx context.Context) error {
+	if l.pending == nil {
+		return nil
+	}
+	b := l.pending
+	l.pending = nil
+	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("seq guard: %w", err)
+	}
 	return nil
 }
 
@@ -502,6 +542,9 @@ func (l *Locked) stmt(kind, lane string, build func() string) string {
 
 // loadGivenUp adds to st the given-up ranges of stream k that hold seq.
 func (l *Locked) loadGivenUp(ctx context.Context, k Stream, seq int64, st *State) error {
+	if err := l.sendPending(ctx); err != nil {
+		return err
+	}
 	rows, err := l.tx.Query(ctx, qGivenUpAt, l.store.Consumer, k.Source, seq, k.Producer, k.Topic)
 	if err != nil {
 		return fmt.Errorf("load given-up gaps: %w", err)
@@ -564,7 +607,10 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 		return out, nil
 	}
 	var unpark []int64
-	b := &pgx.Batch{}
+	b := l.pending
+	if b == nil {
+		b = &pgx.Batch{}
+	}
 	one := func(what string) func(pgconn.CommandTag) error {
 		return func(ct pgconn.CommandTag) error {
 			if ct.RowsAffected() != 1 {
@@ -628,8 +674,15 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 	case saveAppend:
 		b.Queue(qAppendApplied, c, src, prod, topic, next.LastApplied, l.stored[k].LastApplied)
 	}
-	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
-		return Outcome{}, fmt.Errorf("seq guard %s: %w", k, err)
+	if l.store.DeferWrites && len(unpark) == 0 {
+		// Nothing to read back: the writes go with the next statement
+		// that reads, or with Flush.
+		l.pending = b
+	} else {
+		l.pending = nil
+		if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
+			return Outcome{}, fmt.Errorf("seq guard %s: %w", k, err)
+		}
 	}
 	delete(l.dirty, k)
 	l.stored[k] = State{Started: next.Started, LastApplied: next.LastApplied, First: next.First}
@@ -710,6 +763,9 @@ func (s *PGStore) GiveUpExpiredIn(ctx context.Context, tx pgx.Tx, now time.Time,
 		}
 		out, err := l.Tick(ctx, k, now)
 		if err != nil {
+			return nil, err
+		}
+		if err := l.Flush(ctx); err != nil {
 			return nil, err
 		}
 		if len(out.Steps) > 0 {

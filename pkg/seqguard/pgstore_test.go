@@ -978,3 +978,170 @@ WHERE c.relnamespace = 'onceflow'::regnamespace AND c.relname IN
 		t.Fatalf("one event's transaction read %d buffers after 2000 moves under a held snapshot, %d after 10: the cost grows with the history", long, short)
 	}
 }
+
+// TestPGStoreDeferWrites: with DeferWrites the same deliveries (events of
+// two sources shuffled within windows of six, so that most are parked
+// behind a gap and released later, with gaps given up by the timer between
+// batches) leave the database exactly as without it, and with
+// DeferInOrder on as well (the consumer's setting). Inside a transaction a
+// park is not sent until a read or Flush; Reload drops what was queued; a
+// queued write that fails is reported by Flush, naming the event.
+func TestPGStoreDeferWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := seqguard.Policy{GapTimeout: 30 * time.Second}
+	// The deliveries: seqs 1..60 of a and b, shuffled within windows of
+	// six (a fixed permutation), seq 13 of a never sent (its gap is given
+	// up), five events per transaction.
+	perm := []int{3, 0, 5, 1, 4, 2}
+	var evs []seqguard.Event
+	for w := int64(0); w < 10; w++ {
+		for _, i := range perm {
+			for _, src := range []string{"a", "b"} {
+				seq := w*6 + int64(i) + 1
+				if src == "a" && seq == 13 {
+					continue
+				}
+				evs = append(evs, event(src, seq))
+			}
+		}
+	}
+	dump := func(b *bundle) string {
+		t.Helper()
+		var out string
+		for _, q := range []string{
+			`SELECT source || ' ' || coalesce((` + lastAppliedSQL + `)::text, '-') FROM onceflow.seq_state s WHERE consumer = $1 ORDER BY source`,
+			`SELECT source || ' ' || from_seq || '-' || to_seq || ' ' || state FROM onceflow.seq_gaps WHERE consumer = $1 ORDER BY source, from_seq`,
+			`SELECT event_id || ' ' || status || ' ' || late || ' ' || (payload IS NULL) FROM onceflow.inbox WHERE consumer = $1 ORDER BY event_id`,
+		} {
+			rows, err := b.db.Pool.Query(ctx, q, consumer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			out += strings.Join(lines, "\n") + "\n--\n"
+		}
+		return out
+	}
+	run := func(inOrder, writes bool) (string, []int64) {
+		b := setup(t)
+		b.store.DeferInOrder, b.store.DeferWrites = inOrder, writes
+		var applied []int64
+		for i := 0; i < len(evs); i += 5 {
+			now := at(i) // five seconds a batch: a gap lives some 2 batches, a-13's is given up
+			for _, out := range b.deliver(t, b.db.Pool, now, p, evs[i:min(i+5, len(evs))]...) {
+				for _, a := range out.Apply {
+					if a.Event.Source == "a" {
+						applied = append(applied, a.Event.Seq)
+					}
+				}
+			}
+			if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+				outs, err := b.store.GiveUpExpired(ctx, tx, now, 10)
+				for _, out := range outs {
+					for _, a := range out.Apply {
+						if a.Event.Source == "a" {
+							applied = append(applied, a.Event.Seq)
+						}
+					}
+				}
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dump(b), applied
+	}
+	want, wantApplied := run(false, false)
+	if !strings.Contains(want, "a 13-13 given_up") {
+		t.Fatalf("the reference run gave no gap up:\n%s", want)
+	}
+	for _, c := range []struct{ inOrder, writes bool }{{false, true}, {true, true}} {
+		got, applied := run(c.inOrder, c.writes)
+		if got != want {
+			t.Errorf("DeferInOrder %t, DeferWrites %t: the database differs\ngot:\n%s\nwant:\n%s", c.inOrder, c.writes, got, want)
+		}
+		if !slices.Equal(applied, wantApplied) {
+			t.Errorf("DeferInOrder %t, DeferWrites %t: a's handler runs %v, want %v", c.inOrder, c.writes, applied, wantApplied)
+		}
+	}
+
+	// Inside one transaction.
+	b := setup(t)
+	b.store.DeferWrites = true
+	status := func(q seqguard.Querier, id string) string {
+		t.Helper()
+		var s string
+		if err := q.QueryRow(ctx, `SELECT status FROM onceflow.inbox WHERE consumer = $1 AND event_id = $2`, consumer, id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	insert := func(tx pgx.Tx, evs ...seqguard.Event) {
+		t.Helper()
+		for _, ev := range evs {
+			if _, err := tx.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', now())`, consumer, ev.EventID, ev.Source, ev.Seq, ev.EventType, ev.Topic, ev.Partition, ev.Offset); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		insert(tx, event("c", 2), event("c", 1))
+		l, err := b.store.Lock(ctx, tx, legacy("c"), at(0))
+		if err != nil {
+			return err
+		}
+		if _, err := l.Receive(ctx, event("c", 2), at(0), p); err != nil {
+			return err
+		}
+		if s := status(tx, "c-2"); s != "processed" {
+			t.Errorf("c-2 is %s before a read or Flush, want its park queued", s)
+		}
+		out, err := l.Receive(ctx, event("c", 1), at(0), p)
+		if err != nil {
+			return err
+		}
+		if len(out.Apply) != 2 || string(out.Apply[1].Event.Payload) != "payload 2" {
+			t.Errorf("c-1's outcome %+v: want c-1, then c-2 read back with its payload", out.Apply)
+		}
+		if s := status(tx, "c-2"); s != "processed" {
+			t.Errorf("c-2 is %s after its release", s)
+		}
+		// Queued, then dropped by Reload: c-4 is never parked.
+		insert(tx, event("c", 4))
+		if _, err := l.Receive(ctx, event("c", 4), at(0), p); err != nil {
+			return err
+		}
+		if err := l.Reload(ctx); err != nil {
+			return err
+		}
+		if err := l.Flush(ctx); err != nil {
+			return err
+		}
+		if s := status(tx, "c-4"); s != "processed" {
+			t.Errorf("c-4 is %s: a write queued before Reload was sent", s)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A park whose inbox row is missing: Receive queues it, Flush fails.
+	err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		l, err := b.store.Lock(ctx, tx, legacy("d"), at(0))
+		if err != nil {
+			return err
+		}
+		if _, err := l.Receive(ctx, event("d", 2), at(0), p); err != nil {
+			t.Errorf("Receive of a park: %v; want it queued", err)
+		}
+		return l.Flush(ctx)
+	})
+	if err == nil || !strings.Contains(err.Error(), "d-2") {
+		t.Fatalf("Flush of a park without its inbox row: %v; want an error naming d-2", err)
+	}
+}
