@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/testkit"
@@ -349,20 +350,8 @@ func TestSealedSetReadDoesNotHoldUpOtherBatches(t *testing.T) {
 		out1, err1 = s.app.applyTx(ctx, items(ownRec("reader-batch", 1)))
 	}()
 	// The first batch waits for the lock, reading the sealed set.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		if err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%inbox_filters%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first batch never read the sealed set")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !waitForLockWait(t, s.db.Pool, "%inbox_filters%") {
+		t.Fatal("the first batch never read the sealed set")
 	}
 	var out2 outcome
 	var err2 error
@@ -438,24 +427,9 @@ VALUES ($1, $2, 'x', 1, 't', 'topic', 0, 1, 'processed', now(), $3, $4)`
 		_, err := writer.Exec(ctx, insert, consumer, "during-seal", b.Lane, at)
 		done <- err
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for waiting := false; !waiting; {
-		var n int
-		if err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO onceflow.inbox%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("the insert did not wait for the seal's lock: %v", err)
-		default:
-		}
-		if waiting = n > 0; !waiting {
-			if time.Now().After(deadline) {
-				t.Fatal("the insert never waited for the seal")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+	if !waitForLockWait(t, s.db.Pool, "%INSERT INTO onceflow.inbox%") {
+		_ = seal.Rollback(ctx)
+		t.Fatalf("the insert never waited for the seal's lock (it returned %v)", <-done)
 	}
 	if err := seal.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -512,4 +486,22 @@ func TestSealedFilterBudget(t *testing.T) {
 	if out := applyOnce(t, s.app, ownRec("new-after-budget", offset+1)); out.processed != 1 {
 		t.Fatalf("a new id: %d applied, want 1", out.processed)
 	}
+}
+
+// waitForLockWait waits until a session of the test database running a
+// statement LIKE like waits for a lock, and reports whether one did within
+// 30 s.
+func waitForLockWait(t *testing.T, pool *pgxpool.Pool, like string) bool {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1`, like).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return true
+		}
+	}
+	return false
 }
