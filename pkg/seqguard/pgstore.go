@@ -292,21 +292,13 @@ func (l *Locked) Reload(ctx context.Context) error {
 // the writes it queued (PGStore.DeferWrites), in one round trip. Call it
 // before committing; it is a no-op when nothing is pending.
 func (l *Locked) Flush(ctx context.Context) error {
-	b := l.pending
 	if len(l.dirty) > 0 {
-		if b == nil {
-			b = &pgx.Batch{}
+		if l.pending == nil {
+			l.pending = &pgx.Batch{}
 		}
-		l.queueDirty(b)
+		l.queueDirty(l.pending)
 	}
-	if b == nil {
-		return nil
-	}
-	l.pending = nil
-	if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("seq guard: %w", err)
-	}
-	return nil
+	return l.sendPending(ctx)
 }
 
 // queueDirty queues the writes of the streams whose state Receive deferred
@@ -360,8 +352,7 @@ func (l *Locked) queueDirty(b *pgx.Batch) {
 	l.dirty = nil
 }
 
-// sendPending sends the queued writes (DeferWrites) before a read that must
-// see them.
+// sendPending sends the queued writes (DeferWrites, and Flush's).
 func (l *Locked) sendPending(ctx context.Context) error {
 	if l.pending == nil {
 		return nil
