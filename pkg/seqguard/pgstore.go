@@ -183,10 +183,11 @@ func (s *PGStore) LockIn(ctx context.Context, tx pgx.Tx, streams []Stream, now t
 	b.Queue(qReadState, c, srcs, prods, topics).Query(func(rows pgx.Rows) error {
 		return l.scanLockedStates(rows, func(k Stream, st State) { states[k] = st })
 	})
+	b.Queue(qGapPlans)
+	b.Queue(qLoadGaps, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanGaps(rows, states) })
 	b.Queue(qRestorePlans)
 	b.Queue(l.parkedSQL, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states) })
 	beyond := l.queueLanesBeyond(b)
-	b.Queue(qLoadGaps, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanGaps(rows, states) })
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("lock seq state: %w", err)
 	}
@@ -425,11 +426,13 @@ func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error 
 		if err := l.parkedBeyond(ctx, *beyond, locked, states); err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
-		rows, err := l.tx.Query(ctx, qLoadGaps, c, srcs, prods, topics)
-		if err != nil {
-			return fmt.Errorf("load gaps: %w", err)
-		}
-		if err := scanGaps(rows, states); err != nil {
+		b = &pgx.Batch{}
+		b.Queue(qCustomPlans)
+		b.Queue(qWalkPlans)
+		b.Queue(qGapPlans)
+		b.Queue(qLoadGaps, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanGaps(rows, states) })
+		b.Queue(qRestorePlans)
+		if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("load gaps: %w", err)
 		}
 	}

@@ -95,6 +95,13 @@ func TestLockStateRunsWithACustomPlan(t *testing.T) {
 			if mode != "force_generic_plan" {
 				return fmt.Errorf("plan_cache_mode is %q after the lock, want the session's force_generic_plan", mode)
 			}
+			var sorts, seqscans string
+			if err := tx.QueryRow(ctx, `SELECT current_setting('enable_sort'), current_setting('enable_seqscan')`).Scan(&sorts, &seqscans); err != nil {
+				return err
+			}
+			if sorts != "on" || seqscans != "on" {
+				return fmt.Errorf("enable_sort %s, enable_seqscan %s after the lock, want the session's on", sorts, seqscans)
+			}
 			return nil
 		}()
 		if rerr := tx.Rollback(ctx); err == nil {
@@ -143,6 +150,14 @@ func TestStreamStatementsReadOnlyTheirStreams(t *testing.T) {
 		 SELECT 'c', 'src-' || g, '', '', 5 FROM generate_series(1, %d) g`, streams),
 		fmt.Sprintf(`INSERT INTO onceflow.seq_applied (consumer, source, producer, topic, last_applied)
 		 SELECT 'c', 'src-' || g, '', '', 10 FROM generate_series(1, %d) g`, streams),
+		// Every stream with two filled gaps, counted while no gap was
+		// open, then an open one.
+		fmt.Sprintf(`INSERT INTO onceflow.seq_gaps (consumer, source, producer, topic, from_seq, to_seq, opened_at, deadline, state, closed_at)
+		 SELECT 'c', 'src-' || g, '', '', f, f, now(), now() + interval '1 hour', 'filled', now()
+		   FROM generate_series(1, %d) g, (VALUES (3), (6)) AS v(f)`, streams),
+		`ANALYZE onceflow.seq_gaps`,
+		fmt.Sprintf(`INSERT INTO onceflow.seq_gaps (consumer, source, producer, topic, from_seq, to_seq, opened_at, deadline)
+		 SELECT 'c', 'src-' || g, '', '', 9, 9, now(), now() + interval '1 hour' FROM generate_series(1, %d) g`, streams),
 	} {
 		if _, err := db.Pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -160,19 +175,25 @@ func TestStreamStatementsReadOnlyTheirStreams(t *testing.T) {
 	defer conn.Release()
 	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
 		for _, c := range []struct {
-			name, q string
-			args    []any
-			walk    bool
+			name, q    string
+			args       []any
+			walk, gaps bool
 		}{
-			{"lock (qLockState)", qLockState, []any{"c", srcs, prods, topics}, false},
-			{"read (qReadState)", qReadState, []any{"c", srcs, prods, topics}, true},
-			{"flush (qAppendApplieds)", qAppendApplieds, []any{"c", srcs, prods, topics, lasts, prevs}, false},
+			{"lock (qLockState)", qLockState, []any{"c", srcs, prods, topics}, false, false},
+			{"read (qReadState)", qReadState, []any{"c", srcs, prods, topics}, true, false},
+			{"flush (qAppendApplieds)", qAppendApplieds, []any{"c", srcs, prods, topics, lasts, prevs}, false, false},
+			{"gaps (qLoadGaps)", qLoadGaps, []any{"c", srcs, prods, topics}, true, true},
 		} {
 			set := "SET plan_cache_mode = " + mode
 			if c.walk { // as Lock runs it (qWalkPlans)
 				set += "; SET enable_bitmapscan = off; SET enable_seqscan = off"
 			} else {
 				set += "; RESET enable_bitmapscan; RESET enable_seqscan"
+			}
+			if c.gaps { // and qGapPlans
+				set += "; SET enable_sort = off"
+			} else {
+				set += "; RESET enable_sort"
 			}
 			if _, err := conn.Exec(ctx, set); err != nil {
 				t.Fatal(err)
