@@ -158,10 +158,9 @@ func (b *laneBook) resolve(ctx context.Context, db dbtx.DB, consumer string, typ
 
 // refreshSealed reads the sealed set again, its filters in at most budget
 // bytes, when the lane set was read since it last did and no other
-// goroutine is reading it. A set that
-// cannot be read keeps the one before (a filter of a bucket since dropped
-// only leaves out a partition that is gone): the probe is right with any
-// of them; warn hears why.
+// goroutine is reading it. A set that cannot be read keeps the one before
+// (a filter of a bucket since dropped only leaves out a partition that is
+// gone): the probe is right with any of them; warn hears why.
 func (b *laneBook) refreshSealed(ctx context.Context, db dbtx.DB, consumer string, budget int64, warn func(error)) error {
 	if !b.loading.TryLock() {
 		return nil
