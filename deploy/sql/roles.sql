@@ -287,6 +287,11 @@ BEGIN
     IF to_regclass('onceflow.inbox_id_time') IS NOT NULL THEN
         EXECUTE format('GRANT SELECT ON onceflow.inbox_id_time TO %I', v_consumer);
     END IF;
+    -- The function the constraint inbox_id_time calls (migration 038): it
+    -- runs with the rights of the role writing the inbox row.
+    IF to_regprocedure('onceflow.inbox_id_time_holds(text, text, timestamptz)') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION onceflow.inbox_id_time_holds(text, text, timestamptz) TO %I', v_consumer);
+    END IF;
     -- The partitioned effects ledger (migration 032): retention deletes row
     -- by row only in the legacy and default partitions, and makes,
     -- truncates and drops a consumer's bucket partitions through functions

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/internal/migrate"
+	"github.com/onceflow/onceflow/internal/testkit"
 )
 
 // TestValidateIDTimeOnAnUpgradedInstall: rows written before migration 036
@@ -80,4 +81,70 @@ func TestValidateIDTimeOnAnUpgradedInstall(t *testing.T) {
 	if err != nil || !strings.Contains(out, "0 partitions checked now") {
 		t.Errorf("again: %v\n%s", err, out)
 	}
+}
+
+// TestIDTimeHoldsIsTheRuleOfMigration036: the function that checks
+// inbox_id_time since migration 038 (a comparison of hex digits first, the
+// regular expression and the exact time only for an id that fails it) gives
+// what the expression of migration 036 gave, for every lane, id and time
+// of a corpus made to sit on the edges: a microsecond and a millisecond
+// either side of each UUIDv7's floor (random ones up to the year 10889,
+// more of them in 2020-2039),
+// times either side of 1970 and of 2106, infinities, and ids that are not
+// UUIDv7s by one character.
+func TestIDTimeHoldsIsTheRuleOfMigration036(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDB(t)
+	const old = `(lane = 'legacy'
+    OR event_id !~ '^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'
+    OR event_at >= 'epoch'::timestamptz
+                   + ((('x' || substr(event_id, 1, 8) || substr(event_id, 10, 4))::bit(48)::bigint) / 1000) * interval '1 second'
+                   + ((('x' || substr(event_id, 1, 8) || substr(event_id, 10, 4))::bit(48)::bigint) % 1000) * interval '1 millisecond'
+                   - interval '1 hour')`
+	const q = `
+WITH ms(v) AS (
+    SELECT unnest(ARRAY[0, 1, 999, 1000, 3599999, 3600000, 3600001, 1733333333333, 4291747199999, 4291747200000,
+                        4291750799999, 4291750800000, 253370764800000, 281474976710655]::bigint[])
+    UNION ALL
+    SELECT (random() * 281474976710655)::bigint FROM generate_series(1, 40)
+    UNION ALL -- 2020-2039: today's ids, the ones the comparison of hex digits takes
+    SELECT 1577836800000 + (random() * 631152000000)::bigint FROM generate_series(1, 100)
+    UNION ALL
+    SELECT (random() * 4291747200000)::bigint FROM generate_series(1, 40)
+), v7 AS (
+    SELECT v, substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7abc-8def-0123456789ab' AS id,
+           'epoch'::timestamptz + (v / 1000) * interval '1 second' + (v % 1000) * interval '1 millisecond' - interval '1 hour' AS floor
+      FROM ms, lpad(to_hex(v), 12, '0') AS h
+), ids(id, floor) AS (
+    SELECT id, floor FROM v7
+    UNION ALL
+    SELECT x, floor FROM v7, unnest(ARRAY[
+        upper(id), overlay(id placing '6' from 15), overlay(id placing 'c' from 20), substr(id, 1, 35), id || '0',
+        '{' || substr(id, 2, 34) || '}', replace(id, '-', '') || 'abcd', overlay(id placing 'é' from 3 for 2), ''
+    ]) AS x
+), times(id, at) AS (
+    SELECT id, floor + d FROM ids, unnest(ARRAY['-1 millisecond', '-1 microsecond', '0', '1 microsecond', '1 millisecond']::interval[]) AS d
+     WHERE floor > '-infinity' AND floor < 'infinity'
+    UNION ALL
+    SELECT id, a FROM ids, unnest(ARRAY['-infinity', 'infinity', '1969-12-31 23:59:59.999999+00', '1970-01-01 00:00:00+00',
+        '2105-12-31 23:59:59.999999+00', '2106-01-01 00:00:00+00', '100000-01-01 00:00:00+00']::timestamptz[]) AS a
+), rows(lane, event_id, event_at) AS (
+    SELECT lane, id, at FROM times, unnest(ARRAY['legacy', 'ttl-60s']) AS lane
+)
+SELECT count(*), count(*) FILTER (WHERE ` + old + `),
+       coalesce(string_agg(format('%s %s %s: old %s', lane, event_id, event_at, ` + old + `), E'\n')
+           FILTER (WHERE ` + old + ` IS DISTINCT FROM onceflow.inbox_id_time_holds(lane, event_id, event_at)), '')
+  FROM rows`
+	var n, held int
+	var differ string
+	if err := db.Pool.QueryRow(context.Background(), q).Scan(&n, &held, &differ); err != nil {
+		t.Fatal(err)
+	}
+	if differ != "" {
+		t.Errorf("onceflow.inbox_id_time_holds differs from migration 036's rule:\n%s", differ)
+	}
+	if n < 30000 || held == n || held < n/2 {
+		t.Errorf("%d rows, %d held by the old rule: want a corpus on both sides of it", n, held)
+	}
+	t.Logf("%d rows, %d held", n, held)
 }
