@@ -40,13 +40,15 @@ type Event struct {
 	// Headers as stored in the inbox's jsonb column.
 	Headers json.RawMessage
 	Payload []byte
-	// Lane is the lane of the event's inbox row, when the caller knows it
-	// (the inbox sets it for the rows it inserted in the transaction):
-	// parking the event and marking it late then plan and lock that lane's
-	// partitions of the consumer only. Empty: they look the row up in
-	// every partition of onceflow.inbox, every consumer name's, and wait
-	// for any of them another session holds exclusively (a retention pass
-	// truncating a bucket).
+	// Lane is the lane of the event's inbox row when that row was inserted
+	// by the transaction the guard runs in (the inbox sets it for those
+	// rows), so that its event_at is the transaction's time: parking the
+	// event and marking it late then plan and lock that lane's partitions
+	// of the consumer only and read only the row's bucket. Empty: they
+	// look the row up in every partition of onceflow.inbox, every consumer
+	// name's, and wait for any of them another session holds exclusively
+	// (a retention pass truncating a bucket). A lane set for a row of an
+	// earlier transaction finds no row: the park fails, naming the event.
 	Lane string
 }
 

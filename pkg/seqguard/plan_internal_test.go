@@ -219,7 +219,7 @@ func TestInLane(t *testing.T) {
 			t.Errorf("no lane: %q, want the statement unchanged", got)
 		}
 		got := inLane(q, `it's\c`, "ttl-60s")
-		want := `WHERE lane = E'ttl-60s' AND consumer = E'it''s\\c' AND consumer = $1 AND event_id = $2`
+		want := `WHERE lane = E'ttl-60s' AND consumer = E'it''s\\c' AND event_at = now() AND consumer = $1 AND event_id = $2`
 		if !strings.HasSuffix(got, want) || strings.Count(got, "WHERE") != 1 {
 			t.Errorf("%q\nwant it to end in %q", got, want)
 		}
@@ -230,4 +230,99 @@ func TestInLane(t *testing.T) {
 		}
 	}()
 	inLane(qUnpark, "c", "ttl-60s")
+}
+
+// TestParkReadsOnlyTheRowsBucket: parking an event whose inbox row this
+// transaction inserted (Event.Lane set) sets up the scan of that row's
+// time bucket only, not of every bucket of its lane, under a generic plan
+// too (the plan the statement cache settles on). Read from auto_explain's
+// plans of the executed statement, which list the subplans set up.
+func TestParkReadsOnlyTheRowsBucket(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
+	}
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	const lane = "ttl-3600s"
+	for k := range 6 {
+		if _, err := db.Pool.Exec(ctx, `SELECT onceflow.inbox_ensure_buckets('c', $1, now() - $2 * interval '1 hour')`, lane, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var buckets int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.inbox_buckets WHERE consumer = 'c' AND lane = $1`, lane).Scan(&buckets); err != nil || buckets < 6 {
+		t.Fatalf("%d buckets (%v), want at least 6", buckets, err)
+	}
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var plans []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(n.Message, "Update on inbox") {
+			plans = append(plans, n.Message)
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`LOAD 'auto_explain'`,
+		`SET auto_explain.log_min_duration = 0`,
+		`SET auto_explain.log_level = notice`,
+		`SET auto_explain.log_analyze = on`, // lists the subplans run, and how many were pruned
+		`SET plan_cache_mode = force_generic_plan`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v (the test reads plans through auto_explain)", q, err)
+		}
+	}
+	store := &PGStore{Consumer: "c"}
+	const runs = 3
+	for i := range runs {
+		ev := Event{EventID: fmt.Sprintf("ev-%d", i), Source: fmt.Sprintf("src-%d", i), Seq: 2, EventType: "t", Topic: "orders", Lane: lane}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane)
+				VALUES ('c', $1, $2, 2, 't', 'orders', 0, $3, 'processed', now(), $4)`, ev.EventID, ev.Source, i, lane); err != nil {
+				return err
+			}
+			l, err := store.Lock(ctx, tx, []Stream{ev.Stream()}, time.Now())
+			if err != nil {
+				return err
+			}
+			out, err := l.Receive(ctx, ev, time.Now(), Policy{MaxParked: 10})
+			if err != nil {
+				return err
+			}
+			if len(out.Apply) != 0 {
+				return fmt.Errorf("seq 2 of a new stream applied: %+v", out.Apply)
+			}
+			return l.Flush(ctx)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(plans) != runs {
+		t.Fatalf("%d plans of the park, want %d:\n%s", len(plans), runs, strings.Join(plans, "\n"))
+	}
+	for _, p := range plans {
+		n := 0
+		for _, line := range strings.Split(p, "\n") {
+			if strings.Contains(line, "Scan") && strings.Contains(line, " on inbox_") {
+				n++
+			}
+		}
+		if n != 1 || !strings.Contains(p, "Subplans Removed") {
+			t.Errorf("the park scanned %d buckets, want the row's one (the others pruned):\n%s", n, p)
+		}
+	}
 }
