@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/onceflow/onceflow/pkg/dbtx"
 	"github.com/onceflow/onceflow/pkg/inbox/status"
@@ -145,6 +146,37 @@ type Locked struct {
 	// database has them (loaded with the lock, then as written): what a
 	// write moves on from.
 	stored map[Stream]State
+	// parkedAt spans the event_at of each stream's parked rows (read with
+	// the lock, widened by each park): an un-park reads only the time
+	// buckets in between.
+	parkedAt map[Stream]parkedSpan
+}
+
+// parkedSpan is the least and the greatest event_at of a stream's parked
+// rows; unbounded when one of them is not known (a row parked without its
+// lane, or an infinite event_at).
+type parkedSpan struct {
+	lo, hi    time.Time
+	unbounded bool
+}
+
+// widen makes spans[k] cover at (the zero time: a time not known).
+func widen(spans map[Stream]parkedSpan, k Stream, at time.Time) {
+	sp, ok := spans[k]
+	switch {
+	case at.IsZero():
+		sp.unbounded = true
+	case !ok:
+		sp.lo, sp.hi = at, at
+	default:
+		if at.Before(sp.lo) {
+			sp.lo = at
+		}
+		if at.After(sp.hi) {
+			sp.hi = at
+		}
+	}
+	spans[k] = sp
 }
 
 // Lock locks the seq_state rows of streams (creating missing ones) in
@@ -176,6 +208,7 @@ func (s *PGStore) LockIn(ctx context.Context, tx pgx.Tx, streams []Stream, now t
 	// finished, so the reads see the locked state).
 	c := s.Consumer
 	states := make(map[Stream]State, len(keys))
+	spans := map[Stream]parkedSpan{}
 	srcs, prods, topics := streamArrays(keys)
 	b := &pgx.Batch{}
 	b.Queue(qEnsureState, c, srcs, prods, topics, now)
@@ -188,12 +221,12 @@ func (s *PGStore) LockIn(ctx context.Context, tx pgx.Tx, streams []Stream, now t
 	b.Queue(qGapPlans)
 	b.Queue(qLoadGaps, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanGaps(rows, states) })
 	b.Queue(qRestorePlans)
-	b.Queue(l.parkedSQL, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states) })
+	b.Queue(l.parkedSQL, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states, spans) })
 	beyond := l.queueLanesBeyond(b)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("lock seq state: %w", err)
 	}
-	if err := l.parkedBeyond(ctx, *beyond, keys, states); err != nil {
+	if err := l.parkedBeyond(ctx, *beyond, keys, states, spans); err != nil {
 		return nil, fmt.Errorf("lock seq state: %w", err)
 	}
 	if len(states) != len(keys) {
@@ -205,6 +238,7 @@ func (s *PGStore) LockIn(ctx context.Context, tx pgx.Tx, streams []Stream, now t
 		}
 	}
 	l.states = states
+	l.parkedAt = spans
 	l.remember()
 	return l, nil
 }
@@ -236,7 +270,7 @@ func (l *Locked) queueLanesBeyond(b *pgx.Batch) *bool {
 // the question is asked after the read, so a parked row the read could see
 // is in a lane the question sees. The rest of the transaction reads every
 // partition too.
-func (l *Locked) parkedBeyond(ctx context.Context, beyond bool, keys []Stream, states map[Stream]State) error {
+func (l *Locked) parkedBeyond(ctx context.Context, beyond bool, keys []Stream, states map[Stream]State, spans map[Stream]parkedSpan) error {
 	if !beyond {
 		return nil
 	}
@@ -246,22 +280,31 @@ func (l *Locked) parkedBeyond(ctx context.Context, beyond bool, keys []Stream, s
 			st.Parked = nil
 			states[k] = st
 		}
+		delete(spans, k)
 	}
 	srcs, prods, topics := streamArrays(keys)
 	rows, err := l.tx.Query(ctx, qLoadParked, l.store.Consumer, srcs, prods, topics)
 	if err != nil {
 		return err
 	}
-	return scanParked(rows, states)
+	return scanParked(rows, states, spans)
 }
 
-func scanParked(rows pgx.Rows, states map[Stream]State) error {
+// scanParked adds the parked rows read (stream, seq, event_at) to their
+// streams' states and their times to spans.
+func scanParked(rows pgx.Rows, states map[Stream]State, spans map[Stream]parkedSpan) error {
 	var k Stream
 	var seq int64
-	_, err := pgx.ForEachRow(rows, []any{&k.Source, &k.Producer, &k.Topic, &seq}, func() error {
+	var at pgtype.Timestamptz
+	_, err := pgx.ForEachRow(rows, []any{&k.Source, &k.Producer, &k.Topic, &seq, &at}, func() error {
 		st := states[k]
 		st.Parked = append(st.Parked, seq)
 		states[k] = st
+		t := at.Time
+		if !at.Valid || at.InfinityModifier != pgtype.Finite {
+			t = time.Time{} // a row from before the inbox's partitioning (-infinity): unbounded
+		}
+		widen(spans, k, t)
 		return nil
 	})
 	return err
@@ -377,6 +420,7 @@ func (l *Locked) State(k Stream) (State, bool) {
 func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error {
 	c := l.store.Consumer
 	states := make(map[Stream]State, len(keys))
+	spans := map[Stream]parkedSpan{}
 	l.legacy = nil
 	var locked []Stream
 	scan := func(rows pgx.Rows) error {
@@ -420,12 +464,12 @@ func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error 
 	if len(locked) > 0 {
 		srcs, prods, topics := streamArrays(locked)
 		b := &pgx.Batch{}
-		b.Queue(l.parkedSQL, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states) })
+		b.Queue(l.parkedSQL, c, srcs, prods, topics).Query(func(rows pgx.Rows) error { return scanParked(rows, states, spans) })
 		beyond := l.queueLanesBeyond(b)
 		if err := l.tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
-		if err := l.parkedBeyond(ctx, *beyond, locked, states); err != nil {
+		if err := l.parkedBeyond(ctx, *beyond, locked, states, spans); err != nil {
 			return fmt.Errorf("load parked: %w", err)
 		}
 		b = &pgx.Batch{}
@@ -445,6 +489,7 @@ func (l *Locked) load(ctx context.Context, lockSQL string, keys []Stream) error 
 	}
 	l.streams = locked
 	l.states = states
+	l.parkedAt = spans
 	l.remember()
 	return nil
 }
@@ -628,6 +673,16 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 			}
 			b.Queue(l.stmt("park", cur.Lane, func() string { return inLane(qPark, c, cur.Lane) }), c, cur.EventID, string(st), late, cur.Headers, cur.Payload).
 				Exec(one(fmt.Sprintf("%s event %s: its inbox row must be inserted first", st, cur.EventID)))
+			// A row inserted by this transaction (Event.Lane) has its time:
+			// event_at, now(). Any other, a time not known.
+			var at time.Time
+			if cur.Lane != "" {
+				at = l.dbNow
+			}
+			if l.parkedAt == nil {
+				l.parkedAt = map[Stream]parkedSpan{}
+			}
+			widen(l.parkedAt, k, at)
 		case StepApply:
 			if !stp.Current {
 				unpark = append(unpark, stp.Seq)
@@ -649,7 +704,12 @@ func (l *Locked) execute(ctx context.Context, k Stream, prev, next State, steps 
 	}
 	parked := map[int64]Event{}
 	if len(unpark) > 0 {
-		b.Queue(l.stmt("unpark", "", func() string { return unparkIn(c, l.lanes) }), c, src, unpark, now, prod, topic).Query(func(rows pgx.Rows) error {
+		args := []any{c, src, unpark, now, prod, topic}
+		kind := "unpark"
+		if sp, ok := l.parkedAt[k]; ok && !sp.unbounded {
+			kind, args = "unpark-at", append(args, sp.lo, sp.hi)
+		}
+		b.Queue(l.stmt(kind, "", func() string { return unparkIn(c, l.lanes, kind == "unpark-at") }), args...).Query(func(rows pgx.Rows) error {
 			var e Event
 			_, err := pgx.ForEachRow(rows, []any{&e.EventID, &e.Seq, &e.EventType, &e.Topic, &e.Partition, &e.Offset, &e.Headers, &e.Payload}, func() error {
 				e.Source, e.Producer = src, prod

@@ -159,7 +159,7 @@ ORDER BY from_seq`
 	qDBNow = `SELECT now()`
 
 	qLoadParked = `
-SELECT k.source, k.producer, k.topic, i.seq FROM onceflow.inbox i
+SELECT k.source, k.producer, k.topic, i.seq, i.event_at FROM onceflow.inbox i
 JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
     ON i.source = k.source AND i.producer = k.producer AND (k.producer = '' OR i.topic = k.topic)
 WHERE i.consumer = $1 AND i.status = 'parked'
@@ -337,11 +337,11 @@ func loadParkedIn(consumer string, lanes []string) string {
 	}
 	arms := make([]string, len(lanes))
 	for i, lane := range lanes {
-		arms[i] = fmt.Sprintf(`SELECT source, producer, topic, seq FROM onceflow.inbox
+		arms[i] = fmt.Sprintf(`SELECT source, producer, topic, seq, event_at FROM onceflow.inbox
         WHERE lane = %s AND consumer = %s AND consumer = $1 AND status = 'parked'`, quoteLiteral(lane), quoteLiteral(consumer))
 	}
 	return `
-SELECT k.source, k.producer, k.topic, i.seq FROM (
+SELECT k.source, k.producer, k.topic, i.seq, i.event_at FROM (
     ` + strings.Join(arms, "\n    UNION ALL\n    ") + `
 ) AS i
 JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(source, producer, topic)
@@ -351,24 +351,35 @@ ORDER BY k.source, k.producer, k.topic, i.seq`
 
 // Un-park: the rows become processed and drop their payload; the old
 // values are returned for the handler. qUnpark looks in every partition of
-// onceflow.inbox; unparkIn in the consumer's lanes only.
-var qUnpark = unparkSQL([]string{"consumer = $1"})
+// onceflow.inbox; unparkIn in the consumer's lanes only. Bounded, the
+// statement also takes the least and the greatest event_at of the rows
+// ($7, $8: Locked.parkedAt), by which PostgreSQL prunes the lanes' other
+// time buckets when the statement starts, before their scans are set up
+// (a read and an update of each bucket of each lane, every un-park, cost
+// a sixth of the swapped-pairs drain's time).
+var (
+	qUnpark   = unparkSQL([]string{"consumer = $1"}, false)
+	qUnparkAt = unparkSQL([]string{"consumer = $1"}, true)
+)
 
-// unparkIn is qUnpark for the inbox partitions of consumer's lanes: one
-// read and one update per lane, each naming the lane and the consumer as
-// constants (pruned whatever the plan), their rows together. The lanes
-// must be those the parked rows were read from (Locked.lanes). No lanes:
-// qUnpark.
-func unparkIn(consumer string, lanes []string) string {
+// unparkIn is qUnpark (qUnparkAt when bounded) for the inbox partitions of
+// consumer's lanes: one read and one update per lane, each naming the lane
+// and the consumer as constants (pruned whatever the plan), their rows
+// together. The lanes must be those the parked rows were read from
+// (Locked.lanes). No lanes: qUnpark or qUnparkAt.
+func unparkIn(consumer string, lanes []string, bounded bool) string {
 	lanes = slices.Compact(slices.Sorted(slices.Values(lanes)))
 	if len(lanes) == 0 {
+		if bounded {
+			return qUnparkAt
+		}
 		return qUnpark
 	}
 	at := make([]string, len(lanes))
 	for n, lane := range lanes {
 		at[n] = "lane = " + quoteLiteral(lane) + " AND consumer = " + quoteLiteral(consumer) + " AND consumer = $1"
 	}
-	return unparkSQL(at)
+	return unparkSQL(at, bounded)
 }
 
 // unparkSQL un-parks the stream's rows at each of at (the partitions' part
@@ -383,8 +394,18 @@ func unparkIn(consumer string, lanes []string) string {
 // the statistics of a bucket analyzed while it was nearly empty, as a hash
 // join over every row of the lane: 1.7 ms to un-park one row of 468 in
 // bench-smoke's swapped drain, 0.3 ms this way.
-func unparkSQL(at []string) string {
-	const stream = "source = $2 AND status = 'parked' AND seq = ANY($3::bigint[]) AND producer = $5 AND ($5 = '' OR topic = $6)"
+func unparkSQL(at []string, bounded bool) string {
+	stream := "source = $2 AND status = 'parked' AND seq = ANY($3::bigint[]) AND producer = $5 AND ($5 = '' OR topic = $6)"
+	if bounded {
+		// A parameter plus an interval is no constant to the planner, so a
+		// custom plan cannot prune by it and costs what the generic one
+		// does: PostgreSQL settles on the generic plan, which the executor
+		// prunes when the statement starts. As plain parameters, every
+		// custom plan pruned to one bucket, looked far cheaper than the
+		// generic one, and the statement was planned on every execution
+		// (TestUnparkSettlesOnAGenericPlan).
+		stream = "event_at >= $7::timestamptz + interval '0 s' AND event_at <= $8::timestamptz + interval '0 s' AND " + stream
+	}
 	ctes := make([]string, 0, 2*len(at))
 	arms := make([]string, len(at))
 	for n, where := range at {
