@@ -3,6 +3,7 @@ package seqguard
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,35 +35,9 @@ func TestLockStateRunsWithACustomPlan(t *testing.T) {
 		    (VALUES ('', ''), ('db-1', 'orders')) AS k(p, t)`); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgx.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var plans []string
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		defer mu.Unlock()
-		if strings.Contains(n.Message, "LockRows") {
-			plans = append(plans, n.Message)
-		}
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`LOAD 'auto_explain'`, // needs a superuser and the contrib module, as the test database has
-		`SET auto_explain.log_min_duration = 0`,
-		`SET auto_explain.log_level = notice`,
+	conn, lockPlans := explainConn(t, db.URL, "LockRows",
 		`SET auto_explain.log_verbose = on`, // shows the unnest's arguments
-		`SET plan_cache_mode = force_generic_plan`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v (the test reads plans through auto_explain)", q, err)
-		}
-	}
+		`SET plan_cache_mode = force_generic_plan`)
 	srcs := make([]Stream, 250)
 	for i := range srcs {
 		srcs[i] = Stream{Source: fmt.Sprintf("src-%d", 4*i+1)}
@@ -111,8 +86,7 @@ func TestLockStateRunsWithACustomPlan(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	plans := lockPlans()
 	if len(plans) != 2*runs {
 		t.Fatalf("%d plans of the lock (Lock and Reload), want %d", len(plans), 2*runs)
 	}
@@ -232,138 +206,77 @@ func TestInLane(t *testing.T) {
 	inLane(qUnpark, "c", "ttl-60s")
 }
 
-// TestParkAndUnparkReadOnlyTheRowsBuckets: parking an event whose inbox
-// row this transaction inserted (Event.Lane set) sets up the scan of that
-// row's time bucket only, not of every bucket of its lane, under a generic
-// plan too (the plan the statement cache settles on); un-parking it in a
-// later transaction, after its row moved to an older bucket, reads and
-// updates that bucket only (the parked rows' event_at read with the lock).
-// Read from auto_explain's plans of the executed statements, which list
-// the subplans set up.
-func TestParkAndUnparkReadOnlyTheRowsBuckets(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("-short: needs PostgreSQL")
-	}
+// explainConn connects to url with auto_explain loaded into the session,
+// every plan of a statement sent to the client as a NOTICE after the
+// settings given; plans returns those whose text contains match.
+func explainConn(t *testing.T, url, match string, settings ...string) (conn *pgx.Conn, plans func() []string) {
+	t.Helper()
 	ctx := context.Background()
-	db := testkit.NewDB(t)
-	const lane = "ttl-3600s"
-	for k := range 6 {
-		if _, err := db.Pool.Exec(ctx, `SELECT onceflow.inbox_ensure_buckets('c', $1, now() - $2 * interval '1 hour')`, lane, k); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var buckets int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM onceflow.inbox_buckets WHERE consumer = 'c' AND lane = $1`, lane).Scan(&buckets); err != nil || buckets < 6 {
-		t.Fatalf("%d buckets (%v), want at least 6", buckets, err)
-	}
-	cfg, err := pgx.ParseConfig(db.URL)
+	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var plans []string
+	var got []string
 	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
 		mu.Lock()
 		defer mu.Unlock()
-		if strings.Contains(n.Message, "Update on inbox") {
-			plans = append(plans, n.Message)
+		if strings.Contains(n.Message, match) {
+			got = append(got, n.Message)
 		}
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err = pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`LOAD 'auto_explain'`,
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	for _, q := range append([]string{
+		`LOAD 'auto_explain'`, // needs a superuser and the contrib module, as the test database has
 		`SET auto_explain.log_min_duration = 0`,
 		`SET auto_explain.log_level = notice`,
-		`SET auto_explain.log_analyze = on`, // lists the subplans run, and how many were pruned
-		`SET plan_cache_mode = force_generic_plan`,
-	} {
+	}, settings...) {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v (the test reads plans through auto_explain)", q, err)
 		}
 	}
-	store := &PGStore{Consumer: "c"}
-	const runs = 3
-	for i := range runs {
-		ev := Event{EventID: fmt.Sprintf("ev-%d", i), Source: fmt.Sprintf("src-%d", i), Seq: 2, EventType: "t", Topic: "orders", Lane: lane}
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane)
-				VALUES ('c', $1, $2, 2, 't', 'orders', 0, $3, 'processed', now(), $4)`, ev.EventID, ev.Source, i, lane); err != nil {
-				return err
-			}
-			l, err := store.LockIn(ctx, tx, []Stream{ev.Stream()}, time.Now(), []string{lane})
-			if err != nil {
-				return err
-			}
-			out, err := l.Receive(ctx, ev, time.Now(), Policy{MaxParked: 10})
-			if err != nil {
-				return err
-			}
-			if len(out.Apply) != 0 {
-				return fmt.Errorf("seq 2 of a new stream applied: %+v", out.Apply)
-			}
-			return l.Flush(ctx)
-		})
-		if err != nil {
+	return conn, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+// laneBuckets makes six hourly buckets of lane for consumer c, back from now.
+func laneBuckets(t *testing.T, db *testkit.DB, lane string) {
+	t.Helper()
+	for k := range 6 {
+		if _, err := db.Pool.Exec(context.Background(), `SELECT onceflow.inbox_ensure_buckets('c', $1, now() - $2 * interval '1 hour')`, lane, k); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// src-0's parked seq 2 moves three hours back, to another bucket; seq
-	// 1 then releases it.
-	var old string
-	if err := db.Pool.QueryRow(ctx, `UPDATE onceflow.inbox SET event_at = now() - interval '3 hours' WHERE consumer = 'c' AND event_id = 'ev-0'
-		RETURNING tableoid::regclass::text`).Scan(&old); err != nil {
-		t.Fatal(err)
-	}
-	old = strings.TrimPrefix(old, "onceflow.")
-	first := Event{EventID: "ev-first", Source: "src-0", Seq: 1, EventType: "t", Topic: "orders", Lane: lane}
+}
+
+// deliverInLane does what the consumer does for a batch of consumer c in
+// one transaction on conn: it inserts the events' inbox rows into lane,
+// locks their streams reading the lane (LockIn) and runs the guard for
+// each event; it returns the ids of the events applied, in order.
+func deliverInLane(t *testing.T, conn *pgx.Conn, lane string, evs ...Event) []string {
+	t.Helper()
+	ctx := context.Background()
+	store := &PGStore{Consumer: "c"}
 	var applied []string
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane)
-			VALUES ('c', $1, $2, 1, 't', 'orders', 0, 9, 'processed', now(), $3)`, first.EventID, first.Source, lane); err != nil {
-			return err
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		streams := make([]Stream, len(evs))
+		for i, ev := range evs {
+			if _, err := tx.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane)
+				VALUES ('c', $1, $2, $3, 't', 'orders', 0, $3, 'processed', now(), $4)`, ev.EventID, ev.Source, ev.Seq, lane); err != nil {
+				return err
+			}
+			streams[i] = ev.Stream()
 		}
 		// The consumer's lanes, as the inbox passes them: the lane is the
 		// partition key's first column, so without it event_at prunes nothing.
-		l, err := store.LockIn(ctx, tx, []Stream{first.Stream()}, time.Now(), []string{lane})
-		if err != nil {
-			return err
-		}
-		out, err := l.Receive(ctx, first, time.Now(), Policy{MaxParked: 10})
-		for _, a := range out.Apply {
-			applied = append(applied, a.Event.EventID)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(applied, ",") != "ev-first,ev-0" {
-		t.Fatalf("applied %v, want ev-first then the released ev-0", applied)
-	}
-	// src-1: seq 2 parked in an older bucket, seq 3 parked by this
-	// transaction (its time is the transaction's), both released by seq 1:
-	// the un-park's bounds cover both.
-	if _, err := db.Pool.Exec(ctx, `UPDATE onceflow.inbox SET event_at = now() - interval '3 hours' WHERE consumer = 'c' AND event_id = 'ev-1'`); err != nil {
-		t.Fatal(err)
-	}
-	applied = nil
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		evs := []Event{
-			{EventID: "ev-1-3", Source: "src-1", Seq: 3, EventType: "t", Topic: "orders", Lane: lane},
-			{EventID: "ev-1-1", Source: "src-1", Seq: 1, EventType: "t", Topic: "orders", Lane: lane},
-		}
-		for i, ev := range evs {
-			if _, err := tx.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane)
-				VALUES ('c', $1, $2, $3, 't', 'orders', 0, $4, 'processed', now(), $5)`, ev.EventID, ev.Source, ev.Seq, 20+i, lane); err != nil {
-				return err
-			}
-		}
-		l, err := store.LockIn(ctx, tx, []Stream{evs[0].Stream()}, time.Now(), []string{lane})
+		l, err := store.LockIn(ctx, tx, streams, time.Now(), []string{lane})
 		if err != nil {
 			return err
 		}
@@ -379,24 +292,74 @@ func TestParkAndUnparkReadOnlyTheRowsBuckets(t *testing.T) {
 		return l.Flush(ctx)
 	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("deliver %d events: %v", len(evs), err)
 	}
-	if strings.Join(applied, ",") != "ev-1-1,ev-1,ev-1-3" {
-		t.Fatalf("applied %v, want ev-1-1 then the released ev-1 and ev-1-3", applied)
+	return applied
+}
+
+// laneEvent is seq of source src in lane, its id "src-seq".
+func laneEvent(src string, seq int64, lane string) Event {
+	return Event{EventID: fmt.Sprintf("%s-%d", src, seq), Source: src, Seq: seq, EventType: "t", Topic: "orders", Lane: lane}
+}
+
+// TestParkAndUnparkReadOnlyTheRowsBuckets: parking an event whose inbox
+// row this transaction inserted (Event.Lane set) sets up the scan of that
+// row's time bucket only, not of every bucket of its lane, under a generic
+// plan too (the plan the statement cache settles on); un-parking it in a
+// later transaction, after its row moved to an older bucket, reads and
+// updates that bucket only (the parked rows' event_at read with the lock);
+// a row parked in an older bucket and one parked by the releasing
+// transaction are released together. Read from auto_explain's plans of the
+// executed statements, which list the subplans set up.
+func TestParkAndUnparkReadOnlyTheRowsBuckets(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: needs PostgreSQL")
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	scans := func(p string) (n int, on []string) {
+	ctx := context.Background()
+	db := testkit.NewDB(t)
+	const lane = "ttl-3600s"
+	laneBuckets(t, db, lane)
+	conn, plans := explainConn(t, db.URL, "Update on inbox",
+		`SET auto_explain.log_analyze = on`, // lists the subplans run, and how many were pruned
+		`SET plan_cache_mode = force_generic_plan`)
+	const runs = 3
+	for i := range runs {
+		if got := deliverInLane(t, conn, lane, laneEvent(fmt.Sprint("src-", i), 2, lane)); len(got) != 0 {
+			t.Fatalf("seq 2 of a new stream applied: %v", got)
+		}
+	}
+	// src-0's parked seq 2 moves three hours back, to another bucket; seq
+	// 1 then releases it.
+	older := func(id string) string {
+		var name string
+		if err := db.Pool.QueryRow(ctx, `UPDATE onceflow.inbox SET event_at = now() - interval '3 hours' WHERE consumer = 'c' AND event_id = $1
+			RETURNING tableoid::regclass::text`, id).Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimPrefix(name, "onceflow.")
+	}
+	old := older("src-0-2")
+	if got := deliverInLane(t, conn, lane, laneEvent("src-0", 1, lane)); strings.Join(got, ",") != "src-0-1,src-0-2" {
+		t.Fatalf("applied %v, want src-0-1 then the released src-0-2", got)
+	}
+	// src-1: seq 2 parked in an older bucket, seq 3 parked by this
+	// transaction (its time is the transaction's), both released by seq 1:
+	// the un-park's bounds cover both.
+	older("src-1-2")
+	if got := deliverInLane(t, conn, lane, laneEvent("src-1", 3, lane), laneEvent("src-1", 1, lane)); strings.Join(got, ",") != "src-1-1,src-1-2,src-1-3" {
+		t.Fatalf("applied %v, want src-1-1 then the released src-1-2 and src-1-3", got)
+	}
+	scans := func(p string) (on []string) {
 		for _, line := range strings.Split(p, "\n") {
 			if i := strings.Index(line, " on inbox_"); i >= 0 && strings.Contains(line, "Scan") {
-				n++
 				on = append(on, strings.Fields(line[i+4:])[0])
 			}
 		}
-		return n, on
+		return on
 	}
 	var parks, unparks []string
-	for _, p := range plans {
+	for _, p := range plans() {
 		if strings.Contains(p, "old0") {
 			unparks = append(unparks, p)
 		} else {
@@ -404,14 +367,14 @@ func TestParkAndUnparkReadOnlyTheRowsBuckets(t *testing.T) {
 		}
 	}
 	if len(parks) != runs+1 || len(unparks) != 2 {
-		t.Fatalf("%d plans of the park, %d of the un-park, want %d and 2:\n%s", len(parks), len(unparks), runs+1, strings.Join(plans, "\n"))
+		t.Fatalf("%d plans of the park, %d of the un-park, want %d and 2:\n%s", len(parks), len(unparks), runs+1, strings.Join(plans(), "\n"))
 	}
 	for _, p := range parks {
-		if n, _ := scans(p); n != 1 || !strings.Contains(p, "Subplans Removed") {
-			t.Errorf("the park scanned %d buckets, want the row's one (the others pruned):\n%s", n, p)
+		if on := scans(p); len(on) != 1 || !strings.Contains(p, "Subplans Removed") {
+			t.Errorf("the park scanned %v, want the row's bucket only (the others pruned):\n%s", on, p)
 		}
 	}
-	if n, on := scans(unparks[0]); n != 2 || on[0] != old || on[1] != old {
+	if on := scans(unparks[0]); len(on) != 2 || on[0] != old || on[1] != old {
 		t.Errorf("the un-park scanned %v, want its read and its update in %s only:\n%s", on, old, unparks[0])
 	}
 }
@@ -432,43 +395,18 @@ func TestUnparkSettlesOnAGenericPlan(t *testing.T) {
 	ctx := context.Background()
 	db := testkit.NewDB(t)
 	const lane = "ttl-3600s"
-	for k := range 6 {
-		if _, err := db.Pool.Exec(ctx, `SELECT onceflow.inbox_ensure_buckets('c', $1, now() - $2 * interval '1 hour')`, lane, k); err != nil {
-			t.Fatal(err)
-		}
-	}
+	laneBuckets(t, db, lane)
 	conn, err := pgx.Connect(ctx, db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	store := &PGStore{Consumer: "c"}
-	deliver := func(ev Event) []Apply {
-		var applied []Apply
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO onceflow.inbox (consumer, event_id, source, seq, event_type, topic, kafka_partition, kafka_offset, status, processed_at, lane)
-				VALUES ('c', $1, $2, $3, 't', 'orders', 0, 0, 'processed', now(), $4)`, ev.EventID, ev.Source, ev.Seq, lane); err != nil {
-				return err
-			}
-			l, err := store.LockIn(ctx, tx, []Stream{ev.Stream()}, time.Now(), []string{lane})
-			if err != nil {
-				return err
-			}
-			out, err := l.Receive(ctx, ev, time.Now(), Policy{MaxParked: 10})
-			applied = out.Apply
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return applied
-	}
 	const runs = 10
 	for i := range runs {
-		src := fmt.Sprintf("src-%d", i)
-		deliver(Event{EventID: src + "-2", Source: src, Seq: 2, EventType: "t", Topic: "orders", Lane: lane})
-		if got := deliver(Event{EventID: src + "-1", Source: src, Seq: 1, EventType: "t", Topic: "orders", Lane: lane}); len(got) != 2 {
-			t.Fatalf("%s: seq 1 applied %d events, want 2 (it and the released seq 2)", src, len(got))
+		src := fmt.Sprint("src-", i)
+		deliverInLane(t, conn, lane, laneEvent(src, 2, lane))
+		if got := deliverInLane(t, conn, lane, laneEvent(src, 1, lane)); len(got) != 2 {
+			t.Fatalf("%s: seq 1 applied %v, want it and the released seq 2", src, got)
 		}
 	}
 	var custom, generic int64
