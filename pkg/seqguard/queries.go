@@ -356,7 +356,9 @@ ORDER BY k.source, k.producer, k.topic, i.seq`
 // ($7, $8: Locked.parkedAt), by which PostgreSQL prunes the lanes' other
 // time buckets when the statement starts, before their scans are set up
 // (a read and an update of each bucket of each lane, every un-park, cost
-// a sixth of the swapped-pairs drain's time).
+// a sixth of the swapped-pairs drain's time). Only unparkIn's statements
+// are pruned so: the lane leads the partition key, and qUnparkAt names
+// none.
 var (
 	qUnpark   = unparkSQL([]string{"consumer = $1"}, false)
 	qUnparkAt = unparkSQL([]string{"consumer = $1"}, true)
